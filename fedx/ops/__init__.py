@@ -1,0 +1,20 @@
+"""Server-side model operations: pure numpy on ``{name: np.ndarray}`` models.
+
+Nothing here imports Flower or torch. Every function leaves its inputs
+unchanged and takes randomness only from an explicit ``np.random.Generator``.
+"""
+
+from fedx.ops.aggregation import average
+from fedx.ops.recombination import GROUPINGS, layer_groups, recombine, segment_ids
+from fedx.ops.typing import Model
+from fedx.ops.validation import find_problem
+
+__all__ = [
+    "GROUPINGS",
+    "Model",
+    "average",
+    "find_problem",
+    "layer_groups",
+    "recombine",
+    "segment_ids",
+]
