@@ -5,6 +5,13 @@ unchanged and takes randomness only from an explicit ``np.random.Generator``.
 """
 
 from fedx.ops.aggregation import average
+from fedx.ops.cross_aggregation import (
+    SELECTIONS,
+    collaborator_indices,
+    cosine_similarity_matrix,
+    cross_aggregate,
+)
+from fedx.ops.mutation import dynamic_beta, mutate
 from fedx.ops.recombination import GROUPINGS, layer_groups, recombine, segment_ids
 from fedx.ops.typing import Model
 from fedx.ops.validation import find_problem
@@ -12,9 +19,15 @@ from fedx.ops.validation import find_problem
 __all__ = [
     "GROUPINGS",
     "Model",
+    "SELECTIONS",
     "average",
+    "collaborator_indices",
+    "cosine_similarity_matrix",
+    "cross_aggregate",
+    "dynamic_beta",
     "find_problem",
     "layer_groups",
+    "mutate",
     "recombine",
     "segment_ids",
 ]

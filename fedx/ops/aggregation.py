@@ -54,7 +54,8 @@ def _weighted_sum(arrays: list[np.ndarray], factors: np.ndarray) -> np.ndarray:
     dtype = arrays[0].dtype
     if not np.issubdtype(dtype, np.floating):
         total = sum(f * a.astype(np.float64) for f, a in zip(factors, arrays))
-        return np.rint(total).astype(dtype)
+        # 0-d arithmetic yields numpy scalars; the result must stay an array.
+        return np.asarray(np.rint(total)).astype(dtype)
     if np.all(factors == factors[0]):
         # Equal weights: add in place, scale once. One pass over each input.
         total = np.array(arrays[0], dtype=dtype, copy=True)

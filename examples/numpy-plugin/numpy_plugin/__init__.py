@@ -1,0 +1,1 @@
+"""A plain-numpy Flower app that uses fedx's FedMR in place of FedAvg."""

@@ -1,0 +1,237 @@
+"""Splitting a training set among clients with flwr-datasets' partitioners."""
+
+import functools
+import warnings
+from collections.abc import Sequence
+
+import datasets as hf_datasets
+import numpy as np
+from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, Partitioner
+from torch.utils.data import Dataset, Subset
+
+from fedx.data.datasets import _check_choice, _resolve_root, load_split
+
+PARTITIONINGS: tuple[str, ...] = ("iid", "dirichlet")
+
+
+class Partition(Subset):
+    """One client's share of a dataset: a ``Subset`` that keeps the labels.
+
+    Attributes
+    ----------
+    dataset : torch.utils.data.Dataset
+        The whole split.
+    indices : np.ndarray
+        Positions of this partition's samples in ``dataset``.
+    targets : np.ndarray
+        The labels of this partition's samples, in order (int64).
+    """
+
+    def __init__(self, dataset: Dataset, indices: np.ndarray) -> None:
+        super().__init__(dataset, indices)
+        self.targets = dataset_labels(dataset)[indices]
+
+
+def dataset_labels(dataset: Dataset) -> np.ndarray:
+    """Return the labels of a dataset that has a ``targets`` attribute, as int64."""
+    targets = getattr(dataset, "targets", None)
+    if targets is None:
+        raise TypeError(f"{type(dataset).__name__} has no 'targets' attribute with its labels")
+    return np.asarray(targets, dtype=np.int64)
+
+
+def partition_indices(
+    labels: np.ndarray | Sequence[int],
+    num_partitions: int,
+    *,
+    partitioning: str = "iid",
+    alpha: float = 1.0,
+    min_partition_size: int = 0,
+    seed: int = 0,
+) -> list[np.ndarray]:
+    """Split sample positions into disjoint partitions that together cover all samples.
+
+    Parameters
+    ----------
+    labels : array-like
+        One label per sample, 1-D.
+    num_partitions : int
+        Number of partitions (clients), between 1 and the number of samples.
+    partitioning : {"iid", "dirichlet"}
+        ``"iid"``: a seeded shuffle cut into equal shares (sizes differ by at
+        most one) with ``IidPartitioner``. ``"dirichlet"``: label skew with
+        ``DirichletPartitioner``: for every class, proportions drawn from
+        ``Dir(alpha)`` decide how its samples spread over the partitions
+        (no self-balancing), so partition sizes vary too.
+    alpha : float
+        Dirichlet concentration, > 0; smaller is more skewed. Unused for iid.
+    min_partition_size : int
+        Smallest acceptable partition. Dirichlet sampling is redrawn until
+        every partition has at least this many samples (10 retries at most).
+    seed : int
+        Seed of the shuffle or of the Dirichlet draws; the same arguments give
+        the same partitions in every process.
+
+    Returns
+    -------
+    list[np.ndarray]
+        ``num_partitions`` int64 arrays of positions into ``labels``.
+
+    Raises
+    ------
+    ValueError
+        On an invalid argument, or when ``min_partition_size`` cannot be met.
+    """
+    labels = np.asarray(labels)
+    if labels.ndim != 1:
+        raise ValueError(f"labels must be 1-D, got shape {labels.shape}")
+    _check_partition_args(len(labels), num_partitions, partitioning, alpha, min_partition_size)
+
+    num_samples = len(labels)
+    if partitioning == "iid":
+        # IidPartitioner cuts contiguous shards, which would keep any order of
+        # the samples (such as sorted by label): shuffle first.
+        order = np.random.default_rng(seed).permutation(num_samples)
+        table = hf_datasets.Dataset.from_dict({"label": labels[order], "index": order})
+        partitioner: Partitioner = IidPartitioner(num_partitions)
+    else:
+        table = hf_datasets.Dataset.from_dict({"label": labels, "index": np.arange(num_samples)})
+        partitioner = DirichletPartitioner(
+            num_partitions,
+            partition_by="label",
+            alpha=float(alpha),
+            min_partition_size=min_partition_size,
+            self_balancing=False,
+            seed=seed,
+        )
+    partitioner.dataset = table
+    try:
+        with warnings.catch_warnings():
+            # DirichletPartitioner warns on every redraw; failure is reported below.
+            warnings.filterwarnings("ignore", message="The specified min_partition_size")
+            return [
+                np.asarray(partitioner.load_partition(i)["index"], dtype=np.int64)
+                for i in range(num_partitions)
+            ]
+    except ValueError as err:
+        # The arguments were checked above, so this is the partitioner giving
+        # up on min_partition_size after its retries.
+        raise ValueError(
+            f"dirichlet partitioning of {num_samples} samples into {num_partitions} "
+            f"partitions with dirichlet-alpha={alpha} could not give every partition "
+            f"min-partition-size={min_partition_size} samples; lower min-partition-size, "
+            f"raise dirichlet-alpha or use fewer partitions"
+        ) from err
+
+
+def load_partition(
+    name: str,
+    partition_id: int,
+    num_partitions: int,
+    *,
+    root: str = "data",
+    download: bool = False,
+    partitioning: str = "iid",
+    alpha: float = 1.0,
+    min_partition_size: int = 0,
+    seed: int = 0,
+    test_fraction: float = 0.2,
+) -> Partition:
+    """Return one client's share of a dataset's training split.
+
+    The split is loaded with :func:`fedx.data.load_split` and partitioned
+    with :func:`partition_indices`; both are cached per process, so a
+    simulation worker that serves many clients loads and partitions once.
+
+    Parameters
+    ----------
+    name : str
+        One of :data:`fedx.data.DATASET_NAMES`.
+    partition_id : int
+        Which partition, ``0 <= partition_id < num_partitions`` (a Flower
+        node's ``partition-id``).
+    num_partitions : int
+        Number of partitions (Flower's ``num-partitions``).
+    root, download, test_fraction
+        As for :func:`fedx.data.load_split`.
+    partitioning, alpha, min_partition_size
+        As for :func:`partition_indices`.
+    seed : int
+        Seed of the digits train/test split and of the partitioning.
+
+    Returns
+    -------
+    Partition
+        A ``torch.utils.data.Subset`` of the training split with a
+        ``targets`` attribute.
+    """
+    if not 0 <= partition_id < num_partitions:
+        raise ValueError(
+            f"partition-id={partition_id!r} must be in [0, {num_partitions}) "
+            f"for num-partitions={num_partitions}"
+        )
+    train = load_split(
+        name, "train", root=root, download=download, seed=seed, test_fraction=test_fraction
+    )
+    partitions = _train_partitions(
+        name,
+        _resolve_root(root),
+        bool(download),
+        float(test_fraction),
+        int(num_partitions),
+        partitioning,
+        float(alpha),
+        int(min_partition_size),
+        int(seed),
+    )
+    return Partition(train, partitions[partition_id])
+
+
+@functools.lru_cache(maxsize=8)
+def _train_partitions(
+    name: str,
+    root: str,
+    download: bool,
+    test_fraction: float,
+    num_partitions: int,
+    partitioning: str,
+    alpha: float,
+    min_partition_size: int,
+    seed: int,
+) -> tuple[np.ndarray, ...]:
+    train = load_split(
+        name, "train", root=root, download=download, seed=seed, test_fraction=test_fraction
+    )
+    partitions = partition_indices(
+        dataset_labels(train),
+        num_partitions,
+        partitioning=partitioning,
+        alpha=alpha,
+        min_partition_size=min_partition_size,
+        seed=seed,
+    )
+    for indices in partitions:
+        # Shared by every caller through the cache: nobody may change them.
+        indices.setflags(write=False)
+    return tuple(partitions)
+
+
+def _check_partition_args(
+    num_samples: int, num_partitions: int, partitioning: str, alpha: float, min_partition_size: int
+) -> None:
+    _check_choice("partitioning", partitioning, PARTITIONINGS)
+    if not 1 <= num_partitions <= num_samples:
+        raise ValueError(
+            f"num-partitions={num_partitions!r} must be between 1 and the "
+            f"number of samples ({num_samples})"
+        )
+    if min_partition_size < 0:
+        raise ValueError(f"min-partition-size={min_partition_size!r} must be >= 0")
+    if partitioning == "dirichlet" and not alpha > 0:
+        raise ValueError(f"dirichlet-alpha={alpha!r} must be > 0")
+    if partitioning == "iid" and num_samples // num_partitions < min_partition_size:
+        raise ValueError(
+            f"iid partitioning of {num_samples} samples into {num_partitions} partitions "
+            f"gives partitions of {num_samples // num_partitions} samples, fewer than "
+            f"min-partition-size={min_partition_size}"
+        )

@@ -1,0 +1,90 @@
+"""What a run leaves in ``outputs/<run-name>/``: metrics, a learning curve, the model."""
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display on servers and in CI
+import matplotlib.pyplot as plt  # noqa: E402  pylint: disable=wrong-import-position
+
+METRICS_FILE = "metrics.json"
+PLOT_FILE = "accuracy.png"
+MODEL_FILE = "model.pt"
+
+
+def write_json_atomically(path: Path, payload: dict[str, Any]) -> None:
+    """Write JSON through a temporary file and a rename, so readers never see half a file."""
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as tmp:
+        json.dump(payload, tmp, indent=2)
+        tmp.flush()
+        os.fsync(tmp.fileno())
+    os.replace(tmp.name, path)
+
+
+class RunRecorder:
+    """Collects per-round metrics and timings and writes them as the run goes.
+
+    Parameters
+    ----------
+    directory : Path
+        ``outputs/<run-name>``; created if missing.
+    config : dict
+        The resolved run configuration, stored in ``metrics.json``.
+    """
+
+    def __init__(self, directory: Path, config: dict[str, Any]) -> None:
+        self.directory = directory
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.config = config
+        self.rounds: dict[int, dict[str, float]] = {}
+        self._started = time.perf_counter()
+        self._round_started = self._started
+
+    def start_round_clock(self) -> None:
+        """Mark the start of the next round (after any evaluation)."""
+        self._round_started = time.perf_counter()
+
+    def record(self, server_round: int, **metrics: float) -> None:
+        """Merge metrics into a round's row and rewrite ``metrics.json``."""
+        self.rounds.setdefault(server_round, {}).update(metrics)
+        write_json_atomically(self.directory / METRICS_FILE, self.summary())
+
+    def round_seconds(self) -> float:
+        """Seconds since :meth:`start_round_clock`."""
+        return time.perf_counter() - self._round_started
+
+    def summary(self) -> dict[str, Any]:
+        """Everything ``metrics.json`` holds."""
+        evaluated = [(r, m) for r, m in sorted(self.rounds.items()) if "accuracy" in m]
+        final = {"round": evaluated[-1][0], **evaluated[-1][1]} if evaluated else {}
+        durations = [m["round-seconds"] for m in self.rounds.values() if "round-seconds" in m]
+        return {
+            "config": self.config,
+            "rounds": [{"round": r, **m} for r, m in sorted(self.rounds.items())],
+            "final": final,
+            "timings": {
+                "total-seconds": time.perf_counter() - self._started,
+                "mean-round-seconds": sum(durations) / len(durations) if durations else None,
+            },
+        }
+
+    def plot(self, title: str) -> Path:
+        """Draw accuracy against round into ``accuracy.png``."""
+        points = [(r, m["accuracy"]) for r, m in sorted(self.rounds.items()) if "accuracy" in m]
+        figure, axes = plt.subplots(figsize=(6, 4))
+        axes.plot([r for r, _ in points], [a for _, a in points], marker="o", markersize=3)
+        axes.set_xlabel("round")
+        axes.set_ylabel("global test accuracy")
+        axes.set_ylim(0.0, 1.0)
+        axes.set_title(title)
+        axes.grid(True, alpha=0.3)
+        figure.tight_layout()
+        path = self.directory / PLOT_FILE
+        figure.savefig(path, dpi=120)
+        plt.close(figure)
+        return path

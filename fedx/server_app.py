@@ -1,0 +1,180 @@
+"""fedx ServerApp: read the run config, build the strategy, run it, record the run."""
+
+import random
+import time
+from collections.abc import Callable
+from datetime import datetime
+from logging import ERROR, INFO
+from pathlib import Path
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
+from flwr.common import log
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import FedAvg, FedProx, Strategy
+from torch.utils.data import DataLoader
+
+from fedx.config import STRATEGY_NAMES, ConfigError, RunConfig
+from fedx.data import dataset_info, load_split
+from fedx.models import build_model
+from fedx.outputs import MODEL_FILE, RunRecorder
+from fedx.strategies import FedIndep, FedMR
+from fedx.training import evaluate, get_device
+
+app = ServerApp()
+
+
+def _sampling_arguments(cfg: RunConfig) -> dict:
+    return {
+        "fraction_train": cfg.fraction_train,
+        "fraction_evaluate": cfg.fraction_evaluate,
+        "min_train_nodes": cfg.min_train_nodes,
+        "min_evaluate_nodes": cfg.min_evaluate_nodes,
+        "min_available_nodes": cfg.min_available_nodes,
+    }
+
+
+def _multi_model_arguments(cfg: RunConfig) -> dict:
+    return {
+        **_sampling_arguments(cfg),
+        "seed": cfg.seed,
+        "node_wait_timeout": cfg.node_wait_timeout,
+    }
+
+
+STRATEGY_BUILDERS: dict[str, Callable[[RunConfig], Strategy]] = {
+    "fedavg": lambda cfg: FedAvg(**_sampling_arguments(cfg)),
+    "fedprox": lambda cfg: FedProx(**_sampling_arguments(cfg), proximal_mu=cfg.proximal_mu),
+    "fedmr": lambda cfg: FedMR(
+        **_multi_model_arguments(cfg),
+        first_stage_rounds=cfg.first_stage_rounds,
+        grouping=cfg.grouping,
+        segment_fraction=cfg.segment_fraction or None,
+    ),
+    "fedindep": lambda cfg: FedIndep(**_multi_model_arguments(cfg)),
+}
+assert set(STRATEGY_BUILDERS) == set(STRATEGY_NAMES), "every strategy name needs a builder"
+
+
+def build_strategy(cfg: RunConfig) -> Strategy:
+    """Build the strategy named by the ``strategy`` run-config key."""
+    return STRATEGY_BUILDERS[cfg.strategy](cfg)
+
+
+def wait_for_nodes(grid: Grid, minimum: int, timeout: float) -> int:
+    """Wait up to ``timeout`` seconds for ``minimum`` connected nodes.
+
+    Raises
+    ------
+    ConfigError
+        When fewer nodes are connected after the timeout.
+    """
+    deadline = time.monotonic() + timeout
+    while (connected := len(list(grid.get_node_ids()))) < minimum:
+        if time.monotonic() >= deadline:
+            raise ConfigError(
+                f"min-available-nodes={minimum} but only {connected} node(s) connected "
+                f"after node-wait-timeout={timeout:g}s: start more SuperNodes or lower "
+                "min-available-nodes"
+            )
+        time.sleep(1.0)
+    return connected
+
+
+def training_config(cfg: RunConfig) -> ConfigRecord:
+    """Hyperparameters every training message carries to the ClientApps."""
+    return ConfigRecord(
+        {
+            "learning-rate": cfg.learning_rate,
+            "momentum": cfg.momentum,
+            "weight-decay": cfg.weight_decay,
+            "batch-size": cfg.batch_size,
+            "local-epochs": cfg.local_epochs,
+        }
+    )
+
+
+def run_directory(cfg: RunConfig) -> Path:
+    """``<output-dir>/<run-name>``, with a timestamped name when none is given."""
+    name = cfg.run_name or (
+        f"{cfg.strategy}-{cfg.dataset}-{cfg.model}-{datetime.now():%Y%m%d-%H%M%S}"
+    )
+    return Path(cfg.output_dir).resolve() / name
+
+
+class CentralEvaluation:
+    """Evaluates the global model on the held-out test split every few rounds.
+
+    It is also the round clock: Flower calls it after each round, so the time
+    between calls (minus evaluation) is the round's wall time.
+    """
+
+    def __init__(self, cfg: RunConfig, model: torch.nn.Module, recorder: RunRecorder) -> None:
+        self.cfg = cfg
+        self.model = model
+        self.recorder = recorder
+        self.device = get_device()
+        test_set = load_split(
+            cfg.dataset,
+            "test",
+            root=cfg.data_root,
+            download=cfg.download,
+            seed=cfg.seed,
+            test_fraction=cfg.test_fraction,
+        )
+        self.loader = DataLoader(test_set, batch_size=256, shuffle=False)
+
+    def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+        """Flower's ``evaluate_fn``: called with round 0 and after every round."""
+        if server_round > 0:
+            self.recorder.record(server_round, **{"round-seconds": self.recorder.round_seconds()})
+        due = server_round % self.cfg.eval_every == 0 or server_round == self.cfg.num_server_rounds
+        metrics = None
+        if due:
+            self.model.load_state_dict(arrays.to_torch_state_dict())
+            loss, accuracy = evaluate(self.model, self.loader, self.device)
+            self.recorder.record(server_round, loss=loss, accuracy=accuracy)
+            metrics = MetricRecord({"loss": loss, "accuracy": accuracy})
+        self.recorder.start_round_clock()
+        return metrics
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Run one fedx experiment as the run config describes."""
+    try:
+        cfg = RunConfig.from_mapping(context.run_config)
+        connected = wait_for_nodes(grid, cfg.min_available_nodes, cfg.node_wait_timeout)
+    except ConfigError as err:
+        log(ERROR, "fedx: %s", err)
+        raise SystemExit(1) from None
+    random.seed(cfg.seed)  # Flower's own strategies sample nodes with `random`
+    torch.manual_seed(cfg.seed)
+
+    info = dataset_info(cfg.dataset)
+    model = build_model(cfg.model, info.input_shape, info.num_classes)
+    directory = run_directory(cfg)
+    recorder = RunRecorder(directory, cfg.to_dict())
+    evaluation = CentralEvaluation(cfg, model, recorder)
+    strategy = build_strategy(cfg)
+    log(INFO, "fedx: %s on %s/%s, %d nodes connected; outputs in %s",
+        cfg.strategy, cfg.dataset, cfg.model, connected, directory)
+
+    result = strategy.start(
+        grid=grid,
+        initial_arrays=ArrayRecord(model.state_dict()),
+        num_rounds=cfg.num_server_rounds,
+        timeout=cfg.round_timeout,
+        train_config=training_config(cfg),
+        evaluate_fn=evaluation,
+    )
+
+    for server_round, metrics in result.train_metrics_clientapp.items():
+        recorder.record(server_round, **{k: float(v) for k, v in metrics.items() if not isinstance(v, list)})
+    recorder.plot(f"{cfg.strategy} on {cfg.dataset} ({cfg.model})")
+    if len(result.arrays) > 0:
+        model.load_state_dict(result.arrays.to_torch_state_dict())
+    torch.save(model.state_dict(), directory / MODEL_FILE)
+    final = recorder.summary()["final"]
+    log(INFO, "fedx: final global test accuracy %.4f (round %s); outputs in %s",
+        final.get("accuracy", float("nan")), final.get("round"), directory)

@@ -1,0 +1,126 @@
+"""Local training and evaluation of torch models on a client or the server."""
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+
+def get_device() -> torch.device:
+    """Return ``cuda`` when a GPU is visible to this process, else ``cpu``."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def train(
+    model: nn.Module,
+    loader: DataLoader,
+    *,
+    epochs: int,
+    learning_rate: float,
+    momentum: float = 0.9,
+    weight_decay: float = 0.0,
+    proximal_mu: float = 0.0,
+    device: torch.device | None = None,
+) -> float:
+    """Train a classifier in place with SGD on cross-entropy.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The model; it is moved to ``device`` and left there, in training mode.
+    loader : DataLoader
+        Yields ``(inputs, labels)`` batches with integer labels.
+    epochs : int
+        Number of passes over ``loader``; 0 leaves the model unchanged.
+    learning_rate, momentum, weight_decay : float
+        SGD settings. The optimizer is created anew on every call, as a
+        client receives a new model every round.
+    proximal_mu : float, optional
+        FedProx's proximal weight (Li et al., MLSys 2020). When positive, the
+        loss of every batch gains ``mu / 2 * sum ||w - w_start||^2`` over the
+        trainable parameters, ``w_start`` being their values at the start of
+        this call, which keeps the local model close to the one received.
+    device : torch.device, optional
+        Where to train; :func:`get_device` by default.
+
+    Returns
+    -------
+    float
+        Mean cross-entropy per sample over the last epoch (without the
+        proximal term, so it compares across methods). 0.0 when no batch was
+        seen (``epochs == 0`` or an empty loader).
+    """
+    if epochs < 0:
+        raise ValueError(f"epochs={epochs!r} must be >= 0")
+    if proximal_mu < 0:
+        raise ValueError(f"proximal_mu={proximal_mu!r} must be >= 0")
+    device = device or get_device()
+    model.to(device)
+    model.train()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.SGD(
+        trainable, lr=learning_rate, momentum=momentum, weight_decay=weight_decay
+    )
+    criterion = nn.CrossEntropyLoss()
+    start = [p.detach().clone() for p in trainable] if proximal_mu > 0 else []
+
+    loss_sum, num_samples = 0.0, 0
+    for _ in range(epochs):
+        # Only the last epoch's loss is reported.
+        loss_sum, num_samples = 0.0, 0
+        for inputs, labels in loader:
+            inputs = inputs.to(device, non_blocking=True)
+            labels = labels.to(device, non_blocking=True)
+            optimizer.zero_grad(set_to_none=True)
+            data_loss = criterion(model(inputs), labels)
+            loss = data_loss
+            if start:
+                loss = loss + proximal_mu / 2 * _squared_distance(trainable, start)
+            loss.backward()
+            optimizer.step()
+            loss_sum += data_loss.item() * len(labels)
+            num_samples += len(labels)
+    return loss_sum / num_samples if num_samples else 0.0
+
+
+def evaluate(
+    model: nn.Module, loader: DataLoader, device: torch.device | None = None
+) -> tuple[float, float]:
+    """Compute a classifier's mean cross-entropy and accuracy.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The model; it is moved to ``device`` and put in evaluation mode.
+    loader : DataLoader
+        Yields ``(inputs, labels)`` batches with integer labels.
+    device : torch.device, optional
+        Where to evaluate; :func:`get_device` by default.
+
+    Returns
+    -------
+    tuple[float, float]
+        Mean cross-entropy per sample and the fraction of samples whose
+        highest logit is the true label, in ``[0, 1]``. ``(0.0, 0.0)`` for an
+        empty loader.
+    """
+    device = device or get_device()
+    model.to(device)
+    model.eval()
+    criterion = nn.CrossEntropyLoss(reduction="sum")
+    loss_sum, correct, num_samples = 0.0, 0, 0
+    with torch.no_grad():
+        for inputs, labels in loader:
+            inputs = inputs.to(device, non_blocking=True)
+            labels = labels.to(device, non_blocking=True)
+            logits = model(inputs)
+            loss_sum += criterion(logits, labels).item()
+            correct += (logits.argmax(dim=1) == labels).sum().item()
+            num_samples += len(labels)
+    if num_samples == 0:
+        return 0.0, 0.0
+    return loss_sum / num_samples, correct / num_samples
+
+
+def _squared_distance(params: list[torch.Tensor], reference: list[torch.Tensor]) -> torch.Tensor:
+    """Sum of squared Euclidean distances between matching tensors."""
+    return sum((p - r).pow(2).sum() for p, r in zip(params, reference, strict=True))

@@ -1,0 +1,30 @@
+"""Shared fixtures: small models made of real arrays."""
+
+import numpy as np
+import pytest
+
+from fedx.ops import Model
+
+
+def make_model(rng: np.random.Generator, scale: float = 1.0) -> Model:
+    """A small CNN-shaped state dict: conv, BatchNorm (with an int counter), linear."""
+    return {
+        "conv1.weight": (scale * rng.normal(size=(4, 1, 3, 3))).astype(np.float32),
+        "conv1.bias": (scale * rng.normal(size=(4,))).astype(np.float32),
+        "bn1.weight": (scale * rng.normal(size=(4,))).astype(np.float32),
+        "bn1.bias": (scale * rng.normal(size=(4,))).astype(np.float32),
+        "bn1.running_mean": (scale * rng.normal(size=(4,))).astype(np.float32),
+        "bn1.running_var": np.abs(scale * rng.normal(size=(4,))).astype(np.float32),
+        "bn1.num_batches_tracked": np.array(int(rng.integers(0, 100)), dtype=np.int64),
+        "fc1.weight": (scale * rng.normal(size=(8, 16))).astype(np.float32),
+        "fc1.bias": (scale * rng.normal(size=(8,))).astype(np.float32),
+        "fc2.weight": (scale * rng.normal(size=(3, 8))).astype(np.float32),
+        "fc2.bias": (scale * rng.normal(size=(3,))).astype(np.float32),
+    }
+
+
+@pytest.fixture
+def models() -> list[Model]:
+    """Six different models of the same architecture."""
+    rng = np.random.default_rng(123)
+    return [make_model(rng) for _ in range(6)]

@@ -1,0 +1,78 @@
+"""Run-config validation: every default is valid, every bad value names its key."""
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from fedx.config import RULES, STRATEGY_NAMES, ConfigError, RunConfig
+from fedx.server_app import STRATEGY_BUILDERS, build_strategy
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def defaults() -> dict:
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    return pyproject["tool"]["flwr"]["app"]["config"]
+
+
+def test_pyproject_declares_exactly_the_validated_keys(defaults):
+    assert list(defaults) == list(RULES)
+    cfg = RunConfig.from_mapping(defaults)
+    assert cfg.to_dict() == {k: (float(v) if RULES[k].kind is float else v) for k, v in defaults.items()}
+
+
+def test_every_strategy_name_builds(defaults):
+    assert set(STRATEGY_BUILDERS) == set(STRATEGY_NAMES)
+    for name in STRATEGY_NAMES:
+        strategy = build_strategy(RunConfig.from_mapping({**defaults, "strategy": name}))
+        assert type(strategy).__name__.lower() == name
+
+
+@pytest.mark.parametrize(
+    "key, value, allowed",
+    [
+        ("strategy", "fedfoo", "one of fedavg, fedprox, fedmr, fedindep"),
+        ("model", "resnet99", "one of cnn, resnet20, vgg16"),
+        ("dataset", "mnist", "one of digits, cifar10, cifar100"),
+        ("fraction-train", 0.0, "a number in (0, 1]"),
+        ("fraction-train", 1.5, "a number in (0, 1]"),
+        ("learning-rate", -0.1, "a number in (0, inf)"),
+        ("segment-fraction", -0.5, "0 (off: layer-wise recombination) or a number in (0, 1]"),
+        ("segment-fraction", 2.0, "0 (off: layer-wise recombination) or a number in (0, 1]"),
+        ("grouping", "layer", "one of tensor, module"),
+        ("partitioning", "pathological", "one of iid, dirichlet"),
+        ("num-server-rounds", 0, "an integer >= 1"),
+        ("local-epochs", 2.5, "an integer >= 1"),
+        ("batch-size", True, "an integer >= 1"),
+        ("momentum", 1.0, "a number in [0, 1)"),
+        ("download", "yes", "true or false"),
+    ],
+)
+def test_bad_values_name_key_value_and_allowed_range(defaults, key, value, allowed):
+    with pytest.raises(ConfigError) as error:
+        RunConfig.from_mapping({**defaults, key: value})
+    assert str(error.value) == f"invalid run config {key}={value!r}: must be {allowed}"
+
+
+def test_unknown_and_missing_keys(defaults):
+    with pytest.raises(ConfigError, match=r"unknown run-config key\(s\) \['lr'\]"):
+        RunConfig.from_mapping({**defaults, "lr": 0.1})
+    incomplete = dict(defaults)
+    del incomplete["seed"]
+    with pytest.raises(ConfigError, match="lacks 'seed'"):
+        RunConfig.from_mapping(incomplete)
+
+
+def test_integers_are_accepted_for_numbers(defaults):
+    cfg = RunConfig.from_mapping({**defaults, "learning-rate": 1, "segment-fraction": 1})
+    assert cfg.learning_rate == 1.0 and isinstance(cfg.learning_rate, float)
+    assert cfg.segment_fraction == 1.0
+
+
+def test_segment_fraction_zero_means_layer_wise(defaults):
+    strategy = build_strategy(RunConfig.from_mapping({**defaults, "segment-fraction": 0.0}))
+    assert strategy.segment_fraction is None
+    strategy = build_strategy(RunConfig.from_mapping({**defaults, "segment-fraction": 0.25}))
+    assert strategy.segment_fraction == 0.25

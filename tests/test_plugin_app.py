@@ -1,0 +1,123 @@
+"""fedx's FedMR inside somebody else's Flower app (examples/numpy-plugin).
+
+That app has its own numpy ClientApp, replies by Flower's convention
+("arrays" + "metrics" with "num-examples") and imports nothing of fedx but
+``fedx.strategies``. It runs here in Flower's Ray simulation.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context
+from flwr.serverapp import Grid, ServerApp
+from flwr.simulation import run_simulation
+
+from fedx.strategies import FedMR
+from fedx.strategies.multi_model import to_model
+
+PLUGIN_DIR = Path(__file__).resolve().parents[1] / "examples" / "numpy-plugin"
+NUM_NODES = 4
+NUM_ROUNDS = 3
+
+
+class RecordingFedMR(FedMR):
+    """FedMR that remembers what it sent and what came back."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.sent: dict[int, dict[int, dict]] = {}
+        self.uploaded: dict[int, list[dict]] = {}
+
+    def configure_train(self, server_round, arrays, config, grid):
+        messages = list(super().configure_train(server_round, arrays, config, grid))
+        self.sent[server_round] = {
+            m.metadata.dst_node_id: to_model(m.content["arrays"]) for m in messages
+        }
+        return messages
+
+    def aggregate_train(self, server_round, replies):
+        replies = list(replies)
+        self.uploaded[server_round] = [
+            to_model(r.content["arrays"]) for r in replies if not r.has_error()
+        ]
+        return super().aggregate_train(server_round, replies)
+
+
+@pytest.fixture(scope="module")
+def plugin_run():
+    sys.path.insert(0, str(PLUGIN_DIR))
+    # Ray workers import the ClientApp by module name: they need the path too.
+    previous = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PLUGIN_DIR), previous]))
+    from numpy_plugin.client_app import app as client_app  # pylint: disable=import-outside-toplevel
+    from numpy_plugin.task import initial_model  # pylint: disable=import-outside-toplevel
+
+    strategy = RecordingFedMR(fraction_train=1.0, fraction_evaluate=1.0, seed=0)
+    outcome = {}
+    server_app = ServerApp()
+
+    @server_app.main()
+    def main(grid: Grid, context: Context) -> None:
+        initial = ArrayRecord({n: Array(a) for n, a in initial_model().items()})
+        outcome["result"] = strategy.start(
+            grid=grid, initial_arrays=initial, num_rounds=NUM_ROUNDS, timeout=120,
+            train_config=ConfigRecord(),
+        )
+
+    try:
+        run_simulation(
+            server_app=server_app,
+            client_app=client_app,
+            num_supernodes=NUM_NODES,
+            backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
+        )
+    finally:
+        sys.path.remove(str(PLUGIN_DIR))
+        if previous is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = previous
+    return strategy, outcome.get("result")
+
+
+def test_every_round_completes_with_the_users_clientapp(plugin_run):
+    strategy, result = plugin_run
+    assert result is not None, "the ServerApp did not finish"
+    assert sorted(result.train_metrics_clientapp) == list(range(1, NUM_ROUNDS + 1))
+    assert all(len(strategy.uploaded[r]) == NUM_NODES for r in strategy.uploaded)
+    # Federated evaluation by the user's own evaluate function, on the global model.
+    accuracy = result.evaluate_metrics_clientapp[NUM_ROUNDS]["accuracy"]
+    assert accuracy > 0.8
+
+
+def test_each_node_received_a_different_recombined_model(plugin_run):
+    strategy, _ = plugin_run
+    for server_round in range(2, NUM_ROUNDS + 1):
+        received = list(strategy.sent[server_round].values())
+        assert len(received) == NUM_NODES
+        fingerprints = {tuple(m[n].tobytes() for n in sorted(m)) for m in received}
+        assert len(fingerprints) == NUM_NODES, "two nodes got the same model"
+        # What was sent is the previous round's uploads, layer by layer reshuffled.
+        uploaded = strategy.uploaded[server_round - 1]
+        for name in received[0]:
+            assert sorted(m[name].tobytes() for m in received) == sorted(
+                m[name].tobytes() for m in uploaded
+            )
+    # Round 1 sends the same initial model to everybody.
+    first = list(strategy.sent[1].values())
+    assert all(np.array_equal(m["weight"], first[0]["weight"]) for m in first)
+
+
+def test_the_plugin_app_imports_no_torch():
+    code = (
+        "import sys; import numpy_plugin.server_app, numpy_plugin.client_app; "
+        "bad = [m for m in sys.modules if m == 'torch' or m.startswith('torch.')]; "
+        "assert not bad, bad"
+    )
+    env = {**os.environ, "PYTHONPATH": str(PLUGIN_DIR)}
+    completed = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert completed.returncode == 0, completed.stderr
