@@ -14,9 +14,9 @@ from typing import Any
 
 from fedx.data import DATASET_NAMES, PARTITIONINGS
 from fedx.models import MODEL_NAMES
-from fedx.ops import GROUPINGS
+from fedx.ops import GROUPINGS, SELECTIONS
 
-STRATEGY_NAMES: tuple[str, ...] = ("fedavg", "fedprox", "fedmr", "fedindep")
+STRATEGY_NAMES: tuple[str, ...] = ("fedavg", "fedprox", "fedmr", "fedindep", "fedmut", "fedcross")
 
 
 class ConfigError(ValueError):
@@ -89,6 +89,14 @@ RULES: dict[str, _Rule] = {
         lambda v: 0.0 <= v <= 1.0,
         "0 (off: layer-wise recombination) or a number in (0, 1]",
     ),
+    "fedmut-alpha": _NON_NEGATIVE,
+    "fedmut-beta0": _number(0.0, 1.0, low_open=False, high_open=False),
+    "fedmut-beta-rounds": _integer(1),
+    "fedcross-alpha": _number(0.5, 1.0, low_open=False, high_open=True),
+    "fedcross-selection": _choice(SELECTIONS),
+    "fedcross-propeller-rounds": _integer(0),
+    "fedcross-dynamic-alpha-rounds": _integer(0),
+    "fedcross-alpha-start": _number(0.5, 1.0, low_open=False, high_open=True),
     "eval-every": _integer(1),
     "run-name": _ANY_STRING,
     "output-dir": _ANY_STRING,
@@ -135,6 +143,14 @@ class RunConfig:
     first_stage_rounds: int
     grouping: str
     segment_fraction: float
+    fedmut_alpha: float
+    fedmut_beta0: float
+    fedmut_beta_rounds: int
+    fedcross_alpha: float
+    fedcross_selection: str
+    fedcross_propeller_rounds: int
+    fedcross_dynamic_alpha_rounds: int
+    fedcross_alpha_start: float
     eval_every: int
     run_name: str
     output_dir: str

@@ -18,7 +18,7 @@ from fedx.config import STRATEGY_NAMES, ConfigError, RunConfig
 from fedx.data import dataset_info, load_split
 from fedx.models import build_model
 from fedx.outputs import MODEL_FILE, RunRecorder
-from fedx.strategies import FedIndep, FedMR
+from fedx.strategies import FedCross, FedIndep, FedMR, FedMut
 from fedx.training import evaluate, get_device
 
 app = ServerApp()
@@ -52,13 +52,38 @@ STRATEGY_BUILDERS: dict[str, Callable[[RunConfig], Strategy]] = {
         segment_fraction=cfg.segment_fraction or None,
     ),
     "fedindep": lambda cfg: FedIndep(**_multi_model_arguments(cfg)),
+    "fedmut": lambda cfg: FedMut(
+        **_multi_model_arguments(cfg),
+        alpha=cfg.fedmut_alpha,
+        beta0=cfg.fedmut_beta0,
+        beta_rounds=cfg.fedmut_beta_rounds,
+    ),
+    "fedcross": lambda cfg: FedCross(
+        **_multi_model_arguments(cfg),
+        alpha=cfg.fedcross_alpha,
+        selection=cfg.fedcross_selection,
+        propeller_rounds=cfg.fedcross_propeller_rounds,
+        dynamic_alpha_rounds=cfg.fedcross_dynamic_alpha_rounds,
+        alpha_start=cfg.fedcross_alpha_start,
+    ),
 }
 assert set(STRATEGY_BUILDERS) == set(STRATEGY_NAMES), "every strategy name needs a builder"
 
 
 def build_strategy(cfg: RunConfig) -> Strategy:
-    """Build the strategy named by the ``strategy`` run-config key."""
-    return STRATEGY_BUILDERS[cfg.strategy](cfg)
+    """Build the strategy named by the ``strategy`` run-config key.
+
+    Raises
+    ------
+    ConfigError
+        When the strategy rejects a combination of values that each passed
+        their own check (for example ``fedcross-alpha-start`` above
+        ``fedcross-alpha``).
+    """
+    try:
+        return STRATEGY_BUILDERS[cfg.strategy](cfg)
+    except ValueError as err:
+        raise ConfigError(f"strategy={cfg.strategy!r}: {err}") from None
 
 
 def wait_for_nodes(grid: Grid, minimum: int, timeout: float) -> int:
@@ -144,6 +169,7 @@ def main(grid: Grid, context: Context) -> None:
     """Run one fedx experiment as the run config describes."""
     try:
         cfg = RunConfig.from_mapping(context.run_config)
+        strategy = build_strategy(cfg)
         connected = wait_for_nodes(grid, cfg.min_available_nodes, cfg.node_wait_timeout)
     except ConfigError as err:
         log(ERROR, "fedx: %s", err)
@@ -156,7 +182,6 @@ def main(grid: Grid, context: Context) -> None:
     directory = run_directory(cfg)
     recorder = RunRecorder(directory, cfg.to_dict())
     evaluation = CentralEvaluation(cfg, model, recorder)
-    strategy = build_strategy(cfg)
     log(INFO, "fedx: %s on %s/%s, %d nodes connected; outputs in %s",
         cfg.strategy, cfg.dataset, cfg.model, connected, directory)
 

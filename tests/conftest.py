@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from flwr.supercore.task_identity import TaskIdentity
 
 from fedx.ops import Model
 
@@ -28,3 +29,18 @@ def models() -> list[Model]:
     """Six different models of the same architecture."""
     rng = np.random.default_rng(123)
     return [make_model(rng) for _ in range(6)]
+
+
+@pytest.fixture
+def server_task_identity():
+    """Messages are stamped with the run and node of the process, as in a ServerApp."""
+    saved = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+    yield
+    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
+
+
+@pytest.fixture
+def initial() -> Model:
+    """The model a run starts from."""
+    return make_model(np.random.default_rng(0))

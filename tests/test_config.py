@@ -33,7 +33,12 @@ def test_every_strategy_name_builds(defaults):
 @pytest.mark.parametrize(
     "key, value, allowed",
     [
-        ("strategy", "fedfoo", "one of fedavg, fedprox, fedmr, fedindep"),
+        ("strategy", "fedfoo", "one of fedavg, fedprox, fedmr, fedindep, fedmut, fedcross"),
+        ("fedcross-alpha", 1.0, "a number in [0.5, 1)"),
+        ("fedcross-alpha", 0.4, "a number in [0.5, 1)"),
+        ("fedmut-alpha", -1.0, "a number in [0, inf)"),
+        ("fedmut-beta0", 1.2, "a number in [0, 1]"),
+        ("fedcross-selection", "random", "one of in_order, highest_similarity, lowest_similarity"),
         ("model", "resnet99", "one of cnn, resnet20, vgg16"),
         ("dataset", "mnist", "one of digits, cifar10, cifar100"),
         ("fraction-train", 0.0, "a number in (0, 1]"),
@@ -56,6 +61,14 @@ def test_bad_values_name_key_value_and_allowed_range(defaults, key, value, allow
     assert str(error.value) == f"invalid run config {key}={value!r}: must be {allowed}"
 
 
+def test_combinations_the_strategy_rejects_are_config_errors(defaults):
+    cfg = RunConfig.from_mapping(
+        {**defaults, "strategy": "fedcross", "fedcross-alpha": 0.9, "fedcross-alpha-start": 0.95}
+    )
+    with pytest.raises(ConfigError, match="strategy='fedcross': alpha_start must be in"):
+        build_strategy(cfg)
+
+
 def test_unknown_and_missing_keys(defaults):
     with pytest.raises(ConfigError, match=r"unknown run-config key\(s\) \['lr'\]"):
         RunConfig.from_mapping({**defaults, "lr": 0.1})
@@ -76,3 +89,12 @@ def test_segment_fraction_zero_means_layer_wise(defaults):
     assert strategy.segment_fraction is None
     strategy = build_strategy(RunConfig.from_mapping({**defaults, "segment-fraction": 0.25}))
     assert strategy.segment_fraction == 0.25
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.toml")), ids=lambda p: p.name)
+def test_every_config_file_validates_and_builds(defaults, path):
+    overrides = tomllib.loads(path.read_text())
+    assert overrides, f"{path.name} sets nothing"
+    cfg = RunConfig.from_mapping({**defaults, **overrides})
+    assert build_strategy(cfg) is not None
+    assert path.stem.startswith(cfg.strategy) and cfg.dataset in path.stem and cfg.model in path.stem

@@ -1,94 +1,24 @@
 """MultiModelStrategy, FedMR and FedIndep against a stand-in grid of numpy clients."""
 
 import logging
-from collections.abc import Callable, Iterable
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
+from flwr.app import Array, ConfigRecord, Error, Message, MetricRecord
 from flwr.serverapp.strategy import FedAvg
-from flwr.supercore.task_identity import TaskIdentity
 
-from fedx.ops import Model
 from fedx.strategies import FedIndep, FedMR
 from fedx.strategies.multi_model import to_arrayrecord, to_model
-from tests.conftest import make_model
+from tests.standin_grid import (
+    NODE_IDS,
+    StandInGrid,
+    owners_of,
+    run_round,
+    sent_models,
+    trained_reply,
+)
 
-# Node ids are unsigned 64-bit: values above 2**63 break if they pass through int64.
-NODE_IDS = [2**64 - 1, 2**63 + 17, 12, 9_007_199_254_740_993, 5]
-
-Reply = Callable[[Message], Message | None]
-
-
-def trained_reply(message: Message, delta: float | None = None, examples: int = 10) -> Message:
-    """What a well-behaved client sends: the model moved by a node-specific delta."""
-    node = message.metadata.dst_node_id
-    step = delta if delta is not None else (node % 97) / 97 + 0.01
-    model = to_model(message.content["arrays"])
-    trained = {
-        n: np.asarray(a + np.asarray(step, dtype=a.dtype) if a.dtype.kind == "f" else a + 1)
-        for n, a in model.items()
-    }
-    content = RecordDict(
-        {
-            "arrays": to_arrayrecord(trained),
-            "metrics": MetricRecord({"num-examples": examples, "train-loss": float(step)}),
-        }
-    )
-    return Message(content=content, reply_to=message)
-
-
-class StandInGrid:
-    """Just enough of Flower's Grid: node ids and a synchronous send_and_receive."""
-
-    def __init__(self, node_ids: list[int], reply: Reply = trained_reply) -> None:
-        self.node_ids = list(node_ids)
-        self.reply = reply
-        self.sent: list[list[Message]] = []
-
-    def get_node_ids(self) -> Iterable[int]:
-        return list(self.node_ids)
-
-    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None):
-        messages = list(messages)
-        self.sent.append(messages)
-        replies = [self.reply(m) for m in messages]
-        return [r for r in replies if r is not None]
-
-
-def run_round(strategy, grid, server_round: int, initial: Model):
-    messages = list(
-        strategy.configure_train(server_round, to_arrayrecord(initial), ConfigRecord(), grid)
-    )
-    replies = grid.send_and_receive(messages)
-    return messages, replies, strategy.aggregate_train(server_round, replies)
-
-
-def owners_of(model: Model, trained: list[Model]) -> set[int]:
-    """Which trained models the float layers of ``model`` came from."""
-    return {
-        next(k for k, t in enumerate(trained) if np.array_equal(t[n], a))
-        for n, a in model.items()
-        if a.dtype.kind == "f"
-    }
-
-
-def sent_models(messages: list[Message]) -> dict[int, Model]:
-    return {m.metadata.dst_node_id: to_model(m.content["arrays"]) for m in messages}
-
-
-@pytest.fixture(autouse=True)
-def server_task_identity():
-    """Messages are stamped with the run and node of the process, as in a ServerApp."""
-    saved = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
-    yield
-    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
-
-
-@pytest.fixture
-def initial() -> Model:
-    return make_model(np.random.default_rng(0))
+pytestmark = pytest.mark.usefixtures("server_task_identity")
 
 
 def test_node_ids_survive_sampling_exactly(initial):

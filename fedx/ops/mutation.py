@@ -112,7 +112,7 @@ def _mutated_layers(
     """
     scalar = weights.dtype.type
     forward = np.subtract(weights, previous, out=np.empty_like(weights))
-    backward = np.multiply(forward, scalar(alpha * (beta - 1.0)))
+    backward = np.multiply(forward, scalar(alpha * (beta - 1.0)), out=np.empty_like(weights))
     backward += weights
     forward *= scalar(alpha)
     forward += weights

@@ -5,8 +5,10 @@ with an ``"arrays"`` ArrayRecord and a ``"metrics"`` MetricRecord holding
 ``"num-examples"`` work unchanged.
 """
 
+from fedx.strategies.fedcross import FedCross
 from fedx.strategies.fedindep import FedIndep
 from fedx.strategies.fedmr import FedMR
+from fedx.strategies.fedmut import FedMut
 from fedx.strategies.multi_model import MultiModelStrategy
 
-__all__ = ["FedIndep", "FedMR", "MultiModelStrategy"]
+__all__ = ["FedCross", "FedIndep", "FedMR", "FedMut", "MultiModelStrategy"]

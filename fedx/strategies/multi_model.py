@@ -195,7 +195,7 @@ class MultiModelStrategy(FedAvg):
         num_slots = len(self.pool)
         if num_nodes >= num_slots:
             return list(range(num_slots))
-        chosen = self.sampling_rng.choice(num_slots, size=num_nodes, replace=False)
+        chosen = self.rng.choice(num_slots, size=num_nodes, replace=False)
         return sorted(int(slot) for slot in chosen)
 
     # ------------------------------------------------------------------

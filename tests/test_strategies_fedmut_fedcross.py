@@ -1,0 +1,143 @@
+"""FedMut and FedCross rounds against the stand-in grid: what nodes get, what the pool becomes."""
+
+import numpy as np
+import pytest
+from flwr.app import ConfigRecord
+from flwr.serverapp.strategy import FedAvg
+
+from fedx.ops import average, cosine_similarity_matrix
+from fedx.strategies import FedCross, FedMut
+from fedx.strategies.multi_model import to_arrayrecord, to_model
+from tests.standin_grid import NODE_IDS, StandInGrid, run_round, sent_models, trained_reply
+
+pytestmark = pytest.mark.usefixtures("server_task_identity")
+
+
+def _float_names(model):
+    return [n for n, a in model.items() if a.dtype.kind == "f"]
+
+
+def test_fedmut_round_one_sends_the_initial_model_then_mutates_around_fedavg(initial):
+    examples = {node: 3 + 4 * i for i, node in enumerate(NODE_IDS[:4])}
+    grid = StandInGrid(
+        NODE_IDS[:4], lambda m: trained_reply(m, examples=examples[m.metadata.dst_node_id])
+    )
+    strategy = FedMut(seed=0, alpha=2.0, beta0=0.0, min_available_nodes=1)
+    messages, replies, (global_arrays, _) = run_round(strategy, grid, 1, initial)
+    for model in sent_models(messages).values():
+        assert all(np.array_equal(model[n], initial[n]) for n in initial)
+    # The global model is FedAvg's aggregate of the trained models.
+    fedavg = to_model(FedAvg().aggregate_train(1, replies)[0])
+    glb = to_model(global_arrays)
+    for name in _float_names(initial):
+        np.testing.assert_allclose(glb[name], fedavg[name], rtol=1e-5, atol=1e-6)
+    # Round 2: the four nodes get mutations of w_glb along g = w_glb - w_initial.
+    received = list(sent_models(list(strategy.configure_train(2, global_arrays, ConfigRecord(), grid))).values())
+    for name in _float_names(initial):
+        gradient = glb[name] - initial[name]
+        np.testing.assert_allclose(np.mean([m[name] for m in received], axis=0), glb[name], rtol=1e-5, atol=1e-5)
+        for model in received:
+            distance = np.linalg.norm(model[name] - glb[name])
+            assert distance == pytest.approx(2.0 * np.linalg.norm(gradient), rel=1e-4)
+    assert len({tuple(m["fc1.weight"].ravel()[:3]) for m in received}) == 2
+
+
+def test_fedmut_uses_the_previous_global_and_the_beta_schedule(initial):
+    grid = StandInGrid(NODE_IDS[:4])
+    strategy = FedMut(seed=1, alpha=4.0, beta0=0.5, beta_rounds=10, min_available_nodes=1)
+    _, _, (first_global, _) = run_round(strategy, grid, 1, initial)
+    _, _, (second_global, _) = run_round(strategy, grid, 2, initial)
+    previous, current = to_model(first_global), to_model(second_global)
+    received = list(sent_models(list(strategy.configure_train(3, second_global, ConfigRecord(), grid))).values())
+    beta = 0.5 * (1 - 2 / 10)  # beta_t at t = 2
+    for name in _float_names(initial):
+        gradient = (current[name] - previous[name]).astype(np.float64)
+        mask = np.abs(gradient) > 1e-3
+        coefficients = sorted(
+            float(np.median(((m[name] - current[name]) / gradient)[mask]) / 4.0) for m in received
+        )
+        np.testing.assert_allclose(coefficients, [-1 + beta, -1 + beta, 1.0, 1.0], atol=1e-3)
+
+
+def test_fedcross_shuffles_nodes_over_middleware_models(initial):
+    grid = StandInGrid(NODE_IDS)
+    strategy = FedCross(seed=0, min_available_nodes=1)
+    pairings = []
+    for server_round in (1, 2, 3):
+        run_round(strategy, grid, server_round, initial)
+        messages = list(strategy.configure_train(server_round + 1, to_arrayrecord(initial), ConfigRecord(), grid))
+        pairings.append(dict(strategy._dispatched))  # node -> slot of this dispatch
+        strategy.aggregate_train(server_round + 1, grid.send_and_receive(messages))
+    assert all(sorted(p.values()) == list(range(len(NODE_IDS))) for p in pairings)
+    assert len({tuple(sorted(p.items())) for p in pairings}) > 1, "pairing never changed"
+
+
+@pytest.mark.parametrize("selection", ["in_order", "highest_similarity", "lowest_similarity"])
+def test_fedcross_pool_is_the_cross_aggregate_and_global_its_mean(initial, selection):
+    grid = StandInGrid(NODE_IDS[:4])
+    strategy = FedCross(seed=3, alpha=0.9, selection=selection, min_available_nodes=1)
+    _, replies, _ = run_round(strategy, grid, 1, initial)
+    round_two = list(strategy.configure_train(2, to_arrayrecord(initial), ConfigRecord(), grid))
+    slots = dict(strategy._dispatched)
+    replies = grid.send_and_receive(round_two)
+    trained = [None] * 4
+    for reply in replies:
+        trained[slots[reply.metadata.src_node_id]] = to_model(reply.content["arrays"])
+    global_arrays, _ = strategy.aggregate_train(2, replies)
+    similarity = cosine_similarity_matrix(trained)
+    for i, model in enumerate(strategy.pool):
+        others = [j for j in range(4) if j != i]
+        if selection == "in_order":
+            partner = (i + (1 % 3) + 1) % 4  # round index r = server_round - 1 = 1
+        elif selection == "highest_similarity":
+            partner = max(others, key=lambda j: similarity[i, j])
+        else:
+            partner = min(others, key=lambda j: similarity[i, j])
+        for name in _float_names(initial):
+            expected = 0.9 * trained[i][name] + 0.1 * trained[partner][name]
+            np.testing.assert_allclose(model[name], expected, rtol=1e-5, atol=1e-6)
+    mean = average(strategy.pool)
+    for name in _float_names(initial):
+        np.testing.assert_allclose(to_model(global_arrays)[name], mean[name], rtol=1e-6)
+
+
+def test_fedcross_acceleration_schedules():
+    strategy = FedCross(alpha=0.99, propeller_rounds=50, dynamic_alpha_rounds=50, alpha_start=0.5)
+    assert strategy.alpha_at(1) == 0.5 and strategy.alpha_at(51) == 0.5
+    assert strategy.alpha_at(76) == pytest.approx(0.5 + 0.49 * 0.5)
+    assert strategy.alpha_at(101) == pytest.approx(0.99) and strategy.alpha_at(500) == pytest.approx(0.99)
+    assert FedCross(alpha=0.9).alpha_at(1) == 0.9
+
+
+def test_fedcross_propeller_rounds_fuse_two_in_order_models(initial):
+    grid = StandInGrid(NODE_IDS[:4])
+    strategy = FedCross(seed=0, alpha=0.8, propeller_rounds=1, min_available_nodes=1)
+    messages = list(strategy.configure_train(1, to_arrayrecord(initial), ConfigRecord(), grid))
+    slots = dict(strategy._dispatched)
+    replies = grid.send_and_receive(messages)
+    trained = [None] * 4
+    for reply in replies:
+        trained[slots[reply.metadata.src_node_id]] = to_model(reply.content["arrays"])
+    strategy.aggregate_train(1, replies)
+    for i, model in enumerate(strategy.pool):
+        p1, p2 = (i + 1) % 4, (i + 2) % 4  # in-order partners of r = 0 and r = 1
+        for name in _float_names(initial):
+            expected = 0.8 * trained[i][name] + 0.1 * (trained[p1][name] + trained[p2][name])
+            np.testing.assert_allclose(model[name], expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "cls, kwargs, message",
+    [
+        (FedMut, {"alpha": -1.0}, "alpha"),
+        (FedMut, {"beta0": 1.5}, "beta0"),
+        (FedMut, {"beta_rounds": 0}, "beta_rounds"),
+        (FedCross, {"alpha": 1.0}, "alpha"),
+        (FedCross, {"selection": "random"}, "selection"),
+        (FedCross, {"propeller_rounds": -1}, "propeller_rounds"),
+        (FedCross, {"alpha": 0.9, "alpha_start": 0.95}, "alpha_start"),
+    ],
+)
+def test_bad_arguments_are_rejected(cls, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        cls(**kwargs)
