@@ -3,7 +3,7 @@
 from collections.abc import Callable, Iterable
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 
 from fedx.ops import Model
 from fedx.strategies.multi_model import to_arrayrecord, to_model

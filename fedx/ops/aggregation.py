@@ -53,7 +53,7 @@ def _normalised_weights(count: int, weights: Sequence[float] | None) -> np.ndarr
 def _weighted_sum(arrays: list[np.ndarray], factors: np.ndarray) -> np.ndarray:
     dtype = arrays[0].dtype
     if not np.issubdtype(dtype, np.floating):
-        total = sum(f * a.astype(np.float64) for f, a in zip(factors, arrays))
+        total = sum(f * a.astype(np.float64) for f, a in zip(factors, arrays, strict=True))
         # 0-d arithmetic yields numpy scalars; the result must stay an array.
         return np.asarray(np.rint(total)).astype(dtype)
     if np.all(factors == factors[0]):
@@ -71,7 +71,7 @@ def _weighted_sum(arrays: list[np.ndarray], factors: np.ndarray) -> np.ndarray:
         block = slice(start, start + _BLOCK)
         out = flat_total[block]
         np.multiply(flat_arrays[0][block], dtype.type(factors[0]), out=out)
-        for factor, flat in zip(factors[1:], flat_arrays[1:]):
+        for factor, flat in zip(factors[1:], flat_arrays[1:], strict=True):
             tmp = scratch[: out.size]
             np.multiply(flat[block], dtype.type(factor), out=tmp)
             out += tmp

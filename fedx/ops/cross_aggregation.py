@@ -88,7 +88,7 @@ def _gram_matrix(models: Sequence[Model]) -> np.ndarray:
         for start in range(0, reference.size, block):
             stop = min(start + block, reference.size)
             rows = staging[:, : stop - start]
-            for row, flat in zip(rows, flats):
+            for row, flat in zip(rows, flats, strict=True):
                 row[...] = flat[start:stop]
             gram += rows @ rows.T
     return gram

@@ -94,7 +94,7 @@ def mutate(
         forward, backward = _mutated_layers(weights, previous_global[name], alpha, beta)
         # True marks the models that move along +g; exactly half of them.
         moves_forward = rng.permutation(num_mutated) < num_mutated // 2
-        for model, forward_here in zip(mutated, moves_forward):
+        for model, forward_here in zip(mutated, moves_forward, strict=True):
             model[name] = forward if forward_here else backward
     if k % 2 == 1:
         mutated.append(dict(global_model))
