@@ -11,6 +11,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display on servers and in CI
 import matplotlib.pyplot as plt  # noqa: E402  pylint: disable=wrong-import-position
+from matplotlib.ticker import MaxNLocator  # noqa: E402  pylint: disable=wrong-import-position
 
 METRICS_FILE = "metrics.json"
 PLOT_FILE = "accuracy.png"
@@ -79,6 +80,7 @@ class RunRecorder:
         figure, axes = plt.subplots(figsize=(6, 4))
         axes.plot([r for r, _ in points], [a for _, a in points], marker="o", markersize=3)
         axes.set_xlabel("round")
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
         axes.set_ylabel("global test accuracy")
         axes.set_ylim(0.0, 1.0)
         axes.set_title(title)
