@@ -6,6 +6,9 @@ than loading weights into one, so one module per architecture is built once
 and reused for every client's model.
 """
 
+import functools
+from collections.abc import Callable
+
 import numpy as np
 import torch
 from torch import nn
@@ -30,9 +33,11 @@ class ServerModels:
         ``(channels, height, width)`` of the dataset's images.
     num_classes : int
         Number of classes.
-    unlabeled : Dataset
-        The server's unlabeled set; items are ``(image, label)``, the labels
-        are ignored. Its images are stacked into one tensor once.
+    unlabeled : callable
+        Returns the server's unlabeled set (items ``(image, label)``, the
+        labels are ignored). Called on the first :meth:`probabilities`, so
+        building a strategy does not read data; the images are then stacked
+        into one tensor once.
     seed : int
         Base seed of the initial models: client c's first model is the same
         in every run with the same seed.
@@ -47,7 +52,7 @@ class ServerModels:
         self,
         input_shape: tuple[int, int, int],
         num_classes: int,
-        unlabeled: Dataset,
+        unlabeled: Callable[[], Dataset],
         seed: int,
         *,
         batch_size: int = 500,
@@ -58,8 +63,14 @@ class ServerModels:
         self.seed = seed
         self.batch_size = batch_size
         self.device = device or get_device()
-        self.unlabeled = torch.stack([unlabeled[i][0] for i in range(len(unlabeled))])
+        self._load_unlabeled = unlabeled
         self._modules: dict[str, nn.Module] = {}
+
+    @functools.cached_property
+    def unlabeled(self) -> torch.Tensor:
+        """The unlabeled images as one ``(U, C, H, W)`` tensor, loaded on first use."""
+        dataset = self._load_unlabeled()
+        return torch.stack([dataset[i][0] for i in range(len(dataset))])
 
     def module(self, architecture: str) -> nn.Module:
         """The one module of an architecture, built on first use."""
