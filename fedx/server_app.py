@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from fedx.config import STRATEGY_NAMES, ConfigError, RunConfig
 from fedx.data import dataset_info, load_split, load_unlabeled
+from fedx.data.personalized import MIN_LOCAL_SAMPLES
 from fedx.models import build_model
 from fedx.outputs import MODEL_FILE, RunRecorder
 from fedx.server_models import ServerModels
@@ -144,6 +145,12 @@ def build_strategy(cfg: RunConfig) -> Strategy:
         their own check (for example ``fedcross-alpha-start`` above
         ``fedcross-alpha``).
     """
+    if cfg.personalized and cfg.min_partition_size < MIN_LOCAL_SAMPLES:
+        raise ConfigError(
+            f"invalid run config min-partition-size={cfg.min_partition_size!r}: must be an "
+            f"integer >= {MIN_LOCAL_SAMPLES} for strategy={cfg.strategy!r} (every client needs "
+            "train, validation and test samples)"
+        )
     try:
         return STRATEGY_BUILDERS[cfg.strategy](cfg)
     except ConfigError:

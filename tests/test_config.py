@@ -106,6 +106,9 @@ def test_architectures_that_do_not_fit_the_dataset_are_config_errors(defaults):
     cfg = RunConfig.from_mapping({**defaults, "strategy": "fedme", "min-train-nodes": 1})
     with pytest.raises(ConfigError, match="strategy='fedme': min_train_nodes must be at least 2"):
         build_strategy(cfg)
+    cfg = RunConfig.from_mapping({**defaults, "strategy": "fedavg-ft", "min-partition-size": 2})
+    with pytest.raises(ConfigError, match=r"^invalid run config min-partition-size=2: must be an integer >= 3"):
+        build_strategy(cfg)
 
 
 def test_unknown_and_missing_keys(defaults):
