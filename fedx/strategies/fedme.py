@@ -225,10 +225,12 @@ class FedMe(Strategy):
         """Log summary configuration of the strategy."""
         log(INFO, "\t├──> FedMe settings:")
         log(INFO, "\t│\t├── Architectures: %s", ", ".join(self.architectures))
-        log(INFO, "\t│\t├── Cluster count +1 at rounds: %s", list(self.cluster_rounds) or "never")
+        log(INFO, "\t│\t├── Cluster count +1 at rounds: %s",
+            list(self.cluster_rounds) or "never")
         log(INFO, "\t│\t├── Model tuning / mutual learning / clustering: %s / %s / %s",
             self.model_tuning, self.mutual_learning, self.clustering)
-        log(INFO, "\t│\t├── Fraction train: %s (min %d nodes)", self.fraction_train, self.min_train_nodes)
+        log(INFO, "\t│\t├── Fraction train: %s (min %d nodes)",
+            self.fraction_train, self.min_train_nodes)
         log(INFO, "\t│\t├── Evaluate every %d round(s), fine-tuning %d epoch(s)",
             self.evaluate_every, self.finetune_epochs)
         log(INFO, "\t│\t└── Seed: %s", self.seed)
@@ -347,7 +349,8 @@ class FedMe(Strategy):
             node_id = message.metadata.src_node_id
             cid = self._evaluated_nodes.pop(node_id, None)
             if cid is None:
-                log(WARNING, "Round %s: ignored an evaluation reply from node %s", server_round, node_id)
+                log(WARNING, "Round %s: ignored an evaluation reply from node %s",
+                    server_round, node_id)
                 continue
             result = parse_evaluation(message, cid, self.clients[cid].architecture)
             if isinstance(result, str):
@@ -356,7 +359,8 @@ class FedMe(Strategy):
                 continue
             results.append(result)
         for node_id, cid in self._evaluated_nodes.items():
-            log(WARNING, "Round %s: no evaluation reply from node %s (client %s)", server_round, node_id, cid)
+            log(WARNING, "Round %s: no evaluation reply from node %s (client %s)",
+                server_round, node_id, cid)
         self._evaluated_nodes = {}
         if not results:
             return None
@@ -406,7 +410,8 @@ class FedMe(Strategy):
             architecture = self.architecture_for(client_id)
             model = self.initial_model_fn(architecture, client_id)
             self.clients[client_id] = ClientState(node_id, architecture, model)
-            log(INFO, "Client %s (node %s) joined with architecture %s", client_id, node_id, architecture)
+            log(INFO, "Client %s (node %s) joined with architecture %s",
+                client_id, node_id, architecture)
         elif known.node_id != node_id:
             # A SuperNode restarted under a new node id: same client, same model.
             log(INFO, "Client %s moved from node %s to node %s", client_id, known.node_id, node_id)
@@ -498,10 +503,13 @@ class FedMe(Strategy):
         for node_id, pos in waiting.items():
             log(WARNING, "Round %s: no reply from node %s (client %s); its model is aggregated "
                 "untrained", server_round, node_id, dispatch.clients[pos])
-        log(INFO, "aggregate_train: %d of %d clients trained this round", len(parsed), len(dispatch.clients))
+        log(INFO, "aggregate_train: %d of %d clients trained this round",
+            len(parsed), len(dispatch.clients))
         return parsed
 
-    def _parse_train_reply(self, message: Message, personalized: Model, exchanged: Model) -> _TrainReply | str:
+    def _parse_train_reply(
+        self, message: Message, personalized: Model, exchanged: Model
+    ) -> _TrainReply | str:
         """Both trained models and the choice of a reply, or why they cannot be used."""
         if message.has_error():
             return f"the node reported an error: {message.error.reason}"
@@ -579,7 +587,9 @@ def _check_arguments(
     if not 0.0 < fraction_train <= 1.0:
         raise ValueError(f"fraction_train must be in (0, 1], got {fraction_train}")
     if min_train_nodes < 2:
-        raise ValueError(f"min_train_nodes must be at least 2 (an exchange needs a partner), got {min_train_nodes}")
+        raise ValueError(
+            f"min_train_nodes must be at least 2 (an exchange needs a partner), got {min_train_nodes}"
+        )
     if evaluate_every < 1:
         raise ValueError(f"evaluate_every must be >= 1, got {evaluate_every}")
     if finetune_epochs < 0:

@@ -57,7 +57,9 @@ def evaluation_due(server_round: int, every: int, num_rounds: int | None) -> boo
     return server_round % every == 0 or server_round == num_rounds
 
 
-def parse_evaluation(message: Message, client_id: int | None, architecture: str = "") -> ClientEvaluation | str:
+def parse_evaluation(
+    message: Message, client_id: int | None, architecture: str = ""
+) -> ClientEvaluation | str:
     """Read a personalized evaluation reply, or say why it cannot be used.
 
     Parameters
