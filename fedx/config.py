@@ -16,7 +16,30 @@ from fedx.data import DATASET_NAMES, PARTITIONINGS
 from fedx.models import MODEL_NAMES
 from fedx.ops import GROUPINGS, SELECTIONS
 
-STRATEGY_NAMES: tuple[str, ...] = ("fedavg", "fedprox", "fedmr", "fedindep", "fedmut", "fedcross")
+STRATEGY_NAMES: tuple[str, ...] = (
+    "fedavg", "fedprox", "fedmr", "fedindep", "fedmut", "fedcross", "fedme", "fedavg-ft"
+)
+#: Strategies evaluated per client on their own test splits; their clients
+#: use the personalized data layout (``fedx.data.load_local_splits``).
+PERSONALIZED_STRATEGIES: tuple[str, ...] = ("fedme", "fedavg-ft")
+
+
+def comma_list(value: str) -> tuple[str, ...]:
+    """Split a comma-separated run-config value into its stripped, non-empty items."""
+    return tuple(item.strip() for item in value.split(",") if item.strip())
+
+
+def _model_names(value: str) -> bool:
+    names = comma_list(value)
+    return bool(names) and all(name in MODEL_NAMES for name in names)
+
+
+def _increasing_rounds(value: str) -> bool:
+    items = comma_list(value)
+    if not all(item.isdigit() for item in items):
+        return False
+    rounds = [int(item) for item in items]
+    return all(r >= 2 for r in rounds) and rounds == sorted(set(rounds))
 
 
 class ConfigError(ValueError):
@@ -97,6 +120,22 @@ RULES: dict[str, _Rule] = {
     "fedcross-propeller-rounds": _integer(0),
     "fedcross-dynamic-alpha-rounds": _integer(0),
     "fedcross-alpha-start": _number(0.5, 1.0, low_open=False, high_open=True),
+    "size-alpha": _POSITIVE,
+    "unlabeled-size": _Rule(int, lambda v: v >= 0, "0 (the dataset's default) or an integer >= 1"),
+    "local-test-fraction": _number(0.0, 1.0, low_open=True, high_open=True),
+    "local-validation-fraction": _number(0.0, 1.0, low_open=True, high_open=True),
+    "finetune-epochs": _integer(0),
+    "fedme-architectures": _Rule(
+        str, _model_names, f"comma-separated model names from {', '.join(MODEL_NAMES)}"
+    ),
+    "fedme-cluster-rounds": _Rule(
+        str,
+        _increasing_rounds,
+        "comma-separated increasing rounds >= 2 (empty: always one cluster)",
+    ),
+    "fedme-model-tuning": _FLAG,
+    "fedme-mutual-learning": _FLAG,
+    "fedme-clustering": _FLAG,
     "eval-every": _integer(1),
     "run-name": _ANY_STRING,
     "output-dir": _ANY_STRING,
@@ -151,6 +190,16 @@ class RunConfig:
     fedcross_propeller_rounds: int
     fedcross_dynamic_alpha_rounds: int
     fedcross_alpha_start: float
+    size_alpha: float
+    unlabeled_size: int
+    local_test_fraction: float
+    local_validation_fraction: float
+    finetune_epochs: int
+    fedme_architectures: str
+    fedme_cluster_rounds: str
+    fedme_model_tuning: bool
+    fedme_mutual_learning: bool
+    fedme_clustering: bool
     eval_every: int
     run_name: str
     output_dir: str
@@ -182,6 +231,21 @@ class RunConfig:
                 raise ConfigError(f"invalid run config {key}={value!r}: must be {rule.allowed}")
             values[key.replace("-", "_")] = float(value) if rule.kind is float else value
         return cls(**values)
+
+    @property
+    def architectures(self) -> tuple[str, ...]:
+        """``fedme-architectures`` as a tuple of model names."""
+        return comma_list(self.fedme_architectures)
+
+    @property
+    def cluster_rounds(self) -> tuple[int, ...]:
+        """``fedme-cluster-rounds`` as a tuple of rounds."""
+        return tuple(int(item) for item in comma_list(self.fedme_cluster_rounds))
+
+    @property
+    def personalized(self) -> bool:
+        """Whether the strategy is evaluated per client (FedMe, FedAvg + fine-tuning)."""
+        return self.strategy in PERSONALIZED_STRATEGIES
 
     def to_dict(self) -> dict[str, Any]:
         """Return the configuration with its run-config (kebab-case) keys."""

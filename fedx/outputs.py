@@ -30,6 +30,13 @@ def write_json_atomically(path: Path, payload: dict[str, Any]) -> None:
 class RunRecorder:
     """Collects per-round metrics and timings and writes them as the run goes.
 
+    Every round is one row of ``metrics.json``'s ``rounds``: numbers such as
+    ``accuracy`` (the global model on the held-out test split) and, for
+    personalized methods, ``personalized-accuracy`` (mean over clients of
+    each client's model on its own test split) with
+    ``personalized-accuracy-std``, plus a ``clients`` object holding each
+    client's own result under its id.
+
     Parameters
     ----------
     directory : Path
@@ -42,7 +49,7 @@ class RunRecorder:
         self.directory = directory
         self.directory.mkdir(parents=True, exist_ok=True)
         self.config = config
-        self.rounds: dict[int, dict[str, float]] = {}
+        self.rounds: dict[int, dict[str, Any]] = {}
         self._started = time.perf_counter()
         self._round_started = self._started
 
@@ -55,13 +62,22 @@ class RunRecorder:
         self.rounds.setdefault(server_round, {}).update(metrics)
         write_json_atomically(self.directory / METRICS_FILE, self.summary())
 
+    def record_clients(self, server_round: int, clients: dict[str, dict[str, Any]]) -> None:
+        """Store per-client results (``{client id: {"accuracy": ..., ...}}``) in a round's row."""
+        self.rounds.setdefault(server_round, {})["clients"] = clients
+        write_json_atomically(self.directory / METRICS_FILE, self.summary())
+
     def round_seconds(self) -> float:
         """Seconds since :meth:`start_round_clock`."""
         return time.perf_counter() - self._round_started
 
     def summary(self) -> dict[str, Any]:
         """Everything ``metrics.json`` holds."""
-        evaluated = [(r, m) for r, m in sorted(self.rounds.items()) if "accuracy" in m]
+        evaluated = [
+            (r, m)
+            for r, m in sorted(self.rounds.items())
+            if "accuracy" in m or "personalized-accuracy" in m
+        ]
         final = {"round": evaluated[-1][0], **evaluated[-1][1]} if evaluated else {}
         durations = [m["round-seconds"] for m in self.rounds.values() if "round-seconds" in m]
         return {
@@ -75,13 +91,33 @@ class RunRecorder:
         }
 
     def plot(self, title: str) -> Path:
-        """Draw accuracy against round into ``accuracy.png``."""
-        points = [(r, m["accuracy"]) for r, m in sorted(self.rounds.items()) if "accuracy" in m]
+        """Draw accuracy against round into ``accuracy.png``.
+
+        The global model's test accuracy is a line; personalized accuracy is
+        its mean over clients with a band of one standard deviation.
+        """
+        rows = sorted(self.rounds.items())
+        points = [(r, m["accuracy"]) for r, m in rows if "accuracy" in m]
+        personal = [
+            (r, m["personalized-accuracy"], m.get("personalized-accuracy-std", 0.0))
+            for r, m in rows
+            if "personalized-accuracy" in m
+        ]
         figure, axes = plt.subplots(figsize=(6, 4))
-        axes.plot([r for r, _ in points], [a for _, a in points], marker="o", markersize=3)
+        if points:
+            axes.plot([r for r, _ in points], [a for _, a in points], marker="o", markersize=3,
+                      label="global model")
+        if personal:
+            rounds = [r for r, _, _ in personal]
+            means = [m for _, m, _ in personal]
+            axes.plot(rounds, means, marker="s", markersize=3,
+                      label="personalized (mean ± std over clients)")
+            axes.fill_between(rounds, [m - s for _, m, s in personal],
+                              [m + s for _, m, s in personal], alpha=0.2)
+            axes.legend(loc="lower right")
         axes.set_xlabel("round")
         axes.xaxis.set_major_locator(MaxNLocator(integer=True))
-        axes.set_ylabel("global test accuracy")
+        axes.set_ylabel("test accuracy" if personal else "global test accuracy")
         axes.set_ylim(0.0, 1.0)
         axes.set_title(title)
         axes.grid(True, alpha=0.3)

@@ -1,5 +1,6 @@
 """fedx ServerApp: read the run config, build the strategy, run it, record the run."""
 
+import functools
 import random
 import time
 from collections.abc import Callable
@@ -11,15 +12,22 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
-from flwr.serverapp.strategy import FedAvg, FedProx, Strategy
-from torch.utils.data import DataLoader
+from flwr.serverapp.strategy import FedAvg, FedProx, Result, Strategy
+from torch.utils.data import DataLoader, Dataset
 
 from fedx.config import STRATEGY_NAMES, ConfigError, RunConfig
-from fedx.data import dataset_info, load_split
+from fedx.data import dataset_info, load_split, load_unlabeled
+from fedx.data.personalized import MIN_LOCAL_SAMPLES
 from fedx.models import build_model
 from fedx.outputs import MODEL_FILE, RunRecorder
-from fedx.strategies import FedCross, FedIndep, FedMR, FedMut
+from fedx.server_models import ServerModels
+from fedx.strategies import FedAvgFT, FedCross, FedIndep, FedMe, FedMR, FedMut
+from fedx.strategies.personalized import summarize
 from fedx.training import evaluate, get_device
+
+#: What a FedMe run saves instead of one global model: every client's
+#: architecture and personalized state dict, by client id.
+PERSONALIZED_MODELS_FILE = "personalized-models.pt"
 
 app = ServerApp()
 
@@ -40,6 +48,56 @@ def _multi_model_arguments(cfg: RunConfig) -> dict:
         "seed": cfg.seed,
         "node_wait_timeout": cfg.node_wait_timeout,
     }
+
+
+def server_unlabeled_set(cfg: RunConfig) -> Dataset:
+    """FedMe's unlabeled set (cached per process: loading it twice costs nothing)."""
+    return load_unlabeled(
+        cfg.dataset,
+        size=cfg.unlabeled_size,
+        root=cfg.data_root,
+        download=cfg.download,
+        seed=cfg.seed,
+        test_fraction=cfg.test_fraction,
+    )
+
+
+def build_fedme(cfg: RunConfig) -> FedMe:
+    """FedMe with the torch callables of a :class:`ServerModels` on the unlabeled set.
+
+    Raises
+    ------
+    ConfigError
+        When an architecture of ``fedme-architectures`` cannot take the
+        dataset's images (the VGGs need 32x32).
+    """
+    info = dataset_info(cfg.dataset)
+    models = ServerModels(
+        info.input_shape, info.num_classes, functools.partial(server_unlabeled_set, cfg), cfg.seed
+    )
+    for architecture in dict.fromkeys(cfg.architectures):
+        try:
+            models.module(architecture)  # builds each module once, up front
+        except ValueError as err:
+            raise ConfigError(
+                f"invalid run config fedme-architectures={cfg.fedme_architectures!r}: {err}"
+            ) from None
+    return FedMe(
+        architectures=cfg.architectures,
+        initial_model_fn=models.initial_model,
+        predict_fn=models.probabilities,
+        cluster_rounds=cfg.cluster_rounds,
+        model_tuning=cfg.fedme_model_tuning,
+        mutual_learning=cfg.fedme_mutual_learning,
+        clustering=cfg.fedme_clustering,
+        fraction_train=cfg.fraction_train,
+        min_train_nodes=cfg.min_train_nodes,
+        min_available_nodes=cfg.min_available_nodes,
+        evaluate_every=cfg.eval_every,
+        finetune_epochs=cfg.finetune_epochs,
+        seed=cfg.seed,
+        node_wait_timeout=cfg.node_wait_timeout,
+    )
 
 
 STRATEGY_BUILDERS: dict[str, Callable[[RunConfig], Strategy]] = {
@@ -66,6 +124,13 @@ STRATEGY_BUILDERS: dict[str, Callable[[RunConfig], Strategy]] = {
         dynamic_alpha_rounds=cfg.fedcross_dynamic_alpha_rounds,
         alpha_start=cfg.fedcross_alpha_start,
     ),
+    "fedme": build_fedme,
+    # Personalized evaluation covers every client, whatever fraction-evaluate says.
+    "fedavg-ft": lambda cfg: FedAvgFT(
+        **{**_sampling_arguments(cfg), "fraction_evaluate": 1.0},
+        finetune_epochs=cfg.finetune_epochs,
+        evaluate_every=cfg.eval_every,
+    ),
 }
 assert set(STRATEGY_BUILDERS) == set(STRATEGY_NAMES), "every strategy name needs a builder"
 
@@ -80,8 +145,16 @@ def build_strategy(cfg: RunConfig) -> Strategy:
         their own check (for example ``fedcross-alpha-start`` above
         ``fedcross-alpha``).
     """
+    if cfg.personalized and cfg.min_partition_size < MIN_LOCAL_SAMPLES:
+        raise ConfigError(
+            f"invalid run config min-partition-size={cfg.min_partition_size!r}: must be an "
+            f"integer >= {MIN_LOCAL_SAMPLES} for strategy={cfg.strategy!r} (every client needs "
+            "train, validation and test samples)"
+        )
     try:
         return STRATEGY_BUILDERS[cfg.strategy](cfg)
+    except ConfigError:
+        raise  # already names its key
     except ValueError as err:
         raise ConfigError(f"strategy={cfg.strategy!r}: {err}") from None
 
@@ -119,49 +192,109 @@ def training_config(cfg: RunConfig) -> ConfigRecord:
     )
 
 
+def model_label(cfg: RunConfig) -> str:
+    """The model of a run for names and titles: FedMe's architectures, else ``model``."""
+    return "+".join(cfg.architectures) if cfg.strategy == "fedme" else cfg.model
+
+
 def run_directory(cfg: RunConfig) -> Path:
     """``<output-dir>/<run-name>``, with a timestamped name when none is given."""
     name = cfg.run_name or (
-        f"{cfg.strategy}-{cfg.dataset}-{cfg.model}-{datetime.now():%Y%m%d-%H%M%S}"
+        f"{cfg.strategy}-{cfg.dataset}-{model_label(cfg)}-{datetime.now():%Y%m%d-%H%M%S}"
     )
     return Path(cfg.output_dir).resolve() / name
 
 
-class CentralEvaluation:
-    """Evaluates the global model on the held-out test split every few rounds.
+class RoundEvaluation:
+    """Flower's ``evaluate_fn``: the round clock, central and personalized results.
 
-    It is also the round clock: Flower calls it after each round, so the time
-    between calls (minus evaluation) is the round's wall time.
+    Flower calls it before the first round and after every round, after
+    federated evaluation. It records the round's wall time (the time between
+    calls, minus central evaluation), evaluates the global model on the
+    held-out test split every ``eval-every`` rounds and after the last (when
+    there is a global model: not for FedMe), and copies the strategy's
+    personalized results of the round (``strategy.evaluations``, if it keeps
+    them) into ``metrics.json``.
     """
 
-    def __init__(self, cfg: RunConfig, model: torch.nn.Module, recorder: RunRecorder) -> None:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        model: torch.nn.Module | None,
+        recorder: RunRecorder,
+        strategy: Strategy,
+    ) -> None:
         self.cfg = cfg
         self.model = model
         self.recorder = recorder
+        self.personalized = getattr(strategy, "evaluations", None)
         self.device = get_device()
-        test_set = load_split(
-            cfg.dataset,
-            "test",
-            root=cfg.data_root,
-            download=cfg.download,
-            seed=cfg.seed,
-            test_fraction=cfg.test_fraction,
-        )
-        self.loader = DataLoader(test_set, batch_size=256, shuffle=False)
+        self.loader = None
+        if model is not None:
+            test_set = load_split(
+                cfg.dataset,
+                "test",
+                root=cfg.data_root,
+                download=cfg.download,
+                seed=cfg.seed,
+                test_fraction=cfg.test_fraction,
+            )
+            self.loader = DataLoader(test_set, batch_size=256, shuffle=False)
 
     def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
-        """Flower's ``evaluate_fn``: called with round 0 and after every round."""
+        """Record the round; return the central metrics when they were computed."""
         if server_round > 0:
             self.recorder.record(server_round, **{"round-seconds": self.recorder.round_seconds()})
+        self._record_personalized(server_round)
         due = server_round % self.cfg.eval_every == 0 or server_round == self.cfg.num_server_rounds
         metrics = None
-        if due:
+        if due and self.model is not None and self.loader is not None:
             self.model.load_state_dict(arrays.to_torch_state_dict())
             loss, accuracy = evaluate(self.model, self.loader, self.device)
             self.recorder.record(server_round, loss=loss, accuracy=accuracy)
             metrics = MetricRecord({"loss": loss, "accuracy": accuracy})
         self.recorder.start_round_clock()
         return metrics
+
+    def _record_personalized(self, server_round: int) -> None:
+        results = (self.personalized or {}).get(server_round)
+        if not results:
+            return
+        summary = summarize(results)
+        self.recorder.record(server_round, **{k: float(v) for k, v in summary.items()})
+        self.recorder.record_clients(server_round, {str(r.client_id): r.to_dict() for r in results})
+
+
+def save_models(strategy: Strategy, model: torch.nn.Module, result: Result, directory: Path) -> None:
+    """Save the global model (``model.pt``), or FedMe's personalized models."""
+    if isinstance(strategy, FedMe):
+        personalized = {
+            client_id: {
+                "architecture": architecture,
+                "state_dict": {k: torch.from_numpy(v.copy()) for k, v in weights.items()},
+            }
+            for client_id, (architecture, weights) in strategy.personalized_models().items()
+        }
+        torch.save(personalized, directory / PERSONALIZED_MODELS_FILE)
+        return
+    if len(result.arrays) > 0:
+        model.load_state_dict(result.arrays.to_torch_state_dict())
+    torch.save(model.state_dict(), directory / MODEL_FILE)
+
+
+def log_final(recorder: RunRecorder, directory: Path) -> None:
+    """One line with the final accuracy (global and/or personalized)."""
+    final = recorder.summary()["final"]
+    if "personalized-accuracy" in final:
+        log(INFO, "fedx: final personalized test accuracy %.4f ± %.4f over %d clients (round %s); "
+            "global %s; outputs in %s",
+            final["personalized-accuracy"], final["personalized-accuracy-std"],
+            len(final.get("clients", {})), final.get("round"),
+            f"{final['accuracy']:.4f}" if "accuracy" in final else "none (personalized models)",
+            directory)
+        return
+    log(INFO, "fedx: final global test accuracy %.4f (round %s); outputs in %s",
+        final.get("accuracy", float("nan")), final.get("round"), directory)
 
 
 @app.main()
@@ -179,27 +312,29 @@ def main(grid: Grid, context: Context) -> None:
 
     info = dataset_info(cfg.dataset)
     model = build_model(cfg.model, info.input_shape, info.num_classes)
+    fedme = isinstance(strategy, FedMe)
+    if fedme:
+        server_unlabeled_set(cfg)  # missing data stops the run now, not in a later round
     directory = run_directory(cfg)
     recorder = RunRecorder(directory, cfg.to_dict())
-    evaluation = CentralEvaluation(cfg, model, recorder)
+    # FedMe has no global model: nothing to evaluate centrally or to start from.
+    evaluation = RoundEvaluation(cfg, None if fedme else model, recorder, strategy)
     log(INFO, "fedx: %s on %s/%s, %d nodes connected; outputs in %s",
-        cfg.strategy, cfg.dataset, cfg.model, connected, directory)
+        cfg.strategy, cfg.dataset, model_label(cfg), connected, directory)
 
     result = strategy.start(
         grid=grid,
-        initial_arrays=ArrayRecord(model.state_dict()),
+        initial_arrays=ArrayRecord() if fedme else ArrayRecord(model.state_dict()),
         num_rounds=cfg.num_server_rounds,
         timeout=cfg.round_timeout,
         train_config=training_config(cfg),
+        # Personalized evaluation fine-tunes with the training hyperparameters.
+        evaluate_config=training_config(cfg) if cfg.personalized else None,
         evaluate_fn=evaluation,
     )
 
     for server_round, metrics in result.train_metrics_clientapp.items():
         recorder.record(server_round, **{k: float(v) for k, v in metrics.items() if not isinstance(v, list)})
-    recorder.plot(f"{cfg.strategy} on {cfg.dataset} ({cfg.model})")
-    if len(result.arrays) > 0:
-        model.load_state_dict(result.arrays.to_torch_state_dict())
-    torch.save(model.state_dict(), directory / MODEL_FILE)
-    final = recorder.summary()["final"]
-    log(INFO, "fedx: final global test accuracy %.4f (round %s); outputs in %s",
-        final.get("accuracy", float("nan")), final.get("round"), directory)
+    recorder.plot(f"{cfg.strategy} on {cfg.dataset} ({model_label(cfg)})")
+    save_models(strategy, model, result, directory)
+    log_final(recorder, directory)

@@ -124,3 +124,41 @@ def evaluate(
 def _squared_distance(params: list[torch.Tensor], reference: list[torch.Tensor]) -> torch.Tensor:
     """Sum of squared Euclidean distances between matching tensors."""
     return sum((p - r).pow(2).sum() for p, r in zip(params, reference, strict=True))
+
+
+def predict_probabilities(
+    model: nn.Module,
+    inputs: torch.Tensor,
+    *,
+    batch_size: int = 256,
+    device: torch.device | None = None,
+) -> torch.Tensor:
+    """Softmax outputs of a classifier on a tensor of inputs, in batches.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The classifier; it is moved to ``device`` and put in evaluation mode.
+    inputs : torch.Tensor
+        ``(N, C, H, W)`` inputs.
+    batch_size : int, optional
+        Inputs per forward pass.
+    device : torch.device, optional
+        Where to compute; :func:`get_device` by default.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(N, num_classes)`` float32 probabilities on the CPU.
+    """
+    device = device or get_device()
+    model.to(device)
+    model.eval()
+    batches = []
+    with torch.no_grad():
+        for start in range(0, len(inputs), batch_size):
+            batch = inputs[start:start + batch_size].to(device, non_blocking=True)
+            batches.append(torch.softmax(model(batch), dim=1).float().cpu())
+    if not batches:
+        return torch.empty(0, 0)
+    return torch.cat(batches)

@@ -129,5 +129,5 @@ def test_fedmut_and_fedcross_run_through_flwr_run(superlink, tmp_path, strategy)
 def test_bad_run_config_stops_the_run_with_one_clear_line(superlink, tmp_path):
     run = flwr_run(superlink, f'strategy="fedfoo" output-dir="{tmp_path}"', timeout=120)
     output = run.stdout + run.stderr
-    assert "invalid run config strategy='fedfoo': must be one of fedavg, fedprox, fedmr, fedindep, fedmut, fedcross" in output
+    assert "invalid run config strategy='fedfoo': must be one of fedavg, fedprox, fedmr, fedindep, fedmut, fedcross, fedme, fedavg-ft" in output
     assert not any(tmp_path.iterdir()), "no outputs for a run that never started"

@@ -27,19 +27,19 @@ def test_every_strategy_name_builds(defaults):
     assert set(STRATEGY_BUILDERS) == set(STRATEGY_NAMES)
     for name in STRATEGY_NAMES:
         strategy = build_strategy(RunConfig.from_mapping({**defaults, "strategy": name}))
-        assert type(strategy).__name__.lower() == name
+        assert type(strategy).__name__.lower() == name.replace("-", "")
 
 
 @pytest.mark.parametrize(
     "key, value, allowed",
     [
-        ("strategy", "fedfoo", "one of fedavg, fedprox, fedmr, fedindep, fedmut, fedcross"),
+        ("strategy", "fedfoo", "one of fedavg, fedprox, fedmr, fedindep, fedmut, fedcross, fedme, fedavg-ft"),
         ("fedcross-alpha", 1.0, "a number in [0.5, 1)"),
         ("fedcross-alpha", 0.4, "a number in [0.5, 1)"),
         ("fedmut-alpha", -1.0, "a number in [0, inf)"),
         ("fedmut-beta0", 1.2, "a number in [0, 1]"),
         ("fedcross-selection", "random", "one of in_order, highest_similarity, lowest_similarity"),
-        ("model", "resnet99", "one of cnn, resnet20, vgg16"),
+        ("model", "resnet99", "one of cnn, resnet20, vgg16, cnn-1, cnn-2, cnn-3, cnn-4, vgg11, vgg13, vgg19"),
         ("dataset", "mnist", "one of digits, cifar10, cifar100"),
         ("fraction-train", 0.0, "a number in (0, 1]"),
         ("fraction-train", 1.5, "a number in (0, 1]"),
@@ -47,7 +47,21 @@ def test_every_strategy_name_builds(defaults):
         ("segment-fraction", -0.5, "0 (off: layer-wise recombination) or a number in (0, 1]"),
         ("segment-fraction", 2.0, "0 (off: layer-wise recombination) or a number in (0, 1]"),
         ("grouping", "layer", "one of tensor, module"),
-        ("partitioning", "pathological", "one of iid, dirichlet"),
+        ("partitioning", "pathological", "one of iid, dirichlet, dirichlet-size-label"),
+        ("size-alpha", 0.0, "a number in (0, inf)"),
+        ("unlabeled-size", -1, "0 (the dataset's default) or an integer >= 1"),
+        ("local-test-fraction", 1.0, "a number in (0, 1)"),
+        ("local-validation-fraction", 0.0, "a number in (0, 1)"),
+        ("finetune-epochs", -1, "an integer >= 0"),
+        ("fedme-architectures", "cnn-1,resnet99",
+         "comma-separated model names from cnn, resnet20, vgg16, cnn-1, cnn-2, cnn-3, cnn-4, vgg11, vgg13, vgg19"),
+        ("fedme-architectures", " , ",
+         "comma-separated model names from cnn, resnet20, vgg16, cnn-1, cnn-2, cnn-3, cnn-4, vgg11, vgg13, vgg19"),
+        ("fedme-cluster-rounds", "10,5", "comma-separated increasing rounds >= 2 (empty: always one cluster)"),
+        ("fedme-cluster-rounds", "1,5", "comma-separated increasing rounds >= 2 (empty: always one cluster)"),
+        ("fedme-cluster-rounds", "ten", "comma-separated increasing rounds >= 2 (empty: always one cluster)"),
+        ("fedme-model-tuning", "off", "true or false"),
+        ("fedme-clustering", 1, "true or false"),
         ("num-server-rounds", 0, "an integer >= 1"),
         ("local-epochs", 2.5, "an integer >= 1"),
         ("batch-size", True, "an integer >= 1"),
@@ -66,6 +80,34 @@ def test_combinations_the_strategy_rejects_are_config_errors(defaults):
         {**defaults, "strategy": "fedcross", "fedcross-alpha": 0.9, "fedcross-alpha-start": 0.95}
     )
     with pytest.raises(ConfigError, match="strategy='fedcross': alpha_start must be in"):
+        build_strategy(cfg)
+
+
+def test_fedme_settings_reach_the_strategy(defaults):
+    cfg = RunConfig.from_mapping(
+        {**defaults, "strategy": "fedme", "fedme-architectures": "cnn-3, cnn-1",
+         "fedme-cluster-rounds": "", "fedme-mutual-learning": False, "finetune-epochs": 2}
+    )
+    strategy = build_strategy(cfg)
+    assert strategy.architectures == ("cnn-3", "cnn-1")
+    assert strategy.cluster_rounds == ()
+    assert strategy.mutual_learning is False and strategy.model_tuning and strategy.clustering
+    assert strategy.finetune_epochs == 2 and strategy.seed == cfg.seed
+    assert build_strategy(RunConfig.from_mapping({**defaults, "strategy": "fedme"})).cluster_rounds == (10, 15, 18)
+
+
+def test_architectures_that_do_not_fit_the_dataset_are_config_errors(defaults):
+    cfg = RunConfig.from_mapping({**defaults, "strategy": "fedme", "fedme-architectures": "cnn-2,vgg11"})
+    with pytest.raises(ConfigError) as error:
+        build_strategy(cfg)
+    assert str(error.value).startswith(
+        "invalid run config fedme-architectures='cnn-2,vgg11': vgg11 needs inputs of at least 32x32"
+    )
+    cfg = RunConfig.from_mapping({**defaults, "strategy": "fedme", "min-train-nodes": 1})
+    with pytest.raises(ConfigError, match="strategy='fedme': min_train_nodes must be at least 2"):
+        build_strategy(cfg)
+    cfg = RunConfig.from_mapping({**defaults, "strategy": "fedavg-ft", "min-partition-size": 2})
+    with pytest.raises(ConfigError, match=r"^invalid run config min-partition-size=2: must be an integer >= 3"):
         build_strategy(cfg)
 
 

@@ -49,7 +49,46 @@ def test_output_shape(name: str, input_shape: tuple[int, int, int], num_classes:
 
 
 def test_model_names() -> None:
-    assert MODEL_NAMES == ("cnn", "resnet20", "vgg16")
+    assert MODEL_NAMES == (
+        "cnn", "resnet20", "vgg16", "cnn-1", "cnn-2", "cnn-3", "cnn-4", "vgg11", "vgg13", "vgg19"
+    )
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3, 4])
+@pytest.mark.parametrize("input_shape", [(1, 8, 8), (1, 28, 28), (3, 32, 32)])
+def test_cnn_family_has_depth_conv_blocks_and_runs_on_small_inputs(
+    depth: int, input_shape: tuple[int, int, int]
+) -> None:
+    model = build_model(f"cnn-{depth}", input_shape, 10)
+    convs = _layers(model, nn.Conv2d)
+    assert [c.out_channels for c in convs] == [32, 64, 128, 256][:depth]
+    # Pooling stops at 1x1: four blocks on 8x8 digits pool three times.
+    side = min(input_shape[1:])
+    expected_pools = min(depth, side.bit_length() - 1)
+    assert len(_layers(model, nn.MaxPool2d)) == expected_pools
+    assert model(torch.zeros(2, *input_shape)).shape == (2, 10)
+
+
+def test_cnn_2_is_the_fedavg_cnn() -> None:
+    torch.manual_seed(0)
+    cnn = build_model("cnn", (1, 28, 28), 10).state_dict()
+    torch.manual_seed(0)
+    cnn_2 = build_model("cnn-2", (1, 28, 28), 10).state_dict()
+    assert list(cnn) == list(cnn_2)
+    assert all(torch.equal(cnn[k], cnn_2[k]) for k in cnn)
+
+
+@pytest.mark.parametrize(("depth", "convs", "parameters"), [
+    (11, 8, 9_750_922), (13, 10, 9_935_434), (16, 13, 15_245_130), (19, 16, 20_554_826),
+])
+def test_vgg_family_depths(depth: int, convs: int, parameters: int) -> None:
+    model = build_model(f"vgg{depth}", (3, 32, 32), 10)
+    # depth = conv layers + the three linear layers of the head.
+    assert len(_layers(model, nn.Conv2d)) == convs == depth - 3
+    assert len(_layers(model, nn.Linear)) == 3
+    assert _num_parameters(model) == parameters
+    with pytest.raises(ValueError, match=f"vgg{depth} needs inputs of at least 32x32"):
+        build_model(f"vgg{depth}", (1, 8, 8), 10)
 
 
 def test_unknown_model_names_the_allowed_ones() -> None:

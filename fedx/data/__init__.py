@@ -2,7 +2,8 @@
 
 ``digits`` (scikit-learn's bundled 8x8 handwritten digits) works offline and
 is the default; ``cifar10`` and ``cifar100`` are read from torchvision's
-on-disk format under the ``data-root`` folder.
+on-disk format under the ``data-root`` folder. Personalized methods (FedMe,
+FedAvg + fine-tuning) use :func:`load_local_splits` and :func:`load_unlabeled`.
 """
 
 from fedx.data.datasets import (
@@ -17,8 +18,16 @@ from fedx.data.partitioning import (
     PARTITIONINGS,
     Partition,
     dataset_labels,
+    dirichlet_sizes,
     load_partition,
     partition_indices,
+)
+from fedx.data.personalized import (
+    LocalSplits,
+    load_local_splits,
+    load_unlabeled,
+    split_local,
+    unlabeled_size,
 )
 
 __all__ = [
@@ -27,10 +36,16 @@ __all__ = [
     "SPLITS",
     "DatasetInfo",
     "DigitsDataset",
+    "LocalSplits",
     "Partition",
     "dataset_info",
     "dataset_labels",
+    "dirichlet_sizes",
+    "load_local_splits",
     "load_partition",
     "load_split",
+    "load_unlabeled",
     "partition_indices",
+    "split_local",
+    "unlabeled_size",
 ]

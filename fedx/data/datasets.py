@@ -115,6 +115,7 @@ def load_split(
     download: bool = False,
     seed: int = 0,
     test_fraction: float = 0.2,
+    augment: bool = True,
 ) -> Dataset:
     """Load the training or the test split of a dataset.
 
@@ -138,6 +139,10 @@ def load_split(
     test_fraction : float, optional
         Fraction of the digits held out as the test split, stratified by
         label, in ``(0, 1)``. Unused for CIFAR.
+    augment : bool, optional
+        Randomly crop and flip CIFAR training images (the default). False
+        gives the training images as the test split sees its images, for
+        evaluating or predicting on training samples. Unused for digits.
 
     Returns
     -------
@@ -145,8 +150,8 @@ def load_split(
         Items are ``(image, label)`` with ``image`` a float tensor of shape
         ``dataset_info(name).input_shape``; the dataset's ``targets``
         attribute holds all labels. CIFAR training images are randomly
-        cropped (padding 4) and flipped; all CIFAR images are normalised per
-        channel. Digits are scaled to ``[0, 1]``.
+        cropped (padding 4) and flipped unless ``augment`` is false; all CIFAR
+        images are normalised per channel. Digits are scaled to ``[0, 1]``.
 
     Raises
     ------
@@ -162,7 +167,8 @@ def load_split(
     if name == "digits":
         train, test = _digits_splits(int(seed), float(test_fraction))
         return train if split == "train" else test
-    return _load_cifar(name, split == "train", _resolve_root(root), bool(download))
+    train = split == "train"
+    return _load_cifar(name, train, _resolve_root(root), bool(download), train and augment)
 
 
 @functools.lru_cache(maxsize=8)
@@ -181,7 +187,9 @@ def _digits_splits(seed: int, test_fraction: float) -> tuple[DigitsDataset, Digi
 
 
 @functools.lru_cache(maxsize=4)
-def _load_cifar(name: str, train: bool, root: str, download: bool) -> tv_datasets.CIFAR10:
+def _load_cifar(
+    name: str, train: bool, root: str, download: bool, augment: bool
+) -> tv_datasets.CIFAR10:
     spec = _CIFAR[name]
     folder = os.path.join(root, spec.dataset_class.base_folder)
     if not download:
@@ -192,7 +200,7 @@ def _load_cifar(name: str, train: bool, root: str, download: bool) -> tv_dataset
                 f"set download=true (run-config key) to fetch it into {root}"
             )
     normalize = transforms.Normalize(spec.mean, spec.std)
-    if train:
+    if augment:
         transform = transforms.Compose(
             [
                 transforms.RandomCrop(32, padding=4),

@@ -6,12 +6,17 @@ from collections.abc import Sequence
 
 import datasets as hf_datasets
 import numpy as np
-from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, Partitioner
+from flwr_datasets.partitioner import (
+    DirichletPartitioner,
+    IidPartitioner,
+    InnerDirichletPartitioner,
+    Partitioner,
+)
 from torch.utils.data import Dataset, Subset
 
 from fedx.data.datasets import _check_choice, _resolve_root, load_split
 
-PARTITIONINGS: tuple[str, ...] = ("iid", "dirichlet")
+PARTITIONINGS: tuple[str, ...] = ("iid", "dirichlet", "dirichlet-size-label")
 
 
 class Partition(Subset):
@@ -48,6 +53,7 @@ def partition_indices(
     alpha: float = 1.0,
     min_partition_size: int = 0,
     seed: int = 0,
+    size_alpha: float = 10.0,
 ) -> list[np.ndarray]:
     """Split sample positions into disjoint partitions that together cover all samples.
 
@@ -57,20 +63,30 @@ def partition_indices(
         One label per sample, 1-D.
     num_partitions : int
         Number of partitions (clients), between 1 and the number of samples.
-    partitioning : {"iid", "dirichlet"}
+    partitioning : {"iid", "dirichlet", "dirichlet-size-label"}
         ``"iid"``: a seeded shuffle cut into equal shares (sizes differ by at
         most one) with ``IidPartitioner``. ``"dirichlet"``: label skew with
         ``DirichletPartitioner``: for every class, proportions drawn from
         ``Dir(alpha)`` decide how its samples spread over the partitions
         (no self-balancing), so partition sizes vary too.
+        ``"dirichlet-size-label"``: FedMe's CIFAR-10 scheme (after FedMA,
+        Wang et al., ICLR 2020): partition sizes from ``Dir(size_alpha)``
+        (:func:`dirichlet_sizes`), then every partition's label mix from
+        ``Dir(alpha)`` with ``InnerDirichletPartitioner``.
     alpha : float
-        Dirichlet concentration, > 0; smaller is more skewed. Unused for iid.
+        Label Dirichlet concentration, > 0; smaller is more skewed. Unused
+        for iid.
     min_partition_size : int
-        Smallest acceptable partition. Dirichlet sampling is redrawn until
-        every partition has at least this many samples (10 retries at most).
+        Smallest acceptable partition. ``"dirichlet"`` redraws until every
+        partition has at least this many samples (10 retries at most);
+        ``"dirichlet-size-label"`` gives every partition this many samples
+        before sharing out the rest by the size proportions.
     seed : int
         Seed of the shuffle or of the Dirichlet draws; the same arguments give
         the same partitions in every process.
+    size_alpha : float
+        Size Dirichlet concentration of ``"dirichlet-size-label"``, > 0;
+        smaller gives more unequal sizes (the FedMe paper: 10).
 
     Returns
     -------
@@ -88,6 +104,10 @@ def partition_indices(
     _check_partition_args(len(labels), num_partitions, partitioning, alpha, min_partition_size)
 
     num_samples = len(labels)
+    if partitioning == "dirichlet-size-label":
+        return _size_label_dirichlet(
+            labels, num_partitions, alpha, size_alpha, min_partition_size, seed
+        )
     if partitioning == "iid":
         # IidPartitioner cuts contiguous shards, which would keep any order of
         # the samples (such as sorted by label): shuffle first.
@@ -122,6 +142,92 @@ def partition_indices(
             f"min-partition-size={min_partition_size} samples; lower min-partition-size, "
             f"raise dirichlet-alpha or use fewer partitions"
         ) from err
+
+
+def dirichlet_sizes(
+    num_samples: int,
+    num_partitions: int,
+    alpha: float,
+    min_size: int,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """Draw partition sizes that sum to ``num_samples`` from a Dirichlet distribution.
+
+    flwr-datasets has no partitioner that draws sizes at random (its size
+    partitioners follow fixed laws, and ``DirichletPartitioner``'s sizes only
+    follow from the label draws), so the sizes of FedMe's scheme come from
+    here and the labels from ``InnerDirichletPartitioner``.
+
+    Parameters
+    ----------
+    num_samples : int
+        Samples to share out.
+    num_partitions : int
+        Number of partitions, at least 1.
+    alpha : float
+        Concentration of the symmetric ``Dir(alpha)`` proportions, > 0.
+    min_size : int
+        Every partition first gets this many samples; the remaining
+        ``num_samples - num_partitions * min_size`` are shared out by the
+        proportions (largest remainders get the samples left by rounding).
+    rng : np.random.Generator
+        Source of the proportions.
+
+    Returns
+    -------
+    np.ndarray
+        ``num_partitions`` int64 sizes, each ``>= min_size``, summing to
+        ``num_samples``.
+
+    Raises
+    ------
+    ValueError
+        If ``num_partitions * min_size > num_samples`` or ``alpha <= 0``.
+    """
+    if not alpha > 0:
+        raise ValueError(f"size alpha={alpha!r} must be > 0")
+    spare = num_samples - num_partitions * min_size
+    if num_partitions < 1 or spare < 0:
+        raise ValueError(
+            f"cannot give {num_partitions} partitions at least {min_size} of "
+            f"{num_samples} samples each"
+        )
+    shares = rng.dirichlet(np.full(num_partitions, float(alpha))) * spare
+    sizes = np.floor(shares).astype(np.int64)
+    leftover = spare - int(sizes.sum())
+    # Rounding down leaves fewer than num_partitions samples: they go to the
+    # partitions that lost the largest fractions.
+    sizes[np.argsort(sizes - shares, kind="stable")[:leftover]] += 1
+    return sizes + min_size
+
+
+def _size_label_dirichlet(
+    labels: np.ndarray,
+    num_partitions: int,
+    alpha: float,
+    size_alpha: float,
+    min_partition_size: int,
+    seed: int,
+) -> list[np.ndarray]:
+    """FedMe's partitioning: Dirichlet sizes, then a Dirichlet label mix per partition."""
+    if not size_alpha > 0:
+        raise ValueError(f"size-alpha={size_alpha!r} must be > 0")
+    sizes = dirichlet_sizes(
+        len(labels), num_partitions, size_alpha, min_partition_size, np.random.default_rng(seed)
+    )
+    # InnerDirichletPartitioner expects the classes to be 0 .. C-1.
+    _, dense_labels = np.unique(labels, return_inverse=True)
+    table = hf_datasets.Dataset.from_dict(
+        {"label": dense_labels.astype(np.int64), "index": np.arange(len(labels))}
+    )
+    partitioner = InnerDirichletPartitioner(
+        partition_sizes=sizes, partition_by="label", alpha=float(alpha), shuffle=True, seed=seed
+    )
+    partitioner.dataset = table
+    return [
+        np.asarray(partitioner.load_partition(i)["index"], dtype=np.int64)
+        for i in range(num_partitions)
+    ]
 
 
 def load_partition(
@@ -227,7 +333,7 @@ def _check_partition_args(
         )
     if min_partition_size < 0:
         raise ValueError(f"min-partition-size={min_partition_size!r} must be >= 0")
-    if partitioning == "dirichlet" and not alpha > 0:
+    if partitioning != "iid" and not alpha > 0:
         raise ValueError(f"dirichlet-alpha={alpha!r} must be > 0")
     if partitioning == "iid" and num_samples // num_partitions < min_partition_size:
         raise ValueError(

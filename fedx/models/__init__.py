@@ -3,23 +3,43 @@
 No pretrained weights are ever downloaded: every model starts from the
 framework's random initialisation, so call ``torch.manual_seed(seed)`` before
 :func:`build_model` to get the same initial model in every process.
+
+Besides the single-architecture models (``cnn``, ``resnet20``, ``vgg16``) the
+registry names two families of variable depth for heterogeneous-architecture
+methods such as FedMe: ``cnn-1`` ... ``cnn-4`` (the CNN with 1-4 conv
+blocks; ``cnn-2`` has the structure of ``cnn``) and ``vgg11``, ``vgg13``,
+``vgg16``, ``vgg19``.
 """
 
+import functools
 from collections.abc import Callable
 
 from torch import nn
 
 from fedx.models.cnn import CNN
 from fedx.models.resnet import ResNet20
-from fedx.models.vgg import VGG16
+from fedx.models.vgg import VGG, VGG16
 
-MODEL_NAMES: tuple[str, ...] = ("cnn", "resnet20", "vgg16")
+# Output channels of the conv blocks of cnn-<d>: the first d of these. The
+# first two are the FedAvg CNN's; deeper blocks double the width.
+CNN_FAMILY_CHANNELS: tuple[int, ...] = (32, 64, 128, 256)
 
-_BUILDERS: dict[str, Callable[[tuple[int, int, int], int], nn.Module]] = {
+_Builder = Callable[[tuple[int, int, int], int], nn.Module]
+
+_BUILDERS: dict[str, _Builder] = {
     "cnn": CNN,
     "resnet20": ResNet20,
     "vgg16": VGG16,
 }
+for _depth in range(1, len(CNN_FAMILY_CHANNELS) + 1):
+    # Deep variants stop pooling at 1x1, so all four run on 8x8 digits.
+    _BUILDERS[f"cnn-{_depth}"] = functools.partial(
+        CNN, conv_channels=CNN_FAMILY_CHANNELS[:_depth], pool_to_fit=True
+    )
+for _depth in (11, 13, 19):
+    _BUILDERS[f"vgg{_depth}"] = functools.partial(VGG, depth=_depth)
+
+MODEL_NAMES: tuple[str, ...] = tuple(_BUILDERS)
 
 
 def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
@@ -28,7 +48,8 @@ def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int) 
     Parameters
     ----------
     name : str
-        One of :data:`MODEL_NAMES` (the ``model`` run-config key).
+        One of :data:`MODEL_NAMES` (the ``model`` run-config key, or an entry
+        of ``fedme-architectures``).
     input_shape : tuple[int, int, int]
         ``(channels, height, width)`` of one input image, for example
         ``fedx.data.dataset_info(dataset).input_shape``.
@@ -44,7 +65,7 @@ def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int) 
     ------
     ValueError
         If ``name`` is unknown, or the input is too small for the model
-        (``vgg16`` needs at least 32x32).
+        (the VGGs need at least 32x32).
     """
     if name not in _BUILDERS:
         raise ValueError(f"model={name!r} is not one of {MODEL_NAMES}")
@@ -56,4 +77,4 @@ def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int) 
     return _BUILDERS[name]((channels, height, width), int(num_classes))
 
 
-__all__ = ["CNN", "MODEL_NAMES", "ResNet20", "VGG16", "build_model"]
+__all__ = ["CNN", "CNN_FAMILY_CHANNELS", "MODEL_NAMES", "ResNet20", "VGG", "VGG16", "build_model"]

@@ -32,6 +32,11 @@ class CNN(nn.Module):
         CNNs of heterogeneous-architecture settings such as FedMe's.
     hidden_units : int, optional
         Width of the hidden fully connected layer (512 in the paper).
+    pool_to_fit : bool, optional
+        When true, a conv block pools only while the feature map is at least
+        2x2, so deep variants accept small inputs (four blocks on 8x8 digits
+        give 4x4, 2x2, 1x1, 1x1). When false (default), every block pools
+        and inputs smaller than ``2 ** len(conv_channels)`` are rejected.
 
     Notes
     -----
@@ -46,13 +51,14 @@ class CNN(nn.Module):
         num_classes: int,
         conv_channels: Sequence[int] = (32, 64),
         hidden_units: int = 512,
+        pool_to_fit: bool = False,
     ) -> None:
         super().__init__()
         in_channels, height, width = input_shape
         if not conv_channels:
             raise ValueError("CNN needs at least one conv block, got conv_channels=()")
         min_side = _POOL ** len(conv_channels)
-        if height < min_side or width < min_side:
+        if not pool_to_fit and (height < min_side or width < min_side):
             raise ValueError(
                 f"CNN with {len(conv_channels)} conv blocks needs inputs of at least "
                 f"{min_side}x{min_side}, got {height}x{width}"
@@ -63,11 +69,12 @@ class CNN(nn.Module):
             layers += [
                 nn.Conv2d(in_channels, out_channels, kernel_size=5, padding=2),
                 nn.ReLU(inplace=True),
-                nn.MaxPool2d(_POOL),
             ]
             in_channels = out_channels
-            # MaxPool2d floors odd sizes, exactly like this integer division.
-            height, width = height // _POOL, width // _POOL
+            if min(height, width) >= _POOL or not pool_to_fit:
+                layers.append(nn.MaxPool2d(_POOL))
+                # MaxPool2d floors odd sizes, exactly like this integer division.
+                height, width = height // _POOL, width // _POOL
         self.features = nn.Sequential(*layers)
         self.classifier = nn.Sequential(
             nn.Linear(in_channels * height * width, hidden_units),

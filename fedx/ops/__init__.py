@@ -11,6 +11,7 @@ from fedx.ops.cross_aggregation import (
     cosine_similarity_matrix,
     cross_aggregate,
 )
+from fedx.ops.exchange import assign_exchanges, cluster_count, fedme_aggregate
 from fedx.ops.mutation import dynamic_beta, mutate
 from fedx.ops.recombination import GROUPINGS, layer_groups, recombine, segment_ids
 from fedx.ops.typing import Model
@@ -20,11 +21,14 @@ __all__ = [
     "GROUPINGS",
     "Model",
     "SELECTIONS",
+    "assign_exchanges",
     "average",
+    "cluster_count",
     "collaborator_indices",
     "cosine_similarity_matrix",
     "cross_aggregate",
     "dynamic_beta",
+    "fedme_aggregate",
     "find_problem",
     "layer_groups",
     "mutate",

@@ -1,0 +1,262 @@
+"""The data layout of personalized federated learning (FedMe and FedAvg + fine-tuning).
+
+The FedMe paper (Sec. 5.1.2) takes a small unlabeled set out of the training
+data for the server, shares the rest among the clients, and splits every
+client's share into its own train, validation and test data. Quality is then
+measured per client, on its own test split. Everything here is a seeded
+function of the arguments, so the server and every client compute the same
+layout independently.
+"""
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedx.data.datasets import _resolve_root, load_split
+from fedx.data.partitioning import Partition, dataset_labels, partition_indices
+
+#: Unlabeled samples the server holds when ``unlabeled-size`` is 0: the
+#: paper's 1000, fewer for the 1797 digits.
+DEFAULT_UNLABELED_SIZE = 1000
+_DATASET_UNLABELED_SIZE: dict[str, int] = {"digits": 200}
+#: A client needs one sample in each of its train, validation and test splits.
+MIN_LOCAL_SAMPLES = 3
+
+
+@dataclass(frozen=True)
+class LocalSplits:
+    """One client's data: train, validation and test splits of its share.
+
+    ``train`` draws from the training images with augmentation (CIFAR);
+    ``validation`` and ``test`` see the same images without it.
+    """
+
+    train: Partition
+    validation: Partition
+    test: Partition
+
+
+def unlabeled_size(name: str, size: int) -> int:
+    """The size of the server's unlabeled set: ``size``, or the dataset's default when 0."""
+    if size < 0:
+        raise ValueError(f"unlabeled-size={size!r} must be >= 0")
+    return size or _DATASET_UNLABELED_SIZE.get(name, DEFAULT_UNLABELED_SIZE)
+
+
+def split_local(
+    num_samples: int,
+    test_fraction: float,
+    validation_fraction: float,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Split positions ``0 .. num_samples-1`` into train, validation and test.
+
+    The test split takes ``test_fraction`` of the samples, the validation
+    split ``validation_fraction`` of the rest (the paper's 8:2 then 8:2 for
+    CIFAR-10), each rounded and at least one sample.
+
+    Returns
+    -------
+    tuple[np.ndarray, np.ndarray, np.ndarray]
+        Disjoint int64 position arrays (train, validation, test) covering all
+        samples, each non-empty.
+
+    Raises
+    ------
+    ValueError
+        If ``num_samples < 3`` or a fraction is outside ``(0, 1)``.
+    """
+    if num_samples < MIN_LOCAL_SAMPLES:
+        raise ValueError(
+            f"a client needs at least {MIN_LOCAL_SAMPLES} samples for train, validation "
+            f"and test splits, got {num_samples}"
+        )
+    for key, fraction in (
+        ("local-test-fraction", test_fraction),
+        ("local-validation-fraction", validation_fraction),
+    ):
+        if not 0.0 < fraction < 1.0:
+            raise ValueError(f"{key}={fraction!r} must be in (0, 1)")
+    num_test = min(max(round(num_samples * test_fraction), 1), num_samples - 2)
+    num_validation = min(max(round((num_samples - num_test) * validation_fraction), 1),
+                         num_samples - num_test - 1)
+    order = rng.permutation(num_samples).astype(np.int64)
+    test = order[:num_test]
+    validation = order[num_test:num_test + num_validation]
+    return order[num_test + num_validation:], validation, test
+
+
+# pylint: disable=too-many-arguments
+def load_unlabeled(
+    name: str,
+    *,
+    size: int = 0,
+    root: str = "data",
+    download: bool = False,
+    seed: int = 0,
+    test_fraction: float = 0.2,
+) -> Partition:
+    """Return the server's unlabeled set: training samples no client ever gets.
+
+    Parameters
+    ----------
+    name : str
+        One of :data:`fedx.data.DATASET_NAMES`.
+    size : int, optional
+        Number of samples; 0 takes the dataset's default (1000, digits 200).
+    root, download, seed, test_fraction
+        As for :func:`fedx.data.load_split`. The set depends on these and
+        ``size`` only, not on the number of clients, so the server can load it
+        without knowing how many clients there are.
+
+    Returns
+    -------
+    Partition
+        Training images without augmentation. The labels are there (the
+        ``targets`` attribute) but FedMe never reads them.
+    """
+    layout = _unlabeled_and_pool(name, _resolve_root(root), bool(download), int(seed),
+                                 float(test_fraction), unlabeled_size(name, size))
+    images = load_split(name, "train", root=root, download=download, seed=seed,
+                        test_fraction=test_fraction, augment=False)
+    return Partition(images, layout[0])
+
+
+# pylint: disable=too-many-arguments,too-many-locals
+def load_local_splits(
+    name: str,
+    partition_id: int,
+    num_partitions: int,
+    *,
+    root: str = "data",
+    download: bool = False,
+    partitioning: str = "dirichlet-size-label",
+    alpha: float = 0.5,
+    size_alpha: float = 10.0,
+    min_partition_size: int = 10,
+    seed: int = 0,
+    test_fraction: float = 0.2,
+    unlabeled: int = 0,
+    local_test_fraction: float = 0.2,
+    local_validation_fraction: float = 0.2,
+) -> LocalSplits:
+    """Return one client's train, validation and test splits.
+
+    The training split of the dataset minus the server's unlabeled set
+    (:func:`load_unlabeled`) is partitioned with
+    :func:`fedx.data.partition_indices`, and partition ``partition_id`` is
+    split with :func:`split_local`. Cached per process.
+
+    Parameters
+    ----------
+    name : str
+        One of :data:`fedx.data.DATASET_NAMES`.
+    partition_id, num_partitions : int
+        The client's ``partition-id`` and ``num-partitions``.
+    root, download, seed, test_fraction
+        As for :func:`fedx.data.load_split` (``test_fraction`` is the digits'
+        global test split, which personalized evaluation does not use).
+    partitioning, alpha, size_alpha, min_partition_size
+        As for :func:`fedx.data.partition_indices`.
+    unlabeled : int
+        Size of the server's unlabeled set, 0 for the dataset's default.
+    local_test_fraction, local_validation_fraction : float
+        As for :func:`split_local`.
+
+    Returns
+    -------
+    LocalSplits
+        Three ``Partition`` s of the training split.
+    """
+    if not 0 <= partition_id < num_partitions:
+        raise ValueError(
+            f"partition-id={partition_id!r} must be in [0, {num_partitions}) "
+            f"for num-partitions={num_partitions}"
+        )
+    splits = _local_split_indices(
+        name, _resolve_root(root), bool(download), int(seed), float(test_fraction),
+        unlabeled_size(name, unlabeled), int(num_partitions), partitioning, float(alpha),
+        float(size_alpha), int(min_partition_size), float(local_test_fraction),
+        float(local_validation_fraction),
+    )[partition_id]
+    settings = {"root": root, "download": download, "seed": seed, "test_fraction": test_fraction}
+    augmented = load_split(name, "train", **settings)
+    plain = load_split(name, "train", augment=False, **settings)
+    return LocalSplits(
+        train=Partition(augmented, splits[0]),
+        validation=Partition(plain, splits[1]),
+        test=Partition(plain, splits[2]),
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _unlabeled_and_pool(
+    name: str, root: str, download: bool, seed: int, test_fraction: float, size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Positions in the training split of the unlabeled set and of the clients' pool."""
+    train = load_split(name, "train", root=root, download=download, seed=seed,
+                       test_fraction=test_fraction)
+    num_samples = len(dataset_labels(train))
+    if not 0 < size < num_samples:
+        raise ValueError(
+            f"unlabeled-size={size} must be below the {num_samples} training samples of {name}"
+        )
+    # Its own stream: the partitioning draws from `seed` as well.
+    order = np.random.default_rng([seed, 0x5E7]).permutation(num_samples)
+    unlabeled, pool = np.sort(order[:size]), np.sort(order[size:])
+    for positions in (unlabeled, pool):
+        positions.setflags(write=False)
+    return unlabeled, pool
+
+
+@functools.lru_cache(maxsize=8)
+def _local_split_indices(
+    name: str,
+    root: str,
+    download: bool,
+    seed: int,
+    test_fraction: float,
+    size: int,
+    num_partitions: int,
+    partitioning: str,
+    alpha: float,
+    size_alpha: float,
+    min_partition_size: int,
+    local_test_fraction: float,
+    local_validation_fraction: float,
+) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]:
+    """Every client's (train, validation, test) positions in the training split."""
+    _, pool = _unlabeled_and_pool(name, root, download, seed, test_fraction, size)
+    train = load_split(name, "train", root=root, download=download, seed=seed,
+                       test_fraction=test_fraction)
+    shares = partition_indices(
+        dataset_labels(train)[pool],
+        num_partitions,
+        partitioning=partitioning,
+        alpha=alpha,
+        size_alpha=size_alpha,
+        min_partition_size=min_partition_size,
+        seed=seed,
+    )
+    rng = np.random.default_rng([seed, 0x10CA1])
+    layout = []
+    for share in shares:
+        positions = pool[share]
+        parts = split_local(len(positions), local_test_fraction, local_validation_fraction, rng)
+        split = tuple(positions[part] for part in parts)
+        for indices in split:
+            indices.setflags(write=False)
+        layout.append(split)
+    return tuple(layout)
+
+
+__all__ = [
+    "DEFAULT_UNLABELED_SIZE",
+    "LocalSplits",
+    "load_local_splits",
+    "load_unlabeled",
+    "split_local",
+    "unlabeled_size",
+]
+

@@ -1,0 +1,98 @@
+"""The torch side of FedMe's server: initial models and outputs on the unlabeled set.
+
+:class:`fedx.strategies.FedMe` is numpy-only; the ServerApp hands it the two
+callables of a :class:`ServerModels`. Building a torch module is far slower
+than loading weights into one, so one module per architecture is built once
+and reused for every client's model.
+"""
+
+import functools
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from fedx.models import build_model
+from fedx.ops import Model
+from fedx.training import get_device, predict_probabilities
+
+
+def to_numpy_model(module: nn.Module) -> Model:
+    """A module's state dict as ``{name: np.ndarray}`` (copies, in state-dict order)."""
+    return {name: tensor.detach().cpu().numpy().copy() for name, tensor in module.state_dict().items()}
+
+
+class ServerModels:
+    """Builds clients' first models and computes models' softmax outputs on unlabeled data.
+
+    Parameters
+    ----------
+    input_shape : tuple[int, int, int]
+        ``(channels, height, width)`` of the dataset's images.
+    num_classes : int
+        Number of classes.
+    unlabeled : callable
+        Returns the server's unlabeled set (items ``(image, label)``, the
+        labels are ignored). Called on the first :meth:`probabilities`, so
+        building a strategy does not read data; the images are then stacked
+        into one tensor once.
+    seed : int
+        Base seed of the initial models: client c's first model is the same
+        in every run with the same seed.
+    batch_size : int, optional
+        Unlabeled images per forward pass.
+    device : torch.device, optional
+        Where to compute outputs; ``cuda`` when available by default.
+    """
+
+    # pylint: disable=too-many-arguments
+    def __init__(
+        self,
+        input_shape: tuple[int, int, int],
+        num_classes: int,
+        unlabeled: Callable[[], Dataset],
+        seed: int,
+        *,
+        batch_size: int = 500,
+        device: torch.device | None = None,
+    ) -> None:
+        self.input_shape = input_shape
+        self.num_classes = num_classes
+        self.seed = seed
+        self.batch_size = batch_size
+        self.device = device or get_device()
+        self._load_unlabeled = unlabeled
+        self._modules: dict[str, nn.Module] = {}
+
+    @functools.cached_property
+    def unlabeled(self) -> torch.Tensor:
+        """The unlabeled images as one ``(U, C, H, W)`` tensor, loaded on first use."""
+        dataset = self._load_unlabeled()
+        return torch.stack([dataset[i][0] for i in range(len(dataset))])
+
+    def module(self, architecture: str) -> nn.Module:
+        """The one module of an architecture, built on first use."""
+        if architecture not in self._modules:
+            self._modules[architecture] = build_model(
+                architecture, self.input_shape, self.num_classes
+            ).to(self.device)
+        return self._modules[architecture]
+
+    def initial_model(self, architecture: str, client_id: int) -> Model:
+        """Client ``client_id``'s first personalized model (``initial_model_fn`` of FedMe)."""
+        # A private RNG state: the initial model depends on (seed, client) only,
+        # and the process's global torch RNG is left as it was.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed * 1_000_003 + client_id)
+            return to_numpy_model(build_model(architecture, self.input_shape, self.num_classes))
+
+    def probabilities(self, architecture: str, model: Model) -> np.ndarray:
+        """Class probabilities ``(U, M)`` of a model on the unlabeled set (``predict_fn`` of FedMe)."""
+        module = self.module(architecture)
+        module.load_state_dict({name: torch.from_numpy(array) for name, array in model.items()})
+        outputs = predict_probabilities(
+            module, self.unlabeled, batch_size=self.batch_size, device=self.device
+        )
+        return outputs.numpy()
