@@ -6,6 +6,10 @@ when a ServerApp does not send them), and the dataset, model and partitioning
 settings come from the run config. A node finds its partition from
 ``partition-id``/``num-partitions`` in its node config (set by the simulation
 engine, or by ``flower-supernode --node-config`` in a deployment).
+
+The one exception is FedMR's secure recombination: within a round, the
+trained model waits in the node's ``context.state`` while the clients swap
+layers (:mod:`fedx.secure.client`).
 """
 
 import numpy as np
@@ -16,9 +20,12 @@ from torch.utils.data import DataLoader, Subset
 
 from fedx.data import dataset_info, load_partition, load_split, partition_indices
 from fedx.models import build_model
+from fedx.secure.client import is_secure_round, register_secure_handlers, secure_train_reply
 from fedx.training import evaluate, get_device, train
 
 app = ClientApp()
+# FedMR's secure recombination: the exchange's send, return and upload steps.
+register_secure_handlers(app)
 
 
 def _partition(context: Context) -> tuple[int, int]:
@@ -86,13 +93,12 @@ def train_model(msg: Message, context: Context) -> Message:
         proximal_mu=float(config.get("proximal-mu", 0.0)),
         device=get_device(),
     )
-    reply = RecordDict(
-        {
-            "arrays": ArrayRecord(model.state_dict()),
-            "metrics": MetricRecord({"num-examples": len(dataset), "train-loss": train_loss}),
-        }
-    )
-    return Message(content=reply, reply_to=msg)
+    arrays = ArrayRecord(model.state_dict())
+    metrics = MetricRecord({"num-examples": len(dataset), "train-loss": train_loss})
+    if is_secure_round(msg):
+        # The model stays on this node until it has swapped layers with others.
+        return secure_train_reply(msg, context, arrays, metrics)
+    return Message(content=RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
 
 
 @app.evaluate()
