@@ -30,8 +30,10 @@ Loss = Literal["request", "reply"] | None
 LoseHook = Callable[[Message], Loss]
 
 
-def _over_the_wire(content: RecordDict) -> RecordDict:
-    return recorddict_from_proto(recorddict_to_proto(content))
+def _over_the_wire(content: RecordDict) -> tuple[RecordDict, int]:
+    """A copy of ``content`` that went through Flower's serialization, and its size."""
+    proto = recorddict_to_proto(content)
+    return recorddict_from_proto(proto), proto.ByteSize()
 
 
 class LoopbackGrid:
@@ -79,6 +81,8 @@ class LoopbackGrid:
         self.replies: list[list[Message]] = []
         #: Replies the ``lose`` hook kept from the server.
         self.lost_replies: list[Message] = []
+        #: Serialized content bytes of each exchange: (message type, requests, replies).
+        self.wire_bytes: list[tuple[str, int, int]] = []
 
     def get_node_ids(self) -> Iterable[int]:
         """The connected nodes."""
@@ -90,19 +94,24 @@ class LoopbackGrid:
         messages = list(messages)
         self.requests.append(messages)
         replies = []
+        sent_bytes = received_bytes = 0
         for message in messages:
             loss = self.lose(message) if self.lose else None
             if loss == "request":
                 continue
             delivered = copy.copy(message)
-            delivered.content = _over_the_wire(message.content)
+            delivered.content, size = _over_the_wire(message.content)
+            sent_bytes += size
             node = message.metadata.dst_node_id
             reply = self.handlers[message.metadata.message_type](delivered, self.contexts[node])
             if loss == "reply":
                 self.lost_replies.append(reply)
                 continue
             if not reply.has_error():
-                reply.content = _over_the_wire(reply.content)
+                reply.content, size = _over_the_wire(reply.content)
+                received_bytes += size
             replies.append(reply)
         self.replies.append(replies)
+        kind = messages[0].metadata.message_type if messages else ""
+        self.wire_bytes.append((kind, sent_bytes, received_bytes))
         return replies
