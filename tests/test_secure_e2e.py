@@ -34,7 +34,7 @@ def test_secure_recombination_learns_as_well_as_plain_fedmr(superlink, tmp_path)
     assert sum(with_exchange[r]["trained-slots"] for r in range(1, ROUNDS + 1)) + refusals == 4 * ROUNDS
     assert refusals <= 1
     for r in range(1, ROUNDS + 1):
-        assert with_exchange[r]["secure-exchanges"] == 5  # (send, return) x r_s=2, upload
+        assert with_exchange[r]["secure-exchanges"] == 7  # (send, return) x r_s=3, upload
         assert with_exchange[r]["secure-layer-bytes"] > 0
         assert with_exchange[r]["secure-aborted"] == 0
         assert "secure-exchanges" not in without[r]

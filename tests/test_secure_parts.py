@@ -131,26 +131,33 @@ def test_choose_sends_picks_n_distinct_layers_in_bounds_for_peers():
     assert choose_sends(11, [], 1, 4, rng) == {}  # nobody to send to
 
 
-def test_returns_never_hand_a_sender_its_own_layer_when_the_pool_has_another():
+def test_returns_are_distinct_pooled_layers_of_the_same_index():
     rng = random.Random(1)
     for _ in range(500):
         num_layers = 4
         sent = rng.sample(range(num_layers), rng.randint(0, 2))
         received = [rng.randrange(num_layers) for _ in range(rng.randint(0, 6))]
         sources = plan_returns(num_layers, sent, received, rng)
+        assert len(sources) == len(received)
         for k, source in enumerate(sources):
-            # Same index, own layer only where it was kept.
-            if source == OWN:
+            if source == OWN:  # the own layer only where it was kept
                 assert received[k] not in sent
             else:
                 assert received[source] == received[k]
         # Every pooled layer goes back at most once.
-        chosen = [(received[k], s) for k, s in enumerate(sources)]
-        assert len(set(chosen)) == len(chosen)
-        for k, source in enumerate(sources):
-            pool_size = received.count(received[k]) + (received[k] not in sent)
-            if pool_size > 1:
-                assert source != k
+        assert len({(received[k], s) for k, s in enumerate(sources)}) == len(sources)
+        # An index the client sent away is emptied: all its received layers go back.
+        for layer in sent:
+            items = {k for k, index in enumerate(received) if index == layer}
+            assert {sources[k] for k in items} == items
+
+
+def test_a_sender_gets_its_own_layer_back_as_often_as_the_other_one():
+    # Pool of two (the receiver's own layer and the sender's): a coin flip,
+    # as in Algorithm 2, so the relay cannot tell where each layer went.
+    rng = random.Random(3)
+    back = sum(plan_returns(1, [], [0], rng) == [0] for _ in range(2000))
+    assert 900 < back < 1100
     # A lone received layer of an index the client sent away must go back.
     assert plan_returns(2, [1], [1], rng) == [0]
 

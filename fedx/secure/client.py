@@ -151,7 +151,7 @@ def handle_upload(msg: Message, context: Context) -> Message:
     if exchange.repeat != exchange.committed:
         raise ProtocolError(f"upload asked while repetition {exchange.repeat} is unfinished")
     if exchange.holds_trained_model():
-        clear(context.state)
+        exchange.save(context.state)  # the committed model stays here, never uploaded
         # The promise of the protocol: the server never gets a client's own
         # trained model. This happens when every exchange was aborted or
         # every layer that left came back.

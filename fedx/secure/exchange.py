@@ -91,21 +91,6 @@ def choose_sends(
     return {layer: rng.choice(list(peers)) for layer in layers}
 
 
-def _injection_without_own(items: list[int], pool: list[int], rng: random.Random) -> list[int]:
-    """Map ``items`` injectively into ``pool``, never an item to itself if possible.
-
-    ``pool`` holds ``items`` and possibly one more element (the client's own
-    layer). A map without fixed points exists unless the pool is a single
-    item; it is drawn uniformly by rejection (about e tries at worst).
-    """
-    if len(pool) == 1:
-        return list(pool)
-    while True:
-        choice = rng.sample(pool, len(items))
-        if all(chosen != item for chosen, item in zip(choice, items, strict=True)):
-            return choice
-
-
 def plan_returns(
     num_layers: int,
     sent: Sequence[int],
@@ -115,11 +100,13 @@ def plan_returns(
     """Choose, for every received layer, which pooled layer goes back (lines 15-18).
 
     The pool of index j holds the client's own layer j (unless it sent it)
-    and every received layer of index j. Each received layer's sender gets a
-    different pooled layer of the same index. Our choice where the paper just
-    says "randomly select": the sender never gets its own layer back when the
-    pool offers another one, so an exchange changes the sender's model
-    whenever it can.
+    and every received layer of index j. As in Algorithm 2, each return is
+    drawn uniformly from what is left in the pool, the sender's own layer
+    included: a sender gets its own layer back as often as any other. That
+    coin flip is what keeps the relaying server, which sees who sent which
+    index to whom, from knowing where a layer ended up. (Never returning the
+    sender's own layer would change more models, but makes a swap with a
+    pool of two deterministic, and traceable.)
 
     Parameters
     ----------
@@ -136,7 +123,7 @@ def plan_returns(
     -------
     list[int]
         For each received layer, the source of its return: :data:`OWN` or the
-        position of another received layer in ``received``.
+        position of a received layer (possibly itself) in ``received``.
     """
     sources = [OWN] * len(received)
     sent_set = set(sent)
@@ -145,7 +132,7 @@ def plan_returns(
         if not items:
             continue
         pool = items if layer in sent_set else [OWN, *items]
-        for item, source in zip(items, _injection_without_own(items, pool, rng), strict=True):
+        for item, source in zip(items, rng.sample(pool, len(items)), strict=True):
             sources[item] = source
     return sources
 

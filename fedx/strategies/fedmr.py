@@ -49,12 +49,14 @@ class FedMR(MultiModelStrategy):
         The ClientApp must support it (:mod:`fedx.secure.client`). The
         server-side recombination still follows. Each exchange waits at most
         the ``timeout`` given to :meth:`start`.
-    secure_repeats : int (default: 2)
+    secure_repeats : int (default: 3)
         r_s, repetitions of the exchange per round (at least 1).
-    secure_min_layers, secure_max_layers : int (default: 1, 2)
+    secure_min_layers, secure_max_layers : int (default: 2, 4)
         n_l <= n_u: each client sends n in [n_l, n_u] of its layers per
         repetition (capped at the number of layers). "Layer" follows
-        ``grouping``.
+        ``grouping``. A client whose exchanges leave its trained model
+        unchanged does not upload it; more repetitions and layers make that
+        rarer (under 1% of uploads with the defaults and K >= 4).
     **kwargs
         Sampling, record-key and seeding arguments of
         :class:`~fedx.strategies.MultiModelStrategy` (those of Flower's FedAvg
@@ -68,9 +70,9 @@ class FedMR(MultiModelStrategy):
         grouping: str = "tensor",
         segment_fraction: float | None = None,
         secure_recombination: bool = False,
-        secure_repeats: int = 2,
-        secure_min_layers: int = 1,
-        secure_max_layers: int = 2,
+        secure_repeats: int = 3,
+        secure_min_layers: int = 2,
+        secure_max_layers: int = 4,
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
