@@ -20,7 +20,7 @@ recombination, with real X25519/AES-GCM encryption. Reported per round:
 Usage::
 
     python benchmarks/secure_recombination.py [--model cnn] [--dataset cifar10]
-        [--clients 10] [--repeats 2] [--min-layers 1] [--max-layers 2] [--rounds 3]
+        [--clients 10] [--repeats 3] [--min-layers 2] [--max-layers 4] [--rounds 5]
 
 This script reports; it is not a test, and it always exits with status 0.
 """
@@ -115,11 +115,11 @@ def main() -> None:
     parser.add_argument("--dataset", default="cifar10", choices=["digits", "cifar10", "cifar100"])
     parser.add_argument("--model", default="cnn", choices=["cnn", "resnet20", "vgg16"])
     parser.add_argument("--clients", type=int, default=10, help="K")
-    parser.add_argument("--repeats", type=int, default=2, help="r_s")
-    parser.add_argument("--min-layers", type=int, default=1, help="n_l")
-    parser.add_argument("--max-layers", type=int, default=2, help="n_u")
+    parser.add_argument("--repeats", type=int, default=3, help="r_s")
+    parser.add_argument("--min-layers", type=int, default=2, help="n_l")
+    parser.add_argument("--max-layers", type=int, default=4, help="n_u")
     parser.add_argument("--grouping", default="tensor", choices=["tensor", "module"])
-    parser.add_argument("--rounds", type=int, default=3, help="rounds to average over")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds to average over")
     args = parser.parse_args()
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
 
