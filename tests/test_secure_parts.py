@@ -22,7 +22,6 @@ from fedx.secure.exchange import (
     run_private_key,
 )
 from fedx.secure.wire import Envelope
-from tests.conftest import make_model
 
 # ----------------------------------------------------------------------
 # Layer format

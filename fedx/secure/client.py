@@ -60,14 +60,22 @@ def _protocol(msg: Message) -> ConfigRecord:
     return record
 
 
-def is_secure_round(msg: Message) -> bool:
-    """Whether a training message asks for secure recombination."""
-    config = msg.content.config_records.get("config", {})
+def is_secure_round(msg: Message, config_key: str = "config") -> bool:
+    """Whether a training message asks for secure recombination.
+
+    ``config_key`` names the message's ConfigRecord (the strategy's
+    ``configrecord_key``).
+    """
+    config = msg.content.config_records.get(config_key, {})
     return bool(config.get(FLAG_KEY, False))
 
 
 def secure_train_reply(
-    msg: Message, context: Context, arrays: ArrayRecord, metrics: MetricRecord
+    msg: Message,
+    context: Context,
+    arrays: ArrayRecord,
+    metrics: MetricRecord,
+    config_key: str = "config",
 ) -> Message:
     """Keep the trained model on the node and reply with the public key only.
 
@@ -81,8 +89,11 @@ def secure_train_reply(
         The trained model.
     metrics : MetricRecord
         The metrics the upload will carry (``num-examples`` among them).
+    config_key : str (default: "config")
+        Name of the message's ConfigRecord (the strategy's
+        ``configrecord_key``).
     """
-    config = msg.content.config_records.get("config", {})
+    config = msg.content.config_records.get(config_key, {})
     state = context.state
     clear(state)
     private_key = run_private_key(state, context.run_id)
@@ -186,7 +197,7 @@ def replying_errors(handler: Handler) -> Handler:
     def answer(msg: Message, context: Context) -> Message:
         try:
             return handler(msg, context)
-        except ValueError as err:  # ProtocolError, malformed records or layers
+        except (ValueError, KeyError, TypeError) as err:  # ProtocolError, malformed records or layers
             reason = f"secure recombination: {err}"
             return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=msg)
 

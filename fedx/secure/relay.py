@@ -45,9 +45,7 @@ from flwr.serverapp import Grid
 
 from fedx.secure.wire import (
     RECORD,
-    RETURN_STAGE,
     RETURN_TYPE,
-    SEND_STAGE,
     SEND_TYPE,
     UPLOAD_TYPE,
     Envelope,
