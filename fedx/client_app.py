@@ -12,6 +12,9 @@ layout: the node's share is split into its own train, validation and test
 data (:func:`fedx.data.load_local_splits`). FedMe's messages carry two models
 (``personalized`` and ``exchanged`` ArrayRecords with their architectures in
 the config); a ``query`` message asks the node which client it is.
+The one exception is FedMR's secure recombination: within a round, the
+trained model waits in the node's ``context.state`` while the clients swap
+layers (:mod:`fedx.secure.client`).
 """
 
 import numpy as np
@@ -32,9 +35,12 @@ from fedx.data import (
 )
 from fedx.models import build_model
 from fedx.mutual import prefers_exchanged, train_mutual
+from fedx.secure.client import is_secure_round, register_secure_handlers, secure_train_reply
 from fedx.training import evaluate, get_device, train
 
 app = ClientApp()
+# FedMR's secure recombination: the exchange's send, return and upload steps.
+register_secure_handlers(app)
 
 
 def _partition(context: Context) -> tuple[int, int]:
@@ -158,13 +164,12 @@ def train_model(msg: Message, context: Context) -> Message:
         device=get_device(),
         **_sgd_settings(msg, context),
     )
-    reply = RecordDict(
-        {
-            "arrays": ArrayRecord(model.state_dict()),
-            "metrics": MetricRecord({"num-examples": len(dataset), "train-loss": train_loss}),
-        }
-    )
-    return Message(content=reply, reply_to=msg)
+    arrays = ArrayRecord(model.state_dict())
+    metrics = MetricRecord({"num-examples": len(dataset), "train-loss": train_loss})
+    if is_secure_round(msg):
+        # The model stays on this node until it has swapped layers with others.
+        return secure_train_reply(msg, context, arrays, metrics)
+    return Message(content=RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
 
 
 def _train_fedme(msg: Message, context: Context) -> Message:

@@ -112,6 +112,10 @@ RULES: dict[str, _Rule] = {
         lambda v: 0.0 <= v <= 1.0,
         "0 (off: layer-wise recombination) or a number in (0, 1]",
     ),
+    "secure-recombination": _FLAG,
+    "secure-repeats": _integer(1),
+    "secure-min-layers": _integer(1),
+    "secure-max-layers": _integer(1),
     "fedmut-alpha": _NON_NEGATIVE,
     "fedmut-beta0": _number(0.0, 1.0, low_open=False, high_open=False),
     "fedmut-beta-rounds": _integer(1),
@@ -182,6 +186,10 @@ class RunConfig:
     first_stage_rounds: int
     grouping: str
     segment_fraction: float
+    secure_recombination: bool
+    secure_repeats: int
+    secure_min_layers: int
+    secure_max_layers: int
     fedmut_alpha: float
     fedmut_beta0: float
     fedmut_beta_rounds: int

@@ -108,6 +108,10 @@ STRATEGY_BUILDERS: dict[str, Callable[[RunConfig], Strategy]] = {
         first_stage_rounds=cfg.first_stage_rounds,
         grouping=cfg.grouping,
         segment_fraction=cfg.segment_fraction or None,
+        secure_recombination=cfg.secure_recombination,
+        secure_repeats=cfg.secure_repeats,
+        secure_min_layers=cfg.secure_min_layers,
+        secure_max_layers=cfg.secure_max_layers,
     ),
     "fedindep": lambda cfg: FedIndep(**_multi_model_arguments(cfg)),
     "fedmut": lambda cfg: FedMut(
@@ -150,6 +154,10 @@ def build_strategy(cfg: RunConfig) -> Strategy:
             f"invalid run config min-partition-size={cfg.min_partition_size!r}: must be an "
             f"integer >= {MIN_LOCAL_SAMPLES} for strategy={cfg.strategy!r} (every client needs "
             "train, validation and test samples)"
+        )
+    if cfg.secure_recombination and cfg.strategy != "fedmr":
+        raise ConfigError(
+            f"secure-recombination=true needs strategy='fedmr', got strategy={cfg.strategy!r}"
         )
     try:
         return STRATEGY_BUILDERS[cfg.strategy](cfg)

@@ -1,0 +1,48 @@
+"""FedMR with secure recombination end to end: `flwr run` on digits in simulation.
+
+The clients' trained models wait in Flower's node state while they swap
+layers through the ServerApp; the run must reach the accuracy of plain FedMR
+at the same seed and number of rounds. Uses the SuperLink fixture of
+test_app_e2e (its own, on free ports, stopped afterwards).
+"""
+
+import json
+
+from tests.test_app_e2e import flwr_run, superlink  # noqa: F401  (fixture)
+
+ROUNDS = 3
+
+
+def _rounds(directory) -> dict[int, dict]:
+    metrics = json.loads((directory / "metrics.json").read_text())
+    return {row["round"]: row for row in metrics["rounds"]}
+
+
+def test_secure_recombination_learns_as_well_as_plain_fedmr(superlink, tmp_path):  # noqa: F811
+    common = f'num-server-rounds={ROUNDS} seed=3 output-dir="{tmp_path}" round-timeout=120.0'
+    secure = flwr_run(superlink, f'{common} run-name="secure" secure-recombination=true')
+    output = secure.stdout + secure.stderr
+    assert (tmp_path / "secure" / "metrics.json").exists(), output[-3000:]
+    plain = flwr_run(superlink, f'{common} run-name="plain"')
+    assert (tmp_path / "plain" / "metrics.json").exists(), (plain.stdout + plain.stderr)[-3000:]
+
+    with_exchange, without = _rounds(tmp_path / "secure"), _rounds(tmp_path / "plain")
+    # Every client took part in the exchange, every round; it uploads unless
+    # (rarely) every layer it sent came back, when it refuses to hand the
+    # server its own trained model and says so.
+    refusals = output.count("does not upload its own model")
+    assert sum(with_exchange[r]["trained-slots"] for r in range(1, ROUNDS + 1)) + refusals == 4 * ROUNDS
+    assert refusals <= 1
+    for r in range(1, ROUNDS + 1):
+        assert with_exchange[r]["secure-exchanges"] == 7  # (send, return) x r_s=3, upload
+        assert with_exchange[r]["secure-layer-bytes"] > 0
+        assert with_exchange[r]["secure-aborted"] == 0
+        assert "secure-exchanges" not in without[r]
+    assert "secure recombination relayed" in output and "dropped out" not in output
+    # Swapping layers keeps every layer's sum, so round 1's global model (the
+    # mean of the trained models) is the same with and without the exchange.
+    assert abs(with_exchange[1]["accuracy"] - without[1]["accuracy"]) <= 0.01
+    final_secure, final_plain = with_exchange[ROUNDS]["accuracy"], without[ROUNDS]["accuracy"]
+    print(f"accuracy after {ROUNDS} rounds: secure {final_secure:.4f}, plain {final_plain:.4f}")
+    assert final_secure > 0.5 and final_plain > 0.5  # ten classes: chance is 0.1
+    assert abs(final_secure - final_plain) <= 0.1
