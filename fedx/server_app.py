@@ -22,6 +22,7 @@ from fedx.models import build_model
 from fedx.outputs import MODEL_FILE, RunRecorder
 from fedx.server_models import ServerModels
 from fedx.strategies import FedAvgFT, FedCross, FedIndep, FedMe, FedMR, FedMut
+from fedx.strategies.client_identity import ClientOrderedGrid, query_client_ids
 from fedx.strategies.personalized import summarize
 from fedx.training import evaluate, get_device
 
@@ -317,6 +318,10 @@ def main(grid: Grid, context: Context) -> None:
         raise SystemExit(1) from None
     random.seed(cfg.seed)  # Flower's own strategies sample nodes with `random`
     torch.manual_seed(cfg.seed)
+    # Simulated nodes get random ids in every run: list them by client id so
+    # that every strategy samples the same clients for the same seed.
+    client_ids = query_client_ids(grid, list(grid.get_node_ids()), cfg.round_timeout)
+    grid = ClientOrderedGrid(grid, client_ids)
 
     info = dataset_info(cfg.dataset)
     model = build_model(cfg.model, info.input_shape, info.num_classes)
@@ -327,8 +332,8 @@ def main(grid: Grid, context: Context) -> None:
     recorder = RunRecorder(directory, cfg.to_dict())
     # FedMe has no global model: nothing to evaluate centrally or to start from.
     evaluation = RoundEvaluation(cfg, None if fedme else model, recorder, strategy)
-    log(INFO, "fedx: %s on %s/%s, %d nodes connected; outputs in %s",
-        cfg.strategy, cfg.dataset, model_label(cfg), connected, directory)
+    log(INFO, "fedx: %s on %s/%s, %d nodes connected (%d identified); outputs in %s",
+        cfg.strategy, cfg.dataset, model_label(cfg), connected, len(client_ids), directory)
 
     result = strategy.start(
         grid=grid,

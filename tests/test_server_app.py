@@ -1,14 +1,20 @@
 """ServerApp start-up checks, in-process: bad config and missing nodes stop the run."""
 
+import json
 import logging
 import tomllib
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 from flwr.app import Context, RecordDict
+
+from fedx import client_app
 
 from fedx.config import ConfigError, RunConfig
 from fedx.server_app import main, run_directory, wait_for_nodes
+from tests.standin_grid import StandInGrid
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULTS = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
@@ -65,3 +71,42 @@ def test_run_directory_is_absolute_and_named():
     assert run_directory(cfg).is_absolute() and run_directory(cfg).parts[-2:] == ("out", "abc")
     unnamed = run_directory(RunConfig.from_mapping(DEFAULTS)).name
     assert unnamed.startswith("fedmr-digits-cnn-")
+
+
+def _grid_of_real_clients(node_ids: list[int], config: dict) -> StandInGrid:
+    """Nodes answering with the real ClientApp functions; node i holds partition i."""
+    handlers = {"query": client_app.identify, "train": client_app.train_model,
+                "evaluate": client_app.evaluate_model}
+    contexts = {
+        node: Context(1, node, {"partition-id": i, "num-partitions": len(node_ids)}, RecordDict(), config)
+        for i, node in enumerate(node_ids)
+    }
+    grid = StandInGrid(
+        node_ids, lambda m: handlers[m.metadata.message_type](m, contexts[m.metadata.dst_node_id])
+    )
+    # Flower lists nodes as a set: the order carries no meaning.
+    grid.node_ids = sorted(node_ids)
+    return grid
+
+
+@pytest.mark.usefixtures("server_task_identity")
+@pytest.mark.parametrize("strategy", ["fedmr", "fedavg"])
+def test_same_seed_same_run_whatever_the_node_ids(tmp_path, strategy):
+    """Simulated nodes get random ids each run; the results must not depend on them."""
+    torch_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    runs = []
+    try:
+        for attempt, rng_seed in enumerate((1, 2)):
+            node_ids = [int(x) for x in np.random.default_rng(rng_seed).integers(1, 2**62, size=4)]
+            config = {**DEFAULTS, "strategy": strategy, "num-server-rounds": 2, "local-epochs": 1,
+                      "fraction-train": 0.5, "run-name": f"run{attempt}", "output-dir": str(tmp_path)}
+            main(_grid_of_real_clients(node_ids, config), _context(**config))
+            runs.append(json.loads((tmp_path / f"run{attempt}" / "metrics.json").read_text()))
+    finally:
+        torch.set_num_threads(torch_threads)
+    first, second = ([(r["round"], r["accuracy"], r.get("train-loss")) for r in run["rounds"]] for run in runs)
+    assert first == second
+    assert first[-1][1] > first[0][1], "two rounds on digits should learn something"
+    models = [torch.load(tmp_path / f"run{i}" / "model.pt") for i in (0, 1)]
+    assert all(torch.equal(models[0][k], models[1][k]) for k in models[0])

@@ -20,6 +20,7 @@ from sklearn.cluster import KMeans
 from sklearn.exceptions import ConvergenceWarning
 
 from fedx.ops import Model, assign_exchanges, cluster_count, fedme_aggregate, find_problem
+from fedx.strategies.client_identity import query_client_ids
 from fedx.strategies.multi_model import to_arrayrecord, to_model
 from fedx.strategies.personalized import (
     CLIENT_ID_KEY,
@@ -387,21 +388,7 @@ class FedMe(Strategy):
         unknown = [n for n in node_ids if n not in self._node_clients]
         if not unknown:
             return
-        query = [
-            Message(
-                content=RecordDict({"config": ConfigRecord({"server-round": server_round})}),
-                message_type=MessageType.QUERY,
-                dst_node_id=node_id,
-            )
-            for node_id in unknown
-        ]
-        for reply in grid.send_and_receive(query, timeout=self._timeout):
-            node_id = reply.metadata.src_node_id
-            client_id = _reported_client_id(reply)
-            if isinstance(client_id, str):
-                log(WARNING, "Round %s: node %s did not say which client it is: %s",
-                    server_round, node_id, client_id)
-                continue
+        for node_id, client_id in query_client_ids(grid, unknown, self._timeout, server_round).items():
             self._attach(node_id, client_id)
 
     def _attach(self, node_id: int, client_id: int) -> None:
@@ -558,17 +545,6 @@ class FedMe(Strategy):
             self.clients[cid].model = aggregated[source]
             self.clients[cid].architecture = old_architectures[source]
         return adopted, other_architecture
-
-
-def _reported_client_id(reply: Message) -> int | str:
-    """The ``client-id`` a node reported in reply to the query, or why there is none."""
-    if reply.has_error():
-        return f"the node reported an error: {reply.error.reason}"
-    for record in reply.content.metric_records.values():
-        value = record.get(CLIENT_ID_KEY)
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-            return value
-    return f"no non-negative integer '{CLIENT_ID_KEY}' metric in the reply"
 
 
 # pylint: disable=too-many-arguments,too-many-positional-arguments

@@ -316,15 +316,18 @@ class MultiModelStrategy(FedAvg):
     ) -> list[int]:
         """Sample nodes after waiting a bounded time for ``min_available_nodes``.
 
-        Node ids are unsigned 64-bit integers: the generator draws positions in
-        the sorted id list, so ids never pass through a numpy integer array.
+        The generator draws positions in the grid's node list, so the same
+        seed samples the same nodes whenever the grid lists them in the same
+        order (fedx's ServerApp lists them by client id: see
+        :class:`~fedx.strategies.client_identity.ClientOrderedGrid`). Node ids
+        are unsigned 64-bit integers and never pass through a numpy array.
         """
         deadline = time.monotonic() + self.node_wait_timeout
-        node_ids = sorted(grid.get_node_ids())
+        node_ids = list(grid.get_node_ids())
         while len(node_ids) < self.min_available_nodes and time.monotonic() < deadline:
             log(INFO, "Waiting for nodes: %d of %d connected", len(node_ids), self.min_available_nodes)
             time.sleep(1.0)
-            node_ids = sorted(grid.get_node_ids())
+            node_ids = list(grid.get_node_ids())
         if len(node_ids) < self.min_available_nodes:
             log(
                 WARNING,

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 import numpy as np
 from flwr.app import Message, MetricRecord
 
+from fedx.strategies.client_identity import CLIENT_ID_KEY
+
 ACCURACY_KEY = "eval-acc"
 LOSS_KEY = "eval-loss"
-CLIENT_ID_KEY = "client-id"
 
 
 @dataclass(frozen=True)
