@@ -1,24 +1,43 @@
-"""fedx ServerApp: read the run config, build the strategy, run it, record the run."""
+"""fedx ServerApp: read the run config, build the strategy, run it, record the run.
+
+After every round it writes a checkpoint to ``outputs/<run-name>/`` (see
+:mod:`fedx.strategies.checkpoint`); the ``resume-from`` run-config key
+continues a run from it, so a server crash loses at most the round in
+progress.
+"""
 
 import random
 import time
 from collections.abc import Callable
 from datetime import datetime
-from logging import ERROR, INFO
+from logging import ERROR, INFO, WARNING
 from pathlib import Path
+from typing import Any
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
-from flwr.serverapp.strategy import FedAvg, FedProx, Strategy
+from flwr.serverapp.strategy import FedAvg, FedProx, Result, Strategy
 from torch.utils.data import DataLoader
 
 from fedx.config import STRATEGY_NAMES, ConfigError, RunConfig
 from fedx.data import dataset_info, load_split
 from fedx.models import build_model
 from fedx.outputs import MODEL_FILE, RunRecorder
-from fedx.strategies import FedCross, FedIndep, FedMR, FedMut
+from fedx.strategies import (
+    Checkpoint,
+    CheckpointError,
+    FedCross,
+    FedIndep,
+    FedMR,
+    FedMut,
+    capture_run,
+    load_checkpoint,
+    restore_run,
+    run_rounds,
+    save_checkpoint,
+)
 from fedx.training import evaluate, get_device
 
 app = ServerApp()
@@ -164,38 +183,138 @@ class CentralEvaluation:
         return metrics
 
 
+def load_resume_checkpoint(cfg: RunConfig) -> tuple[RunConfig, Checkpoint | None]:
+    """Return the run config to use and the checkpoint ``resume-from`` names.
+
+    A resumed run is the interrupted run continued: it takes every setting
+    from the checkpoint (only ``resume-from`` comes from the new run config)
+    and writes into the checkpoint's directory. Settings of the new run
+    config that differ are logged as ignored.
+
+    Raises
+    ------
+    ConfigError
+        When there is no readable checkpoint at ``resume-from``, or its run
+        had already done all its rounds.
+    """
+    if not cfg.resume_from:
+        return cfg, None
+    try:
+        checkpoint = load_checkpoint(cfg.resume_from)
+        stored = checkpoint.state["config"]
+        resumed = RunConfig.from_mapping({**stored, "resume-from": cfg.resume_from})
+    except (CheckpointError, KeyError, TypeError) as err:
+        raise ConfigError(f"invalid run config resume-from={cfg.resume_from!r}: {err}") from None
+    if checkpoint.server_round >= resumed.num_server_rounds:
+        raise ConfigError(
+            f"invalid run config resume-from={cfg.resume_from!r}: that run already did "
+            f"all its num-server-rounds={resumed.num_server_rounds}"
+        )
+    ignored = {
+        key: value
+        for key, value in cfg.to_dict().items()
+        if key != "resume-from" and value != stored.get(key)
+    }
+    if ignored:
+        log(WARNING, "fedx: resuming with the checkpoint's run config; ignoring %s",
+            ", ".join(f"{key}={value!r}" for key, value in ignored.items()))
+    return resumed, checkpoint
+
+
+class RoundCheckpointer:
+    """``on_round_end`` of the round loop: records train metrics, writes a checkpoint."""
+
+    def __init__(
+        self, cfg: RunConfig, strategy: Strategy, recorder: RunRecorder, directory: Path
+    ) -> None:
+        self.cfg = cfg
+        self.strategy = strategy
+        self.recorder = recorder
+        self.directory = directory
+
+    def __call__(self, server_round: int, arrays: ArrayRecord, result: Result) -> None:
+        """Called after round ``server_round``, evaluation included."""
+        del arrays  # result.arrays is the same global model
+        train_metrics = result.train_metrics_clientapp.get(server_round, {})
+        self.recorder.record(
+            server_round, **{k: float(v) for k, v in train_metrics.items() if not isinstance(v, list)}
+        )
+        started = time.perf_counter()
+        state: dict[str, Any] = {
+            **capture_run(self.strategy, result),
+            "config": self.cfg.to_dict(),
+            "recorder": {str(r): row for r, row in self.recorder.rounds.items()},
+        }
+        save_checkpoint(
+            self.directory, Checkpoint(server_round, type(self.strategy).__name__, state)
+        )
+        self.recorder.record(server_round, **{"checkpoint-seconds": time.perf_counter() - started})
+        log(INFO, "fedx: checkpoint of round %d in %s", server_round, self.directory)
+
+
+def resume_state(
+    checkpoint: Checkpoint | None, strategy: Strategy
+) -> tuple[Result | None, dict[int, dict[str, float]]]:
+    """The restored metrics and recorder rows (``None``, ``{}`` for a new run).
+
+    Raises
+    ------
+    ConfigError
+        When the checkpoint was written by another strategy or does not fit.
+    """
+    if checkpoint is None:
+        return None, {}
+    name = type(strategy).__name__
+    if checkpoint.strategy != name:
+        raise ConfigError(f"the checkpoint was written by {checkpoint.strategy}, not {name}")
+    try:
+        result = restore_run(strategy, checkpoint.state)
+        rows = {int(r): dict(row) for r, row in checkpoint.state["recorder"].items()}
+    except (CheckpointError, KeyError, TypeError, ValueError) as err:
+        raise ConfigError(f"cannot resume from the checkpoint: {err}") from None
+    return result, rows
+
+
+# pylint: disable=too-many-locals
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Run one fedx experiment as the run config describes."""
     try:
-        cfg = RunConfig.from_mapping(context.run_config)
+        cfg, checkpoint = load_resume_checkpoint(RunConfig.from_mapping(context.run_config))
         strategy = build_strategy(cfg)
+        random.seed(cfg.seed)  # Flower's own strategies sample nodes with `random`
+        torch.manual_seed(cfg.seed)
+        restored, rows = resume_state(checkpoint, strategy)
         connected = wait_for_nodes(grid, cfg.min_available_nodes, cfg.node_wait_timeout)
     except ConfigError as err:
         log(ERROR, "fedx: %s", err)
         raise SystemExit(1) from None
-    random.seed(cfg.seed)  # Flower's own strategies sample nodes with `random`
-    torch.manual_seed(cfg.seed)
 
     info = dataset_info(cfg.dataset)
     model = build_model(cfg.model, info.input_shape, info.num_classes)
-    directory = run_directory(cfg)
-    recorder = RunRecorder(directory, cfg.to_dict())
+    directory = run_directory(cfg) if checkpoint is None else Path(cfg.resume_from).resolve()
+    if directory.suffix == ".json":  # resume-from named the checkpoint file itself
+        directory = directory.parent
+    recorder = RunRecorder(directory, cfg.to_dict(), rows)
     evaluation = CentralEvaluation(cfg, model, recorder)
-    log(INFO, "fedx: %s on %s/%s, %d nodes connected; outputs in %s",
-        cfg.strategy, cfg.dataset, cfg.model, connected, directory)
+    first_round = 1 if checkpoint is None else checkpoint.server_round + 1
+    log(INFO, "fedx: %s on %s/%s, %d nodes connected, rounds %d-%d; outputs in %s",
+        cfg.strategy, cfg.dataset, cfg.model, connected, first_round, cfg.num_server_rounds,
+        directory)
 
-    result = strategy.start(
-        grid=grid,
-        initial_arrays=ArrayRecord(model.state_dict()),
+    result = run_rounds(
+        strategy,
+        grid,
+        arrays=restored.arrays if restored is not None else ArrayRecord(model.state_dict()),
         num_rounds=cfg.num_server_rounds,
+        first_round=first_round,
         timeout=cfg.round_timeout,
         train_config=training_config(cfg),
         evaluate_fn=evaluation,
+        result=restored,
+        on_round_end=RoundCheckpointer(cfg, strategy, recorder, directory),
     )
 
-    for server_round, metrics in result.train_metrics_clientapp.items():
-        recorder.record(server_round, **{k: float(v) for k, v in metrics.items() if not isinstance(v, list)})
     recorder.plot(f"{cfg.strategy} on {cfg.dataset} ({cfg.model})")
     if len(result.arrays) > 0:
         model.load_state_dict(result.arrays.to_torch_state_dict())
