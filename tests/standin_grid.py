@@ -45,6 +45,8 @@ class StandInGrid:
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None):
         messages = list(messages)
+        for message in messages:  # as Flower's Grid does when it pushes them
+            message.metadata.__dict__["_message_id"] = message.object_id
         self.sent.append(messages)
         replies = [self.reply(m) for m in messages]
         return [r for r in replies if r is not None]
