@@ -5,7 +5,7 @@ import random
 
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord
 from flwr.serverapp.strategy import FedAvg, Result
 
 from fedx.strategies import (
@@ -23,55 +23,12 @@ from fedx.strategies import (
 )
 from fedx.strategies import checkpoint as checkpoint_module
 from fedx.strategies.multi_model import to_arrayrecord, to_model
-from tests.standin_grid import NODE_IDS, StandInGrid
+from tests.standin_grid import NODE_IDS, CrashingGrid
 
 pytestmark = pytest.mark.usefixtures("server_task_identity")
 
 NUM_ROUNDS = 6
 CRASH_AFTER = 3
-
-
-def pulled_reply(message: Message) -> Message:
-    """A deterministic client: half-way from the model to a target of its own.
-
-    Unlike a fixed step, the result depends on the model sent, so a resumed
-    run only matches if every node gets the same model in every round.
-    """
-    node = message.metadata.dst_node_id
-    rng = np.random.default_rng(node % 2**32)
-    model = to_model(message.content["arrays"])
-    trained = {
-        name: np.asarray(
-            (0.5 * array + 0.5 * rng.normal(size=array.shape)).astype(array.dtype)
-            if array.dtype.kind == "f"
-            else array + 1
-        )
-        for name, array in model.items()
-    }
-    content = RecordDict(
-        {
-            "arrays": to_arrayrecord(trained),
-            "metrics": MetricRecord({"num-examples": 10 + node % 7, "train-loss": float(node % 5)}),
-        }
-    )
-    return Message(content=content, reply_to=message)
-
-
-class CrashingGrid(StandInGrid):
-    """A grid whose server dies when training round ``crash_in`` is sent."""
-
-    def __init__(self, crash_in: int | None) -> None:
-        super().__init__(NODE_IDS, reply=pulled_reply)
-        self.crash_in = crash_in
-        self.train_rounds = 0
-
-    def send_and_receive(self, messages, *, timeout=None):
-        messages = list(messages)
-        if messages and messages[0].metadata.message_type == "train":
-            self.train_rounds += 1
-            if self.train_rounds == self.crash_in:
-                raise RuntimeError("the server process died")
-        return super().send_and_receive(messages, timeout=timeout)
 
 
 STRATEGIES = {
@@ -110,12 +67,12 @@ def checkpointing_run(strategy, grid, directory, initial, first_round=1, result=
 def test_a_resumed_run_ends_with_the_same_pool_as_an_uninterrupted_one(name, initial, tmp_path):
     random.seed(0)
     whole = STRATEGIES[name]()
-    whole_result = checkpointing_run(whole, CrashingGrid(None), tmp_path / "whole", to_arrayrecord(initial))
+    whole_result = checkpointing_run(whole, CrashingGrid(NODE_IDS, None), tmp_path / "whole", to_arrayrecord(initial))
 
     random.seed(0)
     crashed = STRATEGIES[name]()
     with pytest.raises(RuntimeError, match="died"):
-        checkpointing_run(crashed, CrashingGrid(CRASH_AFTER + 1), tmp_path / "crashed", to_arrayrecord(initial))
+        checkpointing_run(crashed, CrashingGrid(NODE_IDS, CRASH_AFTER + 1), tmp_path / "crashed", to_arrayrecord(initial))
     checkpoint = load_checkpoint(tmp_path / "crashed")
     assert checkpoint.server_round == CRASH_AFTER
 
@@ -124,7 +81,7 @@ def test_a_resumed_run_ends_with_the_same_pool_as_an_uninterrupted_one(name, ini
     restored = restore_run(resumed, checkpoint.state)
     assert sorted(restored.train_metrics_clientapp) == list(range(1, CRASH_AFTER + 1))
     resumed_result = checkpointing_run(
-        resumed, CrashingGrid(None), tmp_path / "crashed", restored.arrays,
+        resumed, CrashingGrid(NODE_IDS, None), tmp_path / "crashed", restored.arrays,
         first_round=CRASH_AFTER + 1, result=restored,
     )
 
@@ -152,15 +109,15 @@ def test_a_resumed_run_ends_with_the_same_pool_as_an_uninterrupted_one(name, ini
 def test_without_the_restored_state_the_run_would_differ(initial, tmp_path):
     """The resume test above can fail: skipping the restore changes the pool."""
     whole = STRATEGIES["fedmr"]()
-    checkpointing_run(whole, CrashingGrid(None), tmp_path / "a", to_arrayrecord(initial))
+    checkpointing_run(whole, CrashingGrid(NODE_IDS, None), tmp_path / "a", to_arrayrecord(initial))
     crashed = STRATEGIES["fedmr"]()
     with pytest.raises(RuntimeError):
-        checkpointing_run(crashed, CrashingGrid(CRASH_AFTER + 1), tmp_path / "b", to_arrayrecord(initial))
+        checkpointing_run(crashed, CrashingGrid(NODE_IDS, CRASH_AFTER + 1), tmp_path / "b", to_arrayrecord(initial))
     checkpoint = load_checkpoint(tmp_path / "b")
     fresh = STRATEGIES["fedmr"]()
     fresh.load_state_dict({**checkpoint.state["strategy"], "rng": fresh.state_dict()["rng"]})
     checkpointing_run(
-        fresh, CrashingGrid(None), tmp_path / "b", to_arrayrecord(checkpoint.state["arrays"]),
+        fresh, CrashingGrid(NODE_IDS, None), tmp_path / "b", to_arrayrecord(checkpoint.state["arrays"]),
         first_round=CRASH_AFTER + 1,
     )
     assert any(
@@ -177,7 +134,7 @@ def assert_same_models(mine: dict, theirs: dict) -> None:
 
 def test_fedmut_checkpoint_holds_the_previous_global_model(initial, tmp_path):
     strategy = STRATEGIES["fedmut"]()
-    checkpointing_run(strategy, CrashingGrid(None), tmp_path, to_arrayrecord(initial))
+    checkpointing_run(strategy, CrashingGrid(NODE_IDS, None), tmp_path, to_arrayrecord(initial))
     state = load_checkpoint(tmp_path).state["strategy"]
     assert_same_models(state["previous-global"], strategy.previous_global)
     other = STRATEGIES["fedmut"]()
