@@ -324,6 +324,37 @@ class LocalFederation:
             time.sleep(0.5)
         raise TimeoutError(f"SuperNode {index} did not connect within {timeout:g}s; see {log}")
 
+    def rejoin_supernode(self, index: int, timeout: float = 180.0) -> int:
+        """Start SuperNode ``index`` again until the SuperLink lets it in; return its node id.
+
+        A self-registered SuperNode gets a new node id at once. A registered
+        one (authentication) keeps its id and is refused until the SuperLink
+        has marked its old connection offline (two missed 30 s heartbeats
+        after a crash), so it is retried, as a supervisor would.
+
+        Raises
+        ------
+        TimeoutError
+            When it is not back within ``timeout`` seconds.
+        """
+        log = self.spec.log_dir / f"supernode-{index}.log"
+
+        def connections() -> int:
+            return len(NODE_ID_PATTERN.findall(log.read_text(errors="replace"))) if log.exists() else 0
+
+        before = connections()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            process = self.start_supernode(index)
+            attempt_ends = min(deadline, time.monotonic() + 30.0)
+            while time.monotonic() < attempt_ends and process.poll() is None and connections() == before:
+                time.sleep(0.5)
+            if connections() > before:
+                return self.node_id(index)
+            _stop_group(self.supernodes.pop(index), signal.SIGTERM)
+            time.sleep(2.0)
+        raise TimeoutError(f"SuperNode {index} did not rejoin within {timeout:g}s; see {log}")
+
     def kill_supernode(self, index: int, sig: int = signal.SIGKILL) -> None:
         """Stop SuperNode ``index`` and its app processes (SIGKILL: a crash)."""
         process = self.supernodes.pop(index)

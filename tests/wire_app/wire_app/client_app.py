@@ -34,13 +34,15 @@ def gradient_steps(model: dict, x: np.ndarray, y: np.ndarray, steps: int = 10) -
     return loss
 
 
+# Under misbehave="wire": (round, partition) -> what that ClientApp gets wrong.
+FAULTS = {(1, 1): "wrong-shape", (1, 2): "nan", (2, 1): "no-metrics"}
+
+
 def misbehaviour(context: Context, server_round: int) -> str:
-    """What partition 1 does wrong this round under ``misbehave="wire"``."""
+    """What this ClientApp does wrong this round ("" for nothing)."""
     if context.run_config.get("misbehave") != "wire":
         return ""
-    if int(context.node_config["partition-id"]) != 1:
-        return ""
-    return {1: "wrong-shape", 2: "nan", 3: "no-metrics"}.get(server_round, "")
+    return FAULTS.get((server_round, int(context.node_config["partition-id"])), "")
 
 
 @app.train()
