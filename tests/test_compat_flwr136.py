@@ -9,6 +9,7 @@ FedMR, FedMut and FedCross from ``fedx.strategies``. Everything it starts is
 stopped at the end. It needs PyPI the first time.
 """
 
+import fcntl
 import json
 import shutil
 import subprocess
@@ -32,18 +33,33 @@ def _run(command: list, timeout: float) -> None:
         raise RuntimeError(f"{' '.join(map(str, command))} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
 
 
+def _usable(venv: Path) -> bool:
+    """Whether a built environment imports fedx.strategies from this checkout."""
+    python = venv / "bin" / "python"
+    if not (READY.exists() and python.exists()):
+        return False
+    probe = subprocess.run(
+        [str(python), "-c", "import fedx.strategies; print(fedx.strategies.__file__)"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    return probe.returncode == 0 and Path(probe.stdout.strip()) == REPO / "fedx" / "strategies" / "__init__.py"
+
+
 def compat_environment() -> Path:
-    """The cached Flower 1.36 environment; built first if missing or incomplete."""
-    python = VENV / "bin" / "python"
-    if READY.exists() and python.exists():
+    """The cached Flower 1.36 environment; (re)built first if missing or stale."""
+    VENV.parent.mkdir(parents=True, exist_ok=True)
+    with open(VENV.parent / "build.lock", "w", encoding="utf-8") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one builder at a time
+        if _usable(VENV):
+            return VENV
+        shutil.rmtree(VENV, ignore_errors=True)
+        python = VENV / "bin" / "python"
+        _run([sys.executable, "-m", "venv", VENV], timeout=300)
+        pip = [python, "-m", "pip", "install", "--disable-pip-version-check", "--quiet"]
+        _run([*pip, PIN, "numpy"], timeout=900)
+        _run([*pip, "--no-deps", "-e", REPO], timeout=600)
+        READY.write_text(f"{PIN} + numpy + fedx (--no-deps, editable from {REPO})\n")
         return VENV
-    shutil.rmtree(VENV, ignore_errors=True)
-    _run([sys.executable, "-m", "venv", VENV], timeout=300)
-    pip = [python, "-m", "pip", "install", "--disable-pip-version-check", "--quiet"]
-    _run([*pip, PIN, "numpy"], timeout=900)
-    _run([*pip, "--no-deps", "-e", REPO], timeout=600)
-    READY.write_text(f"{PIN} + numpy + fedx (--no-deps, editable from {REPO})\n")
-    return VENV
 
 
 @pytest.fixture(scope="module")

@@ -290,3 +290,45 @@ def test_gpu_variant_reserves_a_gpu_for_every_clientapp_container():
         assert services[name]["build"]["args"]["TORCH_INDEX_URL"] == "https://pypi.org/simple"
         assert services[name]["command"] == load_compose("docker-compose.yml")[name]["command"]
     assert all("deploy" not in services[n] for n in ["superlink", "superexec-serverapp", *SUPERNODES])
+
+
+def test_up_starts_the_federation_and_runs_the_app_once(tmp_path, monkeypatch, capsys):
+    """`fedx-deploy up --run`: the spec it builds and the `flwr run` it makes (processes faked)."""
+    started = {}
+
+    class FakeFederation:
+        def __init__(self, spec):
+            started["spec"] = spec
+            self.supernodes = {}
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc_info):
+            started["stopped"] = True
+
+        def start(self):
+            started["started"] = True
+
+        def node_id(self, index):
+            return 100 + index
+
+    def fake_run(command, env, check):
+        started["command"], started["env"] = command, env
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr("fedx.deploy.cli.LocalFederation", FakeFederation)
+    monkeypatch.setattr("fedx.deploy.cli.subprocess.run", fake_run)
+    monkeypatch.chdir(tmp_path)
+    code = deploy_main([
+        "up", "--insecure", "--supernodes", "2", "--port", "8123", "--supernode-port", "9200",
+        "--state-dir", "state", "--run", "some/app", "--run-config", "num-server-rounds=2",
+    ])
+    assert code == 0 and started["started"] and started["stopped"]
+    spec = started["spec"]
+    assert (spec.num_supernodes, spec.port, spec.supernode_ports) == (2, 8123, [9200, 9201])
+    assert spec.insecure and spec.tls is None and spec.workdir == tmp_path
+    assert spec.state_dir == tmp_path / "state"
+    assert started["command"][1:] == ["run", "some/app", "fedx-local", "--stream", "--run-config", "num-server-rounds=2"]
+    assert started["env"]["FLWR_HOME"] == str(tmp_path / "state" / "flwr-home")
+    assert "SuperNodes [100, 101]" in capsys.readouterr().out

@@ -95,6 +95,7 @@ def _spec(args: argparse.Namespace) -> FederationSpec:
         insecure=args.insecure,
         auth_keys=args.auth_keys.resolve() if args.auth_keys else None,
         install_app_dependencies=args.install_app_dependencies,
+        workdir=Path.cwd(),  # the ServerApp writes outputs/ here
     )
 
 

@@ -95,6 +95,9 @@ class FederationSpec:
         environment Flower is installed in.
     connection : str
         Name of the SuperLink connection in ``config.toml``.
+    workdir : Path, optional
+        Working directory of the processes (default: ``state_dir``). The
+        ServerApp runs there, so a relative ``output-dir`` is relative to it.
     """
 
     num_supernodes: int
@@ -111,6 +114,7 @@ class FederationSpec:
     bin_dir: Path = field(default_factory=lambda: Path(sys.executable).parent)
     install_app_dependencies: bool = False
     connection: str = "fedx-local"
+    workdir: Path | None = None
 
     def __post_init__(self) -> None:
         if self.num_supernodes < 1:
@@ -252,7 +256,7 @@ class LocalFederation:
         self._logs.append(log)
         return subprocess.Popen(  # pylint: disable=consider-using-with
             command,
-            cwd=self.spec.state_dir,
+            cwd=self.spec.workdir or self.spec.state_dir,
             env=self.spec.environment(),
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -282,20 +286,26 @@ class LocalFederation:
                 f"the SuperLink did not start; see {self.spec.log_dir / 'superlink.log'}"
             ) from None
 
-    def register_supernode(self, index: int) -> int:
+    def register_supernode(self, index: int) -> int | None:
         """Register SuperNode ``index``'s public key; return its node id.
+
+        ``None`` when the key is registered already (a SuperLink restarted
+        on the same database keeps its registrations).
 
         Raises
         ------
         RuntimeError
-            When ``flwr supernode register`` fails.
+            When ``flwr supernode register`` fails otherwise.
         """
         assert self.spec.auth_keys is not None
         _, public = supernode_key_paths(self.spec.auth_keys, index + 1)
         done = self.flwr("supernode", "register", str(public), self.spec.connection, timeout=120)
-        match = re.search(r"SuperNode (\d+) registered", done.stdout)
+        output = done.stdout + done.stderr
+        if "Public key already in use" in output:
+            return None
+        match = re.search(r"SuperNode (\d+) registered", output)
         if done.returncode != 0 or match is None:
-            raise RuntimeError(f"registering {public} failed:\n{done.stdout}{done.stderr}")
+            raise RuntimeError(f"registering {public} failed:\n{output}")
         return int(match.group(1))
 
     def start_supernode(self, index: int) -> subprocess.Popen:
