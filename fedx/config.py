@@ -143,6 +143,8 @@ RULES: dict[str, _Rule] = {
     "eval-every": _integer(1),
     "run-name": _ANY_STRING,
     "output-dir": _ANY_STRING,
+    # "" starts a new run; a run directory (or its checkpoint.json) continues it.
+    "resume-from": _ANY_STRING,
 }
 
 
@@ -211,6 +213,7 @@ class RunConfig:
     eval_every: int
     run_name: str
     output_dir: str
+    resume_from: str
 
     @classmethod
     def from_mapping(cls, run_config: Mapping[str, Any]) -> "RunConfig":

@@ -43,13 +43,22 @@ class RunRecorder:
         ``outputs/<run-name>``; created if missing.
     config : dict
         The resolved run configuration, stored in ``metrics.json``.
+    rounds : dict, optional
+        Rows of rounds already done, when a run is resumed from a checkpoint.
     """
 
-    def __init__(self, directory: Path, config: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        config: dict[str, Any],
+        rounds: dict[int, dict[str, float]] | None = None,
+    ) -> None:
         self.directory = directory
         self.directory.mkdir(parents=True, exist_ok=True)
         self.config = config
-        self.rounds: dict[int, dict[str, Any]] = {}
+        self.rounds: dict[int, dict[str, Any]] = {
+            server_round: dict(row) for server_round, row in (rounds or {}).items()
+        }
         self._started = time.perf_counter()
         self._round_started = self._started
 

@@ -1,12 +1,19 @@
-"""fedx ServerApp: read the run config, build the strategy, run it, record the run."""
+"""fedx ServerApp: read the run config, build the strategy, run it, record the run.
+
+After every round it writes a checkpoint to ``outputs/<run-name>/`` (see
+:mod:`fedx.strategies.checkpoint`); the ``resume-from`` run-config key
+continues a run from it, so a server crash loses at most the round in
+progress.
+"""
 
 import functools
 import random
 import time
 from collections.abc import Callable
 from datetime import datetime
-from logging import ERROR, INFO
+from logging import ERROR, INFO, WARNING
 from pathlib import Path
+from typing import Any
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
@@ -21,7 +28,21 @@ from fedx.data.personalized import MIN_LOCAL_SAMPLES
 from fedx.models import build_model
 from fedx.outputs import MODEL_FILE, RunRecorder
 from fedx.server_models import ServerModels
-from fedx.strategies import FedAvgFT, FedCross, FedIndep, FedMe, FedMR, FedMut
+from fedx.strategies import (
+    Checkpoint,
+    CheckpointError,
+    FedAvgFT,
+    FedCross,
+    FedIndep,
+    FedMe,
+    FedMR,
+    FedMut,
+    capture_run,
+    load_checkpoint,
+    restore_run,
+    run_rounds,
+    save_checkpoint,
+)
 from fedx.strategies.client_identity import ClientOrderedGrid, query_client_ids
 from fedx.strategies.personalized import summarize
 from fedx.training import evaluate, get_device
@@ -306,18 +327,112 @@ def log_final(recorder: RunRecorder, directory: Path) -> None:
         final.get("accuracy", float("nan")), final.get("round"), directory)
 
 
+def load_resume_checkpoint(cfg: RunConfig) -> tuple[RunConfig, Checkpoint | None]:
+    """Return the run config to use and the checkpoint ``resume-from`` names.
+
+    A resumed run is the interrupted run continued: it takes every setting
+    from the checkpoint (only ``resume-from`` comes from the new run config)
+    and writes into the checkpoint's directory. Settings of the new run
+    config that differ are logged as ignored.
+
+    Raises
+    ------
+    ConfigError
+        When there is no readable checkpoint at ``resume-from``, or its run
+        had already done all its rounds.
+    """
+    if not cfg.resume_from:
+        return cfg, None
+    try:
+        checkpoint = load_checkpoint(cfg.resume_from)
+        stored = checkpoint.state["config"]
+        resumed = RunConfig.from_mapping({**stored, "resume-from": cfg.resume_from})
+    except (CheckpointError, KeyError, TypeError) as err:
+        raise ConfigError(f"invalid run config resume-from={cfg.resume_from!r}: {err}") from None
+    if checkpoint.server_round >= resumed.num_server_rounds:
+        raise ConfigError(
+            f"invalid run config resume-from={cfg.resume_from!r}: that run already did "
+            f"all its num-server-rounds={resumed.num_server_rounds}"
+        )
+    ignored = {
+        key: value
+        for key, value in cfg.to_dict().items()
+        if key != "resume-from" and value != stored.get(key)
+    }
+    if ignored:
+        log(WARNING, "fedx: resuming with the checkpoint's run config; ignoring %s",
+            ", ".join(f"{key}={value!r}" for key, value in ignored.items()))
+    return resumed, checkpoint
+
+
+class RoundCheckpointer:
+    """``on_round_end`` of the round loop: records train metrics, writes a checkpoint."""
+
+    def __init__(
+        self, cfg: RunConfig, strategy: Strategy, recorder: RunRecorder, directory: Path
+    ) -> None:
+        self.cfg = cfg
+        self.strategy = strategy
+        self.recorder = recorder
+        self.directory = directory
+
+    def __call__(self, server_round: int, arrays: ArrayRecord, result: Result) -> None:
+        """Called after round ``server_round``, evaluation included."""
+        del arrays  # result.arrays is the same global model
+        train_metrics = result.train_metrics_clientapp.get(server_round, {})
+        self.recorder.record(
+            server_round, **{k: float(v) for k, v in train_metrics.items() if not isinstance(v, list)}
+        )
+        started = time.perf_counter()
+        state: dict[str, Any] = {
+            **capture_run(self.strategy, result),
+            "config": self.cfg.to_dict(),
+            "recorder": {str(r): row for r, row in self.recorder.rounds.items()},
+        }
+        save_checkpoint(
+            self.directory, Checkpoint(server_round, type(self.strategy).__name__, state)
+        )
+        self.recorder.record(server_round, **{"checkpoint-seconds": time.perf_counter() - started})
+        log(INFO, "fedx: checkpoint of round %d in %s", server_round, self.directory)
+
+
+def resume_state(
+    checkpoint: Checkpoint | None, strategy: Strategy
+) -> tuple[Result | None, dict[int, dict[str, float]]]:
+    """The restored metrics and recorder rows (``None``, ``{}`` for a new run).
+
+    Raises
+    ------
+    ConfigError
+        When the checkpoint was written by another strategy or does not fit.
+    """
+    if checkpoint is None:
+        return None, {}
+    name = type(strategy).__name__
+    if checkpoint.strategy != name:
+        raise ConfigError(f"the checkpoint was written by {checkpoint.strategy}, not {name}")
+    try:
+        result = restore_run(strategy, checkpoint.state)
+        rows = {int(r): dict(row) for r, row in checkpoint.state["recorder"].items()}
+    except (CheckpointError, KeyError, TypeError, ValueError) as err:
+        raise ConfigError(f"cannot resume from the checkpoint: {err}") from None
+    return result, rows
+
+
+# pylint: disable=too-many-locals
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Run one fedx experiment as the run config describes."""
     try:
-        cfg = RunConfig.from_mapping(context.run_config)
+        cfg, checkpoint = load_resume_checkpoint(RunConfig.from_mapping(context.run_config))
         strategy = build_strategy(cfg)
+        random.seed(cfg.seed)  # Flower's own strategies sample nodes with `random`
+        torch.manual_seed(cfg.seed)
+        restored, rows = resume_state(checkpoint, strategy)
         connected = wait_for_nodes(grid, cfg.min_available_nodes, cfg.node_wait_timeout)
     except ConfigError as err:
         log(ERROR, "fedx: %s", err)
         raise SystemExit(1) from None
-    random.seed(cfg.seed)  # Flower's own strategies sample nodes with `random`
-    torch.manual_seed(cfg.seed)
     # Simulated nodes get random ids in every run: list them by client id so
     # that every strategy samples the same clients for the same seed.
     client_ids = query_client_ids(grid, list(grid.get_node_ids()), cfg.round_timeout)
@@ -328,26 +443,36 @@ def main(grid: Grid, context: Context) -> None:
     fedme = isinstance(strategy, FedMe)
     if fedme:
         server_unlabeled_set(cfg)  # missing data stops the run now, not in a later round
-    directory = run_directory(cfg)
-    recorder = RunRecorder(directory, cfg.to_dict())
+    directory = run_directory(cfg) if checkpoint is None else Path(cfg.resume_from).resolve()
+    if directory.suffix == ".json":  # resume-from named the checkpoint file itself
+        directory = directory.parent
+    recorder = RunRecorder(directory, cfg.to_dict(), rows)
     # FedMe has no global model: nothing to evaluate centrally or to start from.
     evaluation = RoundEvaluation(cfg, None if fedme else model, recorder, strategy)
-    log(INFO, "fedx: %s on %s/%s, %d nodes connected (%d identified); outputs in %s",
-        cfg.strategy, cfg.dataset, model_label(cfg), connected, len(client_ids), directory)
+    first_round = 1 if checkpoint is None else checkpoint.server_round + 1
+    log(INFO, "fedx: %s on %s/%s, %d nodes connected (%d identified), rounds %d-%d; outputs in %s",
+        cfg.strategy, cfg.dataset, model_label(cfg), connected, len(client_ids), first_round,
+        cfg.num_server_rounds, directory)
+    if restored is not None:
+        initial = restored.arrays
+    else:
+        initial = ArrayRecord() if fedme else ArrayRecord(model.state_dict())
 
-    result = strategy.start(
-        grid=grid,
-        initial_arrays=ArrayRecord() if fedme else ArrayRecord(model.state_dict()),
+    result = run_rounds(
+        strategy,
+        grid,
+        arrays=initial,
         num_rounds=cfg.num_server_rounds,
+        first_round=first_round,
         timeout=cfg.round_timeout,
         train_config=training_config(cfg),
         # Personalized evaluation fine-tunes with the training hyperparameters.
         evaluate_config=training_config(cfg) if cfg.personalized else None,
         evaluate_fn=evaluation,
+        result=restored,
+        on_round_end=RoundCheckpointer(cfg, strategy, recorder, directory),
     )
 
-    for server_round, metrics in result.train_metrics_clientapp.items():
-        recorder.record(server_round, **{k: float(v) for k, v in metrics.items() if not isinstance(v, list)})
     recorder.plot(f"{cfg.strategy} on {cfg.dataset} ({model_label(cfg)})")
     save_models(strategy, model, result, directory)
     log_final(recorder, directory)

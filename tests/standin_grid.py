@@ -32,6 +32,32 @@ def trained_reply(message: Message, delta: float | None = None, examples: int = 
     return Message(content=content, reply_to=message)
 
 
+def pulled_reply(message: Message) -> Message:
+    """A deterministic client: half-way from the model to a target of its own.
+
+    Unlike a fixed step, the result depends on the model sent, so a resumed
+    run only matches if every node gets the same model in every round.
+    """
+    node = message.metadata.dst_node_id
+    rng = np.random.default_rng(node % 2**32)
+    model = to_model(message.content["arrays"])
+    trained = {
+        name: np.asarray(
+            (0.5 * array + 0.5 * rng.normal(size=array.shape)).astype(array.dtype)
+            if array.dtype.kind == "f"
+            else array + 1
+        )
+        for name, array in model.items()
+    }
+    content = RecordDict(
+        {
+            "arrays": to_arrayrecord(trained),
+            "metrics": MetricRecord({"num-examples": 10 + node % 7, "train-loss": float(node % 5)}),
+        }
+    )
+    return Message(content=content, reply_to=message)
+
+
 class StandInGrid:
     """Just enough of Flower's Grid: node ids and a synchronous send_and_receive."""
 
@@ -45,9 +71,28 @@ class StandInGrid:
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None):
         messages = list(messages)
+        for message in messages:  # as Flower's Grid does when it pushes them
+            message.metadata.__dict__["_message_id"] = message.object_id
         self.sent.append(messages)
         replies = [self.reply(m) for m in messages]
         return [r for r in replies if r is not None]
+
+
+class CrashingGrid(StandInGrid):
+    """Deterministic clients (:func:`pulled_reply`); the server dies when training round ``crash_in`` is sent."""
+
+    def __init__(self, node_ids: list[int], crash_in: int | None) -> None:
+        super().__init__(node_ids, reply=pulled_reply)
+        self.crash_in = crash_in
+        self.train_rounds = 0
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None):
+        messages = list(messages)
+        if messages and messages[0].metadata.message_type == "train":
+            self.train_rounds += 1
+            if self.train_rounds == self.crash_in:
+                raise RuntimeError("the server process died")
+        return super().send_and_receive(messages, timeout=timeout)
 
 
 def run_round(strategy, grid, server_round: int, initial: Model):

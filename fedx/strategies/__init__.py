@@ -4,9 +4,21 @@ Use them in any Flower ServerApp in place of ``FedAvg``; ClientApps that reply
 with an ``"arrays"`` ArrayRecord and a ``"metrics"`` MetricRecord holding
 ``"num-examples"`` work unchanged. :class:`FedMe` is the exception: its
 clients train two models per round (see its docstring for the messages), and
-it also uses scikit-learn's KMeans.
+it also uses scikit-learn's KMeans. They run on Flower 1.36 (the last release
+whose SuperNodes reach the SuperLink over gRPC) and later; ``OLDEST_FLWR`` is
+the oldest release they are tested with.
 """
 
+# First: on a too old Flower, fail with a message that says so.
+from fedx.strategies.compat import OLDEST_FLWR  # isort: skip
+from fedx.strategies.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    capture_run,
+    load_checkpoint,
+    restore_run,
+    save_checkpoint,
+)
 from fedx.strategies.fedavg_ft import FedAvgFT
 from fedx.strategies.fedcross import FedCross
 from fedx.strategies.fedindep import FedIndep
@@ -15,8 +27,12 @@ from fedx.strategies.fedmr import FedMR
 from fedx.strategies.fedmut import FedMut
 from fedx.strategies.multi_model import MultiModelStrategy
 from fedx.strategies.personalized import ClientEvaluation
+from fedx.strategies.rounds import run_rounds
 
 __all__ = [
+    "OLDEST_FLWR",
+    "Checkpoint",
+    "CheckpointError",
     "ClientEvaluation",
     "FedAvgFT",
     "FedCross",
@@ -25,4 +41,9 @@ __all__ = [
     "FedMe",
     "FedMut",
     "MultiModelStrategy",
+    "capture_run",
+    "load_checkpoint",
+    "restore_run",
+    "run_rounds",
+    "save_checkpoint",
 ]

@@ -6,6 +6,7 @@ Matsuda et al., "FedMe: Federated Learning via Model Exchange", SDM 2022
 
 import time
 import warnings
+from typing import Any
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from logging import INFO, WARNING
@@ -253,10 +254,61 @@ class FedMe(Strategy):
         model comes from ``initial_model_fn``); ``evaluate_fn`` receives it
         unchanged every round, as there is no global model.
         """
-        self._num_rounds = num_rounds
-        self._timeout = timeout
+        self.begin_run(num_rounds=num_rounds, timeout=timeout)
         return super().start(grid, initial_arrays, num_rounds, timeout, train_config,
                              evaluate_config, evaluate_fn)
+
+    def begin_run(self, *, num_rounds: int, timeout: float) -> None:
+        """Learn the run's limits before round 1 (called by ``start`` and ``run_rounds``).
+
+        The last round is always evaluated, and the identification queries
+        wait at most ``timeout``.
+        """
+        self._num_rounds = num_rounds
+        self._timeout = timeout
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every client's architecture and personalized model, and the random streams.
+
+        Node ids are left out: nodes may come back under new ids, and the
+        identification query attaches them to their client again.
+        """
+        return {
+            "clients": {
+                str(client_id): {"architecture": client.architecture, "model": dict(client.model)}
+                for client_id, client in self.clients.items()
+            },
+            "rng": {
+                "sampling": self.sampling_rng.bit_generator.state,
+                "exchange": self.rng.bit_generator.state,
+                "kmeans": self.kmeans_rng.bit_generator.state,
+            },
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned.
+
+        Raises
+        ------
+        ValueError
+            When ``state`` lacks a part or names an unknown architecture.
+        """
+        try:
+            clients = {
+                int(client_id): ClientState(-1, entry["architecture"], dict(entry["model"]))
+                for client_id, entry in state["clients"].items()
+            }
+            generators = state["rng"]
+            self.sampling_rng.bit_generator.state = generators["sampling"]
+            self.rng.bit_generator.state = generators["exchange"]
+            self.kmeans_rng.bit_generator.state = generators["kmeans"]
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"the strategy state lacks or garbles {err}") from None
+        unknown = {c.architecture for c in clients.values()} - set(self.architectures)
+        if unknown:
+            raise ValueError(f"architectures {sorted(unknown)} are not in {self.architectures}")
+        self.clients = clients
+        self._node_clients = {}
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

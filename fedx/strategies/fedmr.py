@@ -4,13 +4,12 @@ Hu et al., "Is Aggregation the Only Choice? Federated Learning via Layer-wise
 Model Recombination", KDD 2024 (arXiv:2305.10730).
 """
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from logging import INFO
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Result
 
 from fedx.ops import GROUPINGS, Model, average, recombine
 from fedx.secure.relay import RelayStats, SecureRelay
@@ -99,7 +98,6 @@ class FedMR(MultiModelStrategy):
         #: What the last round's secure exchange cost (None before the first).
         self.relay_stats: RelayStats | None = None
         self._grid: Grid | None = None
-        self._timeout = 3600.0  # Flower's default; start() sets the real one
 
     def summary(self) -> None:
         """Log summary configuration of the strategy."""
@@ -118,26 +116,6 @@ class FedMR(MultiModelStrategy):
         super().summary()
 
     # pylint: disable=too-many-arguments
-    def start(
-        self,
-        grid: Grid,
-        initial_arrays: ArrayRecord,
-        num_rounds: int = 3,
-        timeout: float = 3600,
-        train_config: ConfigRecord | None = None,
-        evaluate_config: ConfigRecord | None = None,
-        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
-    ) -> Result:
-        """Run the strategy as Flower's ``Strategy.start`` does.
-
-        Remembers ``timeout``: with secure recombination every extra message
-        exchange of a round waits at most that long too.
-        """
-        self._timeout = timeout
-        return super().start(
-            grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config, evaluate_fn
-        )
-
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
@@ -162,7 +140,7 @@ class FedMR(MultiModelStrategy):
             return super().aggregate_train(server_round, replies)
         if self._grid is None:
             raise RuntimeError("secure recombination needs configure_train to have been called")
-        relay = SecureRelay(self._grid, timeout=self._timeout, repeats=self.secure_repeats)
+        relay = SecureRelay(self._grid, timeout=self.round_timeout, repeats=self.secure_repeats)
         uploads = relay.run(server_round, replies)
         self.relay_stats = relay.stats
         arrays, metrics = super().aggregate_train(server_round, uploads)

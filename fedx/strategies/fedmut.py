@@ -5,6 +5,7 @@ AAAI 2024.
 """
 
 from logging import INFO
+from typing import Any
 
 from flwr.common import log
 
@@ -56,6 +57,22 @@ class FedMut(MultiModelStrategy):
         log(INFO, "\t│\t├── Mutation range alpha: %s", self.alpha)
         log(INFO, "\t│\t└── Dynamic preference: beta0=%s over %d rounds", self.beta0, self.beta_rounds)
         super().summary()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The pool state plus ``w_glb`` of the last round, which ``g`` needs."""
+        state = super().state_dict()
+        state["previous-global"] = (
+            None if self.previous_global is None else dict(self.previous_global)
+        )
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        super().load_state_dict(state)
+        if "previous-global" not in state:
+            raise ValueError("the strategy state lacks 'previous-global'")
+        previous = state["previous-global"]
+        self.previous_global = None if previous is None else dict(previous)
 
     def update_pool(
         self,

@@ -4,6 +4,7 @@ import time
 from abc import abstractmethod
 from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
+from typing import Any
 
 import numpy as np
 from flwr.app import (
@@ -17,9 +18,10 @@ from flwr.app import (
 )
 from flwr.common import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy import FedAvg, Result
 
 from fedx.ops import Model, average, find_problem
+from fedx.strategies.rounds import EvaluateFn, RoundEndFn, run_rounds
 
 
 def to_model(record: ArrayRecord) -> Model:
@@ -84,6 +86,15 @@ class MultiModelStrategy(FedAvg):
     node_wait_timeout : float (default: 60.0)
         Seconds to wait for ``min_available_nodes`` before sampling among the
         nodes that are connected. The round never waits forever.
+    unresponsive_cooldown : float (default: 60.0)
+        Seconds a node that sent no reply in a round (or for which the
+        SuperLink answered that it is unavailable) is left out of sampling
+        while the SuperLink still lists it as connected. A SuperNode that
+        dies without saying goodbye stays listed until it has missed two
+        30-second heartbeats, so the default bridges exactly that gap; a
+        node that left is then gone from the list anyway, and one that was
+        only slow is sampled again. It is only skipped while enough other
+        nodes are connected.
     """
 
     # pylint: disable=too-many-arguments,too-many-locals
@@ -107,6 +118,7 @@ class MultiModelStrategy(FedAvg):
         num_models: int | None = None,
         seed: int | None = None,
         node_wait_timeout: float = 60.0,
+        unresponsive_cooldown: float = 60.0,
     ) -> None:
         super().__init__(
             fraction_train=fraction_train,
@@ -124,9 +136,12 @@ class MultiModelStrategy(FedAvg):
             raise ValueError(f"fraction_train must be in (0, 1], got {fraction_train}")
         if num_models is not None and num_models < 1:
             raise ValueError(f"num_models must be at least 1, got {num_models}")
+        if unresponsive_cooldown < 0:
+            raise ValueError(f"unresponsive_cooldown must be >= 0, got {unresponsive_cooldown}")
         self.num_models = num_models
         self.seed = seed
         self.node_wait_timeout = node_wait_timeout
+        self.unresponsive_cooldown = unresponsive_cooldown
         # Separate streams, so that the nodes sampled in a round do not depend
         # on how much randomness the method or evaluation used before it:
         # strategies run with the same seed sample the same nodes.
@@ -135,7 +150,14 @@ class MultiModelStrategy(FedAvg):
         self.rng = np.random.default_rng(method)
         self.evaluate_rng = np.random.default_rng(evaluation)
         self.pool: list[Model] = []
+        self.round_timeout = 3600.0  # Flower's default; begin_run() sets the run's
+        # The round in flight: node id -> pool slot, and the messages sent
+        # (their ids, set by the Grid when it pushes them, identify replies
+        # the SuperLink writes on behalf of a node that went away).
         self._dispatched: dict[int, int] = {}
+        self._sent: list[Message] = []
+        # Nodes that missed a reply: node id -> (round, monotonic time).
+        self._unresponsive: dict[int, tuple[int, float]] = {}
 
     # ------------------------------------------------------------------
     # What a method defines
@@ -199,15 +221,115 @@ class MultiModelStrategy(FedAvg):
         return sorted(int(slot) for slot in chosen)
 
     # ------------------------------------------------------------------
+    # State: what a checkpoint holds
+    # ------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return everything the next round depends on, for a checkpoint.
+
+        The pool, the pool size and the states of the three random
+        generators (node sampling, the method's draws, evaluation sampling),
+        as nested dicts and lists of JSON values and numpy arrays (see
+        :mod:`fedx.strategies.checkpoint`). Subclasses with more state extend
+        it. Taken between rounds, it makes a restored strategy continue
+        exactly as the original would have.
+        """
+        return {
+            "num-models": self.num_models,
+            "pool": [dict(model) for model in self.pool],
+            "rng": {
+                "sampling": self.sampling_rng.bit_generator.state,
+                "method": self.rng.bit_generator.state,
+                "evaluation": self.evaluate_rng.bit_generator.state,
+            },
+        }
+
+    def begin_run(self, *, num_rounds: int, timeout: float) -> None:
+        """Learn the run's limits before round 1 (called by :func:`run_rounds`).
+
+        ``timeout`` bounds every message exchange of a round, the extra ones
+        a subclass makes as well.
+        """
+        del num_rounds
+        self.round_timeout = timeout
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned.
+
+        Raises
+        ------
+        ValueError
+            When ``state`` lacks a part or its pool does not have
+            ``num-models`` models.
+        """
+        try:
+            num_models = state["num-models"]
+            pool = [dict(model) for model in state["pool"]]
+            generators = state["rng"]
+            self.sampling_rng.bit_generator.state = generators["sampling"]
+            self.rng.bit_generator.state = generators["method"]
+            self.evaluate_rng.bit_generator.state = generators["evaluation"]
+        except (KeyError, TypeError) as err:
+            raise ValueError(f"the strategy state lacks {err}") from None
+        if pool and num_models != len(pool):
+            raise ValueError(f"the state has {len(pool)} pool models for num-models={num_models}")
+        self.num_models = num_models
+        self.pool = pool
+
+    # ------------------------------------------------------------------
     # Flower Strategy interface
     # ------------------------------------------------------------------
+
+    # pylint: disable=too-many-arguments
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: EvaluateFn | None = None,
+        *,
+        start_round: int = 1,
+        result: Result | None = None,
+        on_round_end: RoundEndFn | None = None,
+    ) -> Result:
+        """Run the strategy, as Flower's ``Strategy.start``, optionally resumed.
+
+        Parameters are those of Flower's ``Strategy.start``, plus:
+
+        start_round : int (default: 1)
+            First round to run. To continue a checkpointed run, restore the
+            strategy with :meth:`load_state_dict`, pass the checkpoint's global
+            arrays as ``initial_arrays`` and its round + 1 here.
+        result : Result, optional
+            Metrics of the rounds already done, extended by the new rounds.
+        on_round_end : callable, optional
+            ``on_round_end(round, arrays, result)`` after every round; write
+            checkpoints there (see :func:`fedx.strategies.run_rounds`).
+        """
+        return run_rounds(
+            self,
+            grid,
+            arrays=initial_arrays,
+            num_rounds=num_rounds,
+            first_round=start_round,
+            timeout=timeout,
+            train_config=train_config,
+            evaluate_config=evaluate_config,
+            evaluate_fn=evaluate_fn,
+            result=result,
+            on_round_end=on_round_end,
+        )
 
     def summary(self) -> None:
         """Log summary configuration of the strategy."""
         log(INFO, "\t├──> Multi-model pool:")
         log(INFO, "\t│\t├── Models (K): %s", self.num_models or "nodes sampled in round 1")
         log(INFO, "\t│\t├── Seed: %s", self.seed)
-        log(INFO, "\t│\t└── Node wait timeout: %.0fs", self.node_wait_timeout)
+        log(INFO, "\t│\t├── Node wait timeout: %.0fs", self.node_wait_timeout)
+        log(INFO, "\t│\t└── Unresponsive-node cooldown: %.0fs", self.unresponsive_cooldown)
         super().summary()
 
     def configure_train(
@@ -235,7 +357,7 @@ class MultiModelStrategy(FedAvg):
             len(set(slots)),
             len(self.pool),
         )
-        return [
+        self._sent = [
             Message(
                 content=RecordDict(
                     {
@@ -248,6 +370,7 @@ class MultiModelStrategy(FedAvg):
             )
             for node_id, slot in self._dispatched.items()
         ]
+        return list(self._sent)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -257,11 +380,22 @@ class MultiModelStrategy(FedAvg):
         weights = [0.0] * len(self.pool)
         trained = [False] * len(self.pool)
         accepted: list[RecordDict] = []
+        node_of_message = {
+            m.metadata.message_id: m.metadata.dst_node_id for m in self._sent if m.metadata.message_id
+        }
         for message in replies:
-            node_id = message.metadata.src_node_id
+            # A reply the SuperLink wrote for a node that went away comes from
+            # the SuperLink, not from the node: find the node by message id.
+            node_id = node_of_message.get(
+                message.metadata.reply_to_message_id, message.metadata.src_node_id
+            )
             slot = self._dispatched.pop(node_id, None)
             if slot is None:
                 log(WARNING, "Round %s: ignored a reply from node %s, which was not sent a model", server_round, node_id)
+                continue
+            if message.has_error() and message.metadata.src_node_id != node_id:
+                log(WARNING, "Round %s: node %s (slot %s) is lost: %s; the slot keeps the model it was sent", server_round, node_id, slot, message.error.reason)
+                self._unresponsive[node_id] = (server_round, time.monotonic())
                 continue
             parsed = self._parse_reply(message, self.pool[slot])
             if isinstance(parsed, str):
@@ -271,8 +405,10 @@ class MultiModelStrategy(FedAvg):
             trained[slot] = True
             accepted.append(message.content)
         for node_id, slot in self._dispatched.items():
-            log(WARNING, "Round %s: no reply from node %s (slot %s); the slot keeps the model it was sent", server_round, node_id, slot)
+            log(WARNING, "Round %s: no reply from node %s (slot %s) within the round timeout; the slot keeps the model it was sent", server_round, node_id, slot)
+            self._unresponsive[node_id] = (server_round, time.monotonic())
         self._dispatched = {}
+        self._sent = []
         log(INFO, "aggregate_train: %d of %d slots trained this round", sum(trained), len(trained))
         if not accepted:
             return None, None
@@ -319,8 +455,10 @@ class MultiModelStrategy(FedAvg):
         The generator draws positions in the grid's node list, so the same
         seed samples the same nodes whenever the grid lists them in the same
         order (fedx's ServerApp lists them by client id: see
-        :class:`~fedx.strategies.client_identity.ClientOrderedGrid`). Node ids
-        are unsigned 64-bit integers and never pass through a numpy array.
+        :class:`~fedx.strategies.client_identity.ClientOrderedGrid`). Nodes
+        that recently missed a reply are left out while enough others are
+        connected (see ``unresponsive_cooldown``). Node ids are unsigned 64-bit
+        integers and never pass through a numpy array.
         """
         deadline = time.monotonic() + self.node_wait_timeout
         node_ids = list(grid.get_node_ids())
@@ -336,10 +474,32 @@ class MultiModelStrategy(FedAvg):
                 self.min_available_nodes,
                 self.node_wait_timeout,
             )
+        node_ids = self._responsive(node_ids, min_nodes)
         size = max(int(len(node_ids) * fraction), min_nodes)
         size = min(size, len(node_ids), at_most or len(node_ids))
         positions = rng.choice(len(node_ids), size=size, replace=False)
         return [node_ids[int(position)] for position in positions]
+
+    def _responsive(self, node_ids: list[int], min_nodes: int) -> list[int]:
+        """``node_ids`` without the nodes that missed a reply within the cooldown."""
+        now = time.monotonic()
+        connected = set(node_ids)
+        self._unresponsive = {
+            node: (missed, since)
+            for node, (missed, since) in self._unresponsive.items()
+            if node in connected and now - since < self.unresponsive_cooldown
+        }
+        responsive = [node for node in node_ids if node not in self._unresponsive]
+        if not self._unresponsive or len(responsive) < max(min_nodes, 1):
+            return node_ids
+        for node, (missed, _) in self._unresponsive.items():
+            log(
+                INFO,
+                "Leaving out node %s: no reply in round %s, though still listed as connected",
+                node,
+                missed,
+            )
+        return responsive
 
     def _parse_reply(self, message: Message, sent: Model) -> tuple[Model, float] | str:
         """Return the reply's model and weight, or why it cannot be used."""

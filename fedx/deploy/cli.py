@@ -1,0 +1,147 @@
+"""``fedx-deploy`` (``python -m fedx.deploy``): certificates, keys, a local federation.
+
+Examples
+--------
+Certificates for TLS and keys for SuperNode authentication::
+
+    fedx-deploy certs --out certificates
+    fedx-deploy keys --out keys --supernodes 3
+
+A SuperLink and three SuperNodes with TLS and authentication; Ctrl-C stops
+them::
+
+    fedx-deploy up --supernodes 3 --certificates certificates --auth-keys keys
+
+The same, running the app once against them and stopping afterwards::
+
+    fedx-deploy up --supernodes 3 --certificates certificates --run . \\
+        --run-config 'num-server-rounds=5'
+"""
+
+import argparse
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from fedx.deploy.credentials import (
+    DEFAULT_HOSTS,
+    TlsFiles,
+    write_supernode_keys,
+    write_tls_certificates,
+)
+from fedx.deploy.local import FederationSpec, LocalFederation
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fedx-deploy", description="Run fedx on real Flower processes."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    certs = commands.add_parser("certs", help="write a local CA and a server certificate")
+    certs.add_argument("--out", type=Path, default=Path("certificates"))
+    certs.add_argument(
+        "--host",
+        action="append",
+        dest="hosts",
+        help=f"a name or IP the SuperLink is reached by (repeatable; default: {', '.join(DEFAULT_HOSTS)})",
+    )
+
+    keys = commands.add_parser("keys", help="write SuperNode authentication key pairs")
+    keys.add_argument("--out", type=Path, default=Path("keys"))
+    keys.add_argument("--supernodes", type=int, default=3)
+
+    up = commands.add_parser("up", help="start a SuperLink and N SuperNodes on this machine")
+    up.add_argument("--supernodes", type=int, default=3, help="N (default: 3)")
+    up.add_argument("--host", default="127.0.0.1", help="SuperLink address (default: 127.0.0.1)")
+    up.add_argument("--port", type=int, default=8000, help="SuperLink HTTP(S) port (default: 8000)")
+    up.add_argument(
+        "--supernode-port", type=int, default=9094,
+        help="Runtime API port of SuperNode 0; SuperNode i uses this + i (default: 9094)",
+    )
+    security = up.add_mutually_exclusive_group(required=True)
+    security.add_argument(
+        "--certificates", type=Path, help="directory written by `fedx-deploy certs`: TLS on"
+    )
+    security.add_argument("--insecure", action="store_true", help="plain text, no TLS")
+    up.add_argument(
+        "--auth-keys", type=Path,
+        help="directory written by `fedx-deploy keys`: SuperNode authentication on (needs TLS)",
+    )
+    up.add_argument(
+        "--state-dir", type=Path, default=Path(".fedx-deploy"),
+        help="logs, SuperLink database and FLWR_HOME (default: .fedx-deploy)",
+    )
+    up.add_argument(
+        "--install-app-dependencies", action="store_true",
+        help="let the SuperLink install each app's dependencies with uv (Flower's default)",
+    )
+    up.add_argument("--run", metavar="APP", help="run this app with `flwr run`, then stop")
+    up.add_argument("--run-config", help="passed to `flwr run --run-config`")
+    return parser
+
+
+def _spec(args: argparse.Namespace) -> FederationSpec:
+    return FederationSpec(
+        num_supernodes=args.supernodes,
+        state_dir=args.state_dir.resolve(),
+        host=args.host,
+        port=args.port,
+        supernode_ports=[args.supernode_port + i for i in range(args.supernodes)],
+        tls=TlsFiles.in_directory(args.certificates.resolve()) if args.certificates else None,
+        insecure=args.insecure,
+        auth_keys=args.auth_keys.resolve() if args.auth_keys else None,
+        install_app_dependencies=args.install_app_dependencies,
+        workdir=Path.cwd(),  # the ServerApp writes outputs/ here
+    )
+
+
+def _up(args: argparse.Namespace) -> int:
+    spec = _spec(args)
+    with LocalFederation(spec) as federation:
+        federation.start()
+        node_ids = [federation.node_id(i) for i in range(spec.num_supernodes)]
+        print(f"SuperLink on {spec.control_address} ({'TLS' if spec.tls else 'insecure'}"
+              f"{', SuperNode authentication' if spec.auth_keys else ''}); "
+              f"SuperNodes {node_ids}; logs in {spec.log_dir}")
+        if args.run:
+            command = [str(spec.bin_dir / "flwr"), "run", args.run, spec.connection, "--stream"]
+            if args.run_config:
+                command += ["--run-config", args.run_config]
+            return subprocess.run(command, env=spec.environment(), check=False).returncode
+        print("Run an app against it from another shell:")
+        print(f"  FLWR_HOME={shlex.quote(str(spec.flwr_home))} flwr run . {spec.connection} --stream")
+        print("Ctrl-C stops everything.")
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        try:
+            while all(p.poll() is None for p in [federation.superlink, *federation.supernodes.values()]):
+                time.sleep(1.0)
+            print(f"a process ended; see {spec.log_dir}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``fedx-deploy``."""
+    args = _parser().parse_args(argv)
+    if args.command == "certs":
+        files = write_tls_certificates(args.out, args.hosts)
+        print(f"CA {files.ca_cert}, server certificate {files.server_cert}, key {files.server_key}")
+        return 0
+    if args.command == "keys":
+        for private, public in write_supernode_keys(args.out, args.supernodes):
+            print(f"{private} (SuperNode) / {public} (flwr supernode register)")
+        return 0
+    try:
+        return _up(args)
+    except (FileNotFoundError, ValueError, RuntimeError, TimeoutError) as err:
+        print(f"fedx-deploy: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,455 @@
+"""A SuperLink and N SuperNodes as processes on this machine, and `flwr run` against them.
+
+Flower 1.41 serves the SuperLink's Fleet API (SuperNodes), Control API (the
+``flwr`` CLI) and Runtime API (the SuperExec that runs ServerApps) over
+HTTP(S) on one address, ``--host``/``--port``. Flower up to 1.36 serves the
+Fleet API over gRPC (``--fleet-api-address``, default port 9092) and the
+Control API over gRPC (``--control-api-address``, 9093), with only the
+Runtime API on ``--host``/``--port``. :class:`FederationSpec` writes the
+commands for either (``transport="http"`` or ``"grpc"``); the rest is the
+same: each SuperNode gets ``--node-config "partition-id=<i>
+num-partitions=<N>"`` and a Runtime API port of its own, and ``flwr`` finds
+the SuperLink through ``$FLWR_HOME/config.toml``.
+
+Every process starts in its own process group, so stopping it also stops
+the SuperExec and app processes it started.
+"""
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Literal
+
+from fedx.deploy.credentials import TlsFiles, supernode_key_paths
+
+Transport = Literal["http", "grpc"]
+NODE_ID_PATTERN = re.compile(r"SuperNode ID: (\d+)")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for_port(host: str, port: int, timeout: float) -> None:
+    """Wait until something accepts connections on ``host:port``.
+
+    Raises
+    ------
+    TimeoutError
+        When nothing does within ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            sock.settimeout(1.0)
+            if sock.connect_ex((host, port)) == 0:
+                return
+        time.sleep(0.2)
+    raise TimeoutError(f"nothing listens on {host}:{port} after {timeout:g}s")
+
+
+# pylint: disable=too-many-instance-attributes
+@dataclass
+class FederationSpec:
+    """What to start: addresses, security and where state and logs go.
+
+    Parameters
+    ----------
+    num_supernodes : int
+        N; SuperNode i (from 0) gets ``partition-id=i num-partitions=N``.
+    state_dir : Path
+        Receives ``logs/``, the SuperLink database and ``flwr-home/config.toml``.
+    host : str
+        Address the SuperLink listens on and is reached at.
+    port : int
+        The SuperLink's HTTP(S) port (Runtime API; in 1.41 also Fleet and
+        Control API).
+    supernode_ports : list[int]
+        Runtime API port of each SuperNode (its ClientApps connect there).
+    tls : TlsFiles, optional
+        Serve the SuperLink over TLS with these files; ``None`` is plain
+        text and must be asked for with ``insecure=True``.
+    insecure : bool
+        Explicitly run without TLS.
+    auth_keys : Path, optional
+        Directory with ``supernode-<i>.key``/``.pub`` (from 1): turns on
+        SuperNode authentication and registers the public keys. Needs TLS.
+    transport : {"http", "grpc"}
+        ``"http"`` for Flower >= 1.37, ``"grpc"`` for Flower <= 1.36.
+    fleet_port, control_port : int, optional
+        The gRPC Fleet and Control API ports (``transport="grpc"`` only).
+    bin_dir : Path
+        Where ``flower-superlink``, ``flower-supernode`` and ``flwr`` are.
+    install_app_dependencies : bool
+        Let the SuperLink install each app's dependencies with ``uv`` into a
+        fresh environment (Flower's default). Off: apps run in the
+        environment Flower is installed in.
+    connection : str
+        Name of the SuperLink connection in ``config.toml``.
+    workdir : Path, optional
+        Working directory of the processes (default: ``state_dir``). The
+        ServerApp runs there, so a relative ``output-dir`` is relative to it.
+    """
+
+    num_supernodes: int
+    state_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 8000
+    supernode_ports: list[int] = field(default_factory=list)
+    tls: TlsFiles | None = None
+    insecure: bool = False
+    auth_keys: Path | None = None
+    transport: Transport = "http"
+    fleet_port: int | None = None
+    control_port: int | None = None
+    bin_dir: Path = field(default_factory=lambda: Path(sys.executable).parent)
+    install_app_dependencies: bool = False
+    connection: str = "fedx-local"
+    workdir: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_supernodes < 1:
+            raise ValueError(f"num_supernodes must be >= 1, got {self.num_supernodes}")
+        if (self.tls is None) != self.insecure:
+            raise ValueError("give TLS certificates, or ask for insecure=True explicitly")
+        if self.auth_keys is not None and self.tls is None:
+            raise ValueError("SuperNode authentication needs TLS")
+        if not self.supernode_ports:
+            self.supernode_ports = [9094 + index for index in range(self.num_supernodes)]
+        if len(self.supernode_ports) != self.num_supernodes:
+            raise ValueError("give one Runtime API port per SuperNode")
+        if self.transport == "grpc" and (self.fleet_port is None or self.control_port is None):
+            raise ValueError('transport="grpc" needs fleet_port and control_port')
+
+    # ------------------------------------------------------------------
+    # Addresses and files
+    # ------------------------------------------------------------------
+
+    @property
+    def fleet_address(self) -> str:
+        """Where SuperNodes reach the SuperLink."""
+        port = self.fleet_port if self.transport == "grpc" else self.port
+        return f"{self.host}:{port}"
+
+    @property
+    def control_address(self) -> str:
+        """Where the ``flwr`` CLI reaches the SuperLink."""
+        port = self.control_port if self.transport == "grpc" else self.port
+        return f"{self.host}:{port}"
+
+    @property
+    def flwr_home(self) -> Path:
+        """``FLWR_HOME`` of the ``flwr`` CLI for this federation."""
+        return self.state_dir / "flwr-home"
+
+    @property
+    def log_dir(self) -> Path:
+        """Where the processes' output goes."""
+        return self.state_dir / "logs"
+
+    def config_toml(self) -> str:
+        """The ``config.toml`` section that points ``flwr`` at this SuperLink."""
+        lines = [
+            "[superlink]",
+            f'default = "{self.connection}"',
+            "",
+            f"[superlink.{self.connection}]",
+            f'address = "{self.control_address}"',
+        ]
+        if self.tls is None:
+            lines.append("insecure = true")
+        else:
+            lines.append(f'root-certificates = "{self.tls.ca_cert.resolve()}"')
+        return "\n".join(lines) + "\n"
+
+    def environment(self) -> dict[str, str]:
+        """Environment of every process: our Flower first on PATH, our FLWR_HOME."""
+        env = {
+            **os.environ,
+            "FLWR_HOME": str(self.flwr_home.resolve()),
+            "PATH": f"{self.bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
+        if not self.install_app_dependencies:
+            env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
+        return env
+
+    # ------------------------------------------------------------------
+    # Commands
+    # ------------------------------------------------------------------
+
+    def _tls_server_args(self) -> list[str]:
+        if self.tls is None:
+            return ["--insecure"]
+        return [
+            "--ssl-certfile", str(self.tls.server_cert),
+            "--ssl-keyfile", str(self.tls.server_key),
+            "--ssl-ca-certfile", str(self.tls.ca_cert),
+        ]
+
+    def superlink_command(self) -> list[str]:
+        """``flower-superlink`` with the addresses, TLS and authentication flags."""
+        command = [str(self.bin_dir / "flower-superlink"), *self._tls_server_args()]
+        if self.auth_keys is not None:
+            command.append("--enable-supernode-auth")
+        command += ["--host", self.host, "--port", str(self.port)]
+        if self.transport == "grpc":
+            command += [
+                "--fleet-api-address", self.fleet_address,
+                "--control-api-address", self.control_address,
+            ]
+        command += ["--database", str((self.state_dir / "superlink.db").resolve())]
+        if not self.install_app_dependencies:
+            command.append("--disable-runtime-dependency-installation")
+        return command
+
+    def supernode_command(self, index: int) -> list[str]:
+        """``flower-supernode`` number ``index`` (from 0) with its partition."""
+        command = [str(self.bin_dir / "flower-supernode")]
+        if self.tls is None:
+            command.append("--insecure")
+        else:
+            command += ["--root-certificates", str(self.tls.ca_cert)]
+        if self.auth_keys is not None:
+            private, _ = supernode_key_paths(self.auth_keys, index + 1)
+            command += ["--auth-supernode-private-key", str(private)]
+        command += [
+            "--superlink", self.fleet_address,
+            "--port", str(self.supernode_ports[index]),
+            "--node-config", f"partition-id={index} num-partitions={self.num_supernodes}",
+        ]
+        return command
+
+
+class LocalFederation:
+    """Starts, watches and stops the processes of a :class:`FederationSpec`.
+
+    Use it as a context manager: leaving the block stops every process it
+    started (and their children), whatever happened inside.
+    """
+
+    def __init__(self, spec: FederationSpec) -> None:
+        self.spec = spec
+        self.superlink: subprocess.Popen | None = None
+        self.supernodes: dict[int, subprocess.Popen] = {}
+        self._logs: list[IO] = []
+
+    def __enter__(self) -> "LocalFederation":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------
+
+    def _spawn(self, command: list[str], log_name: str) -> subprocess.Popen:
+        self.spec.log_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.spec.log_dir / log_name, "a", encoding="utf-8")  # pylint: disable=consider-using-with
+        self._logs.append(log)
+        return subprocess.Popen(  # pylint: disable=consider-using-with
+            command,
+            cwd=self.spec.workdir or self.spec.state_dir,
+            env=self.spec.environment(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # own process group: stopping it stops its children
+        )
+
+    def start(self, timeout: float = 120.0) -> None:
+        """Start the SuperLink, register the SuperNodes' keys, start the SuperNodes."""
+        self.start_superlink(timeout)
+        if self.spec.auth_keys is not None:
+            for index in range(self.spec.num_supernodes):
+                self.register_supernode(index)
+        for index in range(self.spec.num_supernodes):
+            self.start_supernode(index)
+
+    def start_superlink(self, timeout: float = 120.0) -> None:
+        """Start the SuperLink and wait until it accepts connections."""
+        self.spec.state_dir.mkdir(parents=True, exist_ok=True)
+        self.spec.flwr_home.mkdir(parents=True, exist_ok=True)
+        (self.spec.flwr_home / "config.toml").write_text(self.spec.config_toml())
+        self.superlink = self._spawn(self.spec.superlink_command(), "superlink.log")
+        host, port = self.spec.control_address.rsplit(":", 1)
+        try:
+            wait_for_port(host, int(port), timeout)
+        except TimeoutError:
+            raise RuntimeError(
+                f"the SuperLink did not start; see {self.spec.log_dir / 'superlink.log'}"
+            ) from None
+
+    def register_supernode(self, index: int) -> int | None:
+        """Register SuperNode ``index``'s public key; return its node id.
+
+        ``None`` when the key is registered already (a SuperLink restarted
+        on the same database keeps its registrations).
+
+        Raises
+        ------
+        RuntimeError
+            When ``flwr supernode register`` fails otherwise.
+        """
+        assert self.spec.auth_keys is not None
+        _, public = supernode_key_paths(self.spec.auth_keys, index + 1)
+        done = self.flwr("supernode", "register", str(public), self.spec.connection, timeout=120)
+        output = done.stdout + done.stderr
+        if "Public key already in use" in output:
+            return None
+        match = re.search(r"SuperNode (\d+) registered", output)
+        if done.returncode != 0 or match is None:
+            raise RuntimeError(f"registering {public} failed:\n{output}")
+        return int(match.group(1))
+
+    def start_supernode(self, index: int) -> subprocess.Popen:
+        """Start SuperNode ``index`` (from 0); its output goes to ``logs/supernode-<index>.log``."""
+        process = self._spawn(self.spec.supernode_command(index), f"supernode-{index}.log")
+        self.supernodes[index] = process
+        return process
+
+    def node_id(self, index: int, timeout: float = 60.0) -> int:
+        """The node id SuperNode ``index`` last reported in its log.
+
+        Raises
+        ------
+        TimeoutError
+            When it has not connected within ``timeout`` seconds.
+        """
+        log = self.spec.log_dir / f"supernode-{index}.log"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = NODE_ID_PATTERN.findall(log.read_text(errors="replace")) if log.exists() else []
+            if found:
+                return int(found[-1])
+            process = self.supernodes.get(index)
+            if process is not None and process.poll() is not None:
+                raise RuntimeError(f"SuperNode {index} exited; see {log}")
+            time.sleep(0.5)
+        raise TimeoutError(f"SuperNode {index} did not connect within {timeout:g}s; see {log}")
+
+    def rejoin_supernode(self, index: int, timeout: float = 180.0) -> int:
+        """Start SuperNode ``index`` again until the SuperLink lets it in; return its node id.
+
+        A self-registered SuperNode gets a new node id at once. A registered
+        one (authentication) keeps its id and is refused until the SuperLink
+        has marked its old connection offline (two missed 30 s heartbeats
+        after a crash), so it is retried, as a supervisor would.
+
+        Raises
+        ------
+        TimeoutError
+            When it is not back within ``timeout`` seconds.
+        """
+        log = self.spec.log_dir / f"supernode-{index}.log"
+
+        def connections() -> int:
+            return len(NODE_ID_PATTERN.findall(log.read_text(errors="replace"))) if log.exists() else 0
+
+        before = connections()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            process = self.start_supernode(index)
+            attempt_ends = min(deadline, time.monotonic() + 30.0)
+            while time.monotonic() < attempt_ends and process.poll() is None and connections() == before:
+                time.sleep(0.5)
+            if connections() > before:
+                return self.node_id(index)
+            _stop_group(self.supernodes.pop(index), signal.SIGTERM)
+            time.sleep(2.0)
+        raise TimeoutError(f"SuperNode {index} did not rejoin within {timeout:g}s; see {log}")
+
+    def kill_supernode(self, index: int, sig: int = signal.SIGKILL) -> None:
+        """Stop SuperNode ``index`` and its app processes (SIGKILL: a crash)."""
+        process = self.supernodes.pop(index)
+        _stop_group(process, sig)
+
+    def flwr(self, *args: str, timeout: float = 600.0) -> subprocess.CompletedProcess:
+        """Run the ``flwr`` CLI against this federation."""
+        return subprocess.run(
+            [str(self.spec.bin_dir / "flwr"), *args],
+            env=self.spec.environment(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def stop(self) -> None:
+        """Stop every SuperNode, then the SuperLink, with their children."""
+        for index in list(self.supernodes):
+            _stop_group(self.supernodes.pop(index), signal.SIGTERM)
+        if self.superlink is not None:
+            _stop_group(self.superlink, signal.SIGTERM)
+            self.superlink = None
+        for log in self._logs:
+            log.close()
+        self._logs = []
+
+
+def _descendants(pid: int) -> list[int]:
+    """Ids of all processes below ``pid`` (Linux ``/proc``; elsewhere none)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            # The command name is in parentheses and may hold spaces: split after it.
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _signal(pid: int, sig: int, group: bool) -> None:
+    try:
+        if group:
+            os.killpg(pid, sig)
+        else:
+            os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _stop_group(process: subprocess.Popen, sig: int) -> None:
+    """Stop a process, its process group and every process it started.
+
+    Flower starts some helpers in sessions of their own (the SuperLink's
+    SuperExec), so the process group alone is not enough: descendants are
+    found before the signal, and whatever is left after 15 s gets SIGKILL.
+    """
+    descendants = _descendants(process.pid)
+    _signal(process.pid, sig, group=True)
+    for pid in descendants:
+        _signal(pid, sig, group=False)
+    try:
+        process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        _signal(process.pid, signal.SIGKILL, group=True)
+        process.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(pid) for pid in descendants):
+        time.sleep(0.2)
+    _signal(process.pid, signal.SIGKILL, group=True)
+    for pid in descendants:
+        if _alive(pid):
+            _signal(pid, signal.SIGKILL, group=False)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie counts as ended)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"

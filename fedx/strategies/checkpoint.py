@@ -1,0 +1,247 @@
+"""Checkpoints of a strategy run: arrays in an ``.npz`` file, the rest in JSON.
+
+A checkpoint is two files in a run directory:
+
+``checkpoint-round-<r>.npz``
+    Every numpy array of the state (the global model, the pool, FedMut's
+    previous global model ...), under generated keys ``a0``, ``a1``, ...
+``checkpoint.json``
+    The round, the strategy's name, the JSON part of its state (RNG states,
+    counters, metrics so far) with ``{"__ndarray__": "a7"}`` where an array
+    was, and the name of the ``.npz`` file that holds them.
+
+Both are written to temporary files and renamed into place, the ``.npz``
+first, so ``checkpoint.json`` always names a complete arrays file: a crash
+while saving round r leaves the checkpoint of round r-1 readable. Older
+``.npz`` files are deleted once the new ``checkpoint.json`` is in place.
+Loading never unpickles anything (``allow_pickle=False``).
+
+:func:`capture_run` and :func:`restore_run` turn a running strategy into such
+a state and back: the global arrays, the strategy's ``state_dict()`` (fedx
+strategies; Flower's own FedAvg and FedProx keep no state besides the global
+arrays), Python's ``random`` state (Flower's strategies sample nodes with it)
+and the metrics of the rounds done.
+"""
+
+import json
+import os
+import random
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.app import MetricRecord
+from flwr.serverapp.strategy import Result, Strategy
+
+from fedx.strategies.multi_model import to_arrayrecord, to_model
+
+CHECKPOINT_FILE = "checkpoint.json"
+FORMAT_VERSION = 1
+_ARRAY_TAG = "__ndarray__"
+
+
+@dataclass
+class Checkpoint:
+    """The state of a run after ``server_round`` complete rounds.
+
+    Attributes
+    ----------
+    server_round : int
+        Rounds completed; a resumed run starts with ``server_round + 1``.
+    strategy : str
+        Class name of the strategy that wrote it.
+    state : dict[str, Any]
+        Nested dicts/lists of JSON values and numpy arrays: the global
+        arrays, the strategy's ``state_dict()``, metrics so far and whatever
+        the app adds.
+    """
+
+    server_round: int
+    strategy: str
+    state: dict[str, Any] = field(default_factory=dict)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, incomplete or of an unknown format."""
+
+
+def save_checkpoint(directory: Path, checkpoint: Checkpoint) -> Path:
+    """Write ``checkpoint`` atomically into ``directory``; return the JSON path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    arrays: dict[str, np.ndarray] = {}
+    tree = _split_arrays(checkpoint.state, arrays)
+    arrays_file = f"checkpoint-round-{checkpoint.server_round:05d}.npz"
+
+    _write_atomically(directory / arrays_file, lambda handle: np.savez(handle, **arrays))
+    manifest = {
+        "format": FORMAT_VERSION,
+        "round": checkpoint.server_round,
+        "strategy": checkpoint.strategy,
+        "arrays-file": arrays_file,
+        "state": tree,
+    }
+    path = directory / CHECKPOINT_FILE
+    _write_atomically(
+        path, lambda handle: handle.write(json.dumps(manifest, indent=1).encode("utf-8"))
+    )
+    for old in directory.glob("checkpoint-round-*.npz"):
+        if old.name != arrays_file:
+            old.unlink(missing_ok=True)
+    return path
+
+
+def find_checkpoint(location: str | Path) -> Path:
+    """Return the ``checkpoint.json`` a run directory or file path points to.
+
+    Raises
+    ------
+    CheckpointError
+        When there is no checkpoint at ``location``.
+    """
+    path = Path(location).expanduser()
+    if path.is_dir():
+        path = path / CHECKPOINT_FILE
+    if not path.is_file():
+        raise CheckpointError(f"no {CHECKPOINT_FILE} at '{path}'")
+    return path
+
+
+def load_checkpoint(location: str | Path) -> Checkpoint:
+    """Read the checkpoint in a run directory (or at a ``checkpoint.json`` path).
+
+    Raises
+    ------
+    CheckpointError
+        When the files are missing, unreadable or of another format version.
+    """
+    path = find_checkpoint(location)
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        if manifest.get("format") != FORMAT_VERSION:
+            raise CheckpointError(
+                f"'{path}' has checkpoint format {manifest.get('format')!r}, "
+                f"this fedx reads format {FORMAT_VERSION}"
+            )
+        arrays_path = path.parent / manifest["arrays-file"]
+        with np.load(arrays_path, allow_pickle=False) as stored:
+            arrays = {key: stored[key] for key in stored.files}
+        state = _join_arrays(manifest["state"], arrays)
+        return Checkpoint(
+            server_round=int(manifest["round"]), strategy=str(manifest["strategy"]), state=state
+        )
+    except CheckpointError:
+        raise
+    except (OSError, KeyError, TypeError, ValueError) as err:
+        raise CheckpointError(f"cannot read the checkpoint '{path}': {err}") from err
+
+
+def capture_run(strategy: Strategy, result: Result) -> dict[str, Any]:
+    """The state of a run between rounds, as :class:`Checkpoint` stores it.
+
+    ``result.arrays`` is the global model the next round starts from.
+    """
+    state_dict = getattr(strategy, "state_dict", None)
+    return {
+        "arrays": to_model(result.arrays),
+        "strategy": state_dict() if callable(state_dict) else None,
+        "python-random": random.getstate(),
+        "metrics": {
+            "train-clientapp": _metrics_to_json(result.train_metrics_clientapp),
+            "evaluate-clientapp": _metrics_to_json(result.evaluate_metrics_clientapp),
+            "evaluate-serverapp": _metrics_to_json(result.evaluate_metrics_serverapp),
+        },
+    }
+
+
+def restore_run(strategy: Strategy, state: dict[str, Any]) -> Result:
+    """Put ``strategy`` and ``random`` back into a captured state.
+
+    Returns
+    -------
+    Result
+        The metrics of the rounds done; its ``arrays`` are the global model
+        to continue from.
+
+    Raises
+    ------
+    CheckpointError
+        When the state does not fit the strategy.
+    """
+    strategy_state = state.get("strategy")
+    if strategy_state is not None:
+        load_state_dict = getattr(strategy, "load_state_dict", None)
+        if not callable(load_state_dict):
+            raise CheckpointError(
+                f"the checkpoint holds a strategy state, {type(strategy).__name__} cannot load one"
+            )
+        try:
+            load_state_dict(strategy_state)
+        except ValueError as err:
+            raise CheckpointError(f"the checkpoint does not fit {type(strategy).__name__}: {err}") from None
+    try:
+        version, internal, gauss = state["python-random"]
+        random.setstate((version, tuple(internal), gauss))
+        metrics = state["metrics"]
+        return Result(
+            arrays=to_arrayrecord(state["arrays"]),
+            train_metrics_clientapp=_metrics_from_json(metrics["train-clientapp"]),
+            evaluate_metrics_clientapp=_metrics_from_json(metrics["evaluate-clientapp"]),
+            evaluate_metrics_serverapp=_metrics_from_json(metrics["evaluate-serverapp"]),
+        )
+    except (KeyError, TypeError, ValueError) as err:
+        raise CheckpointError(f"the checkpoint's run state is incomplete: {err!r}") from None
+
+
+def _metrics_to_json(by_round: dict[int, MetricRecord]) -> dict[str, dict[str, Any]]:
+    return {str(server_round): dict(record) for server_round, record in by_round.items()}
+
+
+def _metrics_from_json(by_round: dict[str, dict[str, Any]]) -> dict[int, MetricRecord]:
+    return {int(server_round): MetricRecord(values) for server_round, values in by_round.items()}
+
+
+def _split_arrays(value: Any, arrays: dict[str, np.ndarray]) -> Any:
+    """Copy ``value`` with every array replaced by a reference into ``arrays``."""
+    if isinstance(value, np.ndarray):
+        key = f"a{len(arrays)}"
+        arrays[key] = value
+        return {_ARRAY_TAG: key}
+    if isinstance(value, dict):
+        for key in value:
+            if not isinstance(key, str):
+                raise TypeError(f"checkpoint state keys must be strings, got {key!r}")
+        return {key: _split_arrays(item, arrays) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_split_arrays(item, arrays) for item in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise TypeError(f"cannot checkpoint a value of type {type(value).__name__}")
+
+
+def _join_arrays(value: Any, arrays: dict[str, np.ndarray]) -> Any:
+    """Inverse of :func:`_split_arrays`."""
+    if isinstance(value, dict):
+        if set(value) == {_ARRAY_TAG}:
+            return arrays[value[_ARRAY_TAG]]
+        return {key: _join_arrays(item, arrays) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_join_arrays(item, arrays) for item in value]
+    return value
+
+
+def _write_atomically(path: Path, write: Callable[[Any], Any]) -> None:
+    """Write through a temporary file in the same directory, then rename."""
+    with tempfile.NamedTemporaryFile("wb", dir=path.parent, suffix=".tmp", delete=False) as tmp:
+        try:
+            write(tmp)
+            tmp.flush()
+            os.fsync(tmp.fileno())
+        except BaseException:
+            os.unlink(tmp.name)
+            raise
+    os.replace(tmp.name, path)

@@ -1,0 +1,173 @@
+"""Flower's round loop, able to start at a later round and to report every round.
+
+``Strategy.start`` in Flower always counts rounds from 1 and returns only at
+the end. :func:`run_rounds` is the same loop (configure and aggregate
+training, then federated evaluation, then the ``evaluate_fn``) for any
+message-API strategy, Flower's own included, with two additions that resuming
+needs: ``first_round`` continues the numbering of an interrupted run, and
+``on_round_end`` is called after every round, which is where a ServerApp
+writes its checkpoint.
+"""
+
+import io
+import time
+from collections.abc import Callable
+from logging import INFO
+
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
+from flwr.common import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+from flwr.serverapp.strategy.strategy_utils import log_strategy_start_info
+
+EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
+RoundEndFn = Callable[[int, ArrayRecord, Result], None]
+
+
+# pylint: disable=too-many-arguments,too-many-locals
+def run_rounds(
+    strategy: Strategy,
+    grid: Grid,
+    *,
+    arrays: ArrayRecord,
+    num_rounds: int,
+    first_round: int = 1,
+    timeout: float = 3600,
+    train_config: ConfigRecord | None = None,
+    evaluate_config: ConfigRecord | None = None,
+    evaluate_fn: EvaluateFn | None = None,
+    result: Result | None = None,
+    on_round_end: RoundEndFn | None = None,
+) -> Result:
+    """Run rounds ``first_round`` to ``num_rounds`` of ``strategy``.
+
+    Parameters
+    ----------
+    strategy : Strategy
+        Any Flower message-API strategy; for a resumed run, with its state
+        already restored.
+    grid : Grid
+        The Grid of the ServerApp.
+    arrays : ArrayRecord
+        The global model the first round starts from: the initial model, or
+        the global model of the checkpoint's round.
+    num_rounds : int
+        The last round.
+    first_round : int (default: 1)
+        The first round to run. Rounds before it count as done: the
+        ``evaluate_fn`` of round 0 runs only when ``first_round`` is 1.
+    timeout : float (default: 3600)
+        Seconds each ``send_and_receive`` waits for replies.
+    train_config, evaluate_config : ConfigRecord, optional
+        Sent to the nodes with every training / evaluation message.
+    evaluate_fn : callable, optional
+        Centralized evaluation, called as ``evaluate_fn(round, arrays)``.
+    result : Result, optional
+        The metrics of the rounds already done (from a checkpoint); new rounds
+        are added to it.
+    on_round_end : callable, optional
+        Called as ``on_round_end(round, arrays, result)`` after each round,
+        once evaluation is done: the state of the strategy, ``arrays`` and
+        ``result`` then describe exactly ``round`` completed rounds.
+
+    Returns
+    -------
+    Result
+        The final global arrays and the metrics of all rounds.
+    """
+    if first_round < 1:
+        raise ValueError(f"first_round must be >= 1, got {first_round}")
+    log(INFO, "Starting %s strategy:", type(strategy).__name__)
+    log_strategy_start_info(num_rounds, arrays, train_config, evaluate_config)
+    if first_round > 1:
+        log(INFO, "\t└──> Resuming after round %d", first_round - 1)
+    strategy.summary()
+    log(INFO, "")
+    # Strategies whose extra message exchanges or schedules depend on the
+    # run's limits (FedMR's secure recombination, FedMe) learn them here.
+    begin_run = getattr(strategy, "begin_run", None)
+    if callable(begin_run):
+        begin_run(num_rounds=num_rounds, timeout=timeout)
+
+    train_config = ConfigRecord() if train_config is None else train_config
+    evaluate_config = ConfigRecord() if evaluate_config is None else evaluate_config
+    result = Result() if result is None else result
+    if len(result.arrays) == 0:
+        result.arrays = arrays
+    started = time.time()
+
+    if evaluate_fn is not None and first_round == 1:
+        metrics = evaluate_fn(0, arrays)
+        log(INFO, "Initial global evaluation results: %s", metrics)
+        if metrics is not None:
+            result.evaluate_metrics_serverapp[0] = metrics
+
+    for server_round in range(first_round, num_rounds + 1):
+        log(INFO, "")
+        log(INFO, "[ROUND %s/%s]", server_round, num_rounds)
+        arrays = _train(strategy, grid, server_round, arrays, train_config, timeout, result)
+        _evaluate(strategy, grid, server_round, arrays, evaluate_config, timeout, result)
+        if evaluate_fn is not None:
+            log(INFO, "Global evaluation")
+            metrics = evaluate_fn(server_round, arrays)
+            log(INFO, "\t└──> MetricRecord: %s", metrics)
+            if metrics is not None:
+                result.evaluate_metrics_serverapp[server_round] = metrics
+        if on_round_end is not None:
+            on_round_end(server_round, arrays, result)
+
+    log(INFO, "")
+    log(INFO, "Strategy execution finished in %.2fs", time.time() - started)
+    log(INFO, "")
+    log(INFO, "Final results:")
+    log(INFO, "")
+    for line in io.StringIO(str(result)):
+        log(INFO, "\t%s", line.strip("\n"))
+    log(INFO, "")
+    return result
+
+
+# pylint: disable=too-many-arguments
+def _train(
+    strategy: Strategy,
+    grid: Grid,
+    server_round: int,
+    arrays: ArrayRecord,
+    config: ConfigRecord,
+    timeout: float,
+    result: Result,
+) -> ArrayRecord:
+    """One training round; returns the new global arrays (or the old ones)."""
+    replies = grid.send_and_receive(
+        messages=strategy.configure_train(server_round, arrays, config, grid),
+        timeout=timeout,
+    )
+    new_arrays, metrics = strategy.aggregate_train(server_round, replies)
+    if new_arrays is not None:
+        result.arrays = new_arrays
+        arrays = new_arrays
+    if metrics is not None:
+        log(INFO, "\t└──> Aggregated MetricRecord: %s", metrics)
+        result.train_metrics_clientapp[server_round] = metrics
+    return arrays
+
+
+# pylint: disable=too-many-arguments
+def _evaluate(
+    strategy: Strategy,
+    grid: Grid,
+    server_round: int,
+    arrays: ArrayRecord,
+    config: ConfigRecord,
+    timeout: float,
+    result: Result,
+) -> None:
+    """Federated evaluation of the global arrays, when the strategy asks for it."""
+    replies = grid.send_and_receive(
+        messages=strategy.configure_evaluate(server_round, arrays, config, grid),
+        timeout=timeout,
+    )
+    metrics = strategy.aggregate_evaluate(server_round, replies)
+    if metrics is not None:
+        log(INFO, "\t└──> Aggregated MetricRecord: %s", metrics)
+        result.evaluate_metrics_clientapp[server_round] = metrics

@@ -1,0 +1,63 @@
+"""Helpers of the deployment tests: federations of real processes on 127.0.0.1."""
+
+import json
+import re
+import time
+from pathlib import Path
+
+from fedx.deploy.local import FederationSpec, LocalFederation, free_port
+
+REPO = Path(__file__).resolve().parents[1]
+WIRE_APP = REPO / "tests" / "wire_app"
+
+
+def spec_on_free_ports(num_supernodes: int, state_dir: Path, **kwargs) -> FederationSpec:
+    """A federation whose SuperLink and SuperNodes listen on free 127.0.0.1 ports."""
+    return FederationSpec(
+        num_supernodes=num_supernodes,
+        state_dir=state_dir,
+        host="127.0.0.1",
+        port=free_port(),
+        supernode_ports=[free_port() for _ in range(num_supernodes)],
+        **kwargs,
+    )
+
+
+def flwr_run(
+    federation: LocalFederation, app: Path, run_config: str, timeout: float = 300
+) -> str:
+    """``flwr run --stream`` to the end; returns everything it printed."""
+    done = federation.flwr(
+        "run", str(app), federation.spec.connection, "--stream", "--run-config", run_config,
+        timeout=timeout,
+    )
+    return done.stdout + done.stderr
+
+
+def flwr_submit(federation: LocalFederation, app: Path, run_config: str) -> int:
+    """``flwr run`` without waiting; returns the run id."""
+    done = federation.flwr(
+        "run", str(app), federation.spec.connection, "--format", "json", "--run-config", run_config,
+        timeout=120,
+    )
+    try:
+        return int(json.loads(done.stdout)["run-id"])
+    except (ValueError, KeyError) as err:
+        raise AssertionError(f"flwr run failed: {done.stdout}{done.stderr}") from err
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.5):
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+
+
+def count_in_log(federation: LocalFederation, name: str, pattern: str) -> int:
+    """How often ``pattern`` occurs in ``logs/<name>.log``."""
+    log = federation.spec.log_dir / f"{name}.log"
+    return len(re.findall(pattern, log.read_text(errors="replace"))) if log.exists() else 0

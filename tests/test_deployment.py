@@ -1,0 +1,189 @@
+"""fedx on real Flower 1.41 processes: a SuperLink and 3 SuperNodes on 127.0.0.1.
+
+The federation starts once for the module on free ports with its own state
+directory and FLWR_HOME, as fedx-deploy starts it, and is stopped (with
+every process it started) at the end. TLS and SuperNode authentication are
+on. The fedx app runs FedMR on it and writes metrics.json and checkpoints;
+unregistered and plain-text SuperNodes are refused; the numpy test app
+(tests/wire_app) sends bad replies at the wire, and its ServerApp crashes
+after a round and resumes.
+
+A SuperNode killed mid-round: tests/test_deployment_faults.py.
+"""
+
+import json
+import signal
+import socket
+import ssl
+import subprocess
+import time
+
+import pytest
+
+from fedx.deploy.credentials import (
+    supernode_key_paths,
+    write_supernode_keys,
+    write_tls_certificates,
+)
+from fedx.deploy.local import LocalFederation, free_port
+from tests.deployment import (
+    REPO,
+    WIRE_APP,
+    flwr_run,
+    flwr_submit,
+    spec_on_free_ports,
+    wait_for,
+)
+
+@pytest.fixture(scope="module")
+def secure(tmp_path_factory):
+    """TLS + SuperNode authentication; keys 1-3 registered, key 4 never."""
+    base = tmp_path_factory.mktemp("secure")
+    tls = write_tls_certificates(base / "certificates", ["localhost", "127.0.0.1"])
+    write_supernode_keys(base / "keys", 4)
+    spec = spec_on_free_ports(3, base / "state", tls=tls, auth_keys=base / "keys")
+    with LocalFederation(spec) as federation:
+        federation.start()
+        for index in range(3):
+            federation.node_id(index, timeout=180)
+        yield federation
+
+
+# ----------------------------------------------------------------------
+# TLS and SuperNode authentication
+# ----------------------------------------------------------------------
+
+
+def test_fedmr_over_tls_with_supernode_authentication_writes_metrics(secure, tmp_path):
+    output = flwr_run(
+        secure,
+        REPO,
+        f'num-server-rounds=2 local-epochs=1 min-available-nodes=3 run-name="tls" output-dir="{tmp_path}"',
+        timeout=480,
+    )
+    directory = tmp_path / "tls"
+    assert (directory / "metrics.json").exists(), output[-4000:]
+    metrics = json.loads((directory / "metrics.json").read_text())
+    assert metrics["config"]["strategy"] == "fedmr"
+    rounds = {row["round"]: row for row in metrics["rounds"]}
+    assert sorted(rounds) == [0, 1, 2]
+    assert all(rounds[r]["trained-slots"] == 3 for r in (1, 2))
+    assert all(0.0 <= rounds[r]["accuracy"] <= 1.0 for r in (0, 1, 2))
+    assert all(rounds[r]["checkpoint-seconds"] < 5.0 for r in (1, 2))
+    assert metrics["final"]["round"] == 2
+    checkpoint = json.loads((directory / "checkpoint.json").read_text())
+    assert (checkpoint["round"], checkpoint["strategy"]) == (2, "FedMR")
+    assert (directory / checkpoint["arrays-file"]).stat().st_size > 10_000
+    assert "3 nodes get 3 different pool models (K=3)" in output
+
+
+def test_the_superlink_speaks_tls_only(secure):
+    spec = secure.spec
+    context = ssl.create_default_context(cafile=str(spec.tls.ca_cert))
+    with socket.create_connection((spec.host, spec.port), timeout=10) as raw:
+        with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+            assert tls.version() in ("TLSv1.2", "TLSv1.3")
+    # A client that does not know our CA refuses the certificate.
+    with socket.create_connection((spec.host, spec.port), timeout=10) as raw:
+        with pytest.raises(ssl.SSLCertVerificationError):
+            ssl.create_default_context().wrap_socket(raw, server_hostname="127.0.0.1")
+
+
+def test_unregistered_and_plain_text_supernodes_are_refused(secure):
+    spec = secure.spec
+    # Registering again (fedx-deploy up on the same database) is harmless.
+    assert secure.register_supernode(0) is None
+    base = spec.supernode_command(0)
+    key_at = base.index("--auth-supernode-private-key")
+    unregistered_key, _ = supernode_key_paths(spec.auth_keys, 4)
+
+    def variant(command: list[str]) -> list[str]:
+        port = command.index("--port")
+        return [*command[: port + 1], str(free_port()), *command[port + 2 :]]
+
+    attempts = {
+        "unregistered-key": variant([*base[: key_at + 1], str(unregistered_key), *base[key_at + 2 :]]),
+        "no-key": variant([*base[:key_at], *base[key_at + 2 :]]),
+        # No TLS on the SuperNode's side (and no key, which needs TLS): the
+        # SuperLink only speaks HTTPS, so it never gets in.
+        "plain-text": variant(
+            ["--insecure" if a == "--root-certificates" else a
+             for a in [*base[:key_at], *base[key_at + 2 :]] if a != str(spec.tls.ca_cert)]
+            + ["--max-retries", "2"]
+        ),
+    }
+    logs = {name: spec.log_dir / f"refused-{name}.log" for name in attempts}
+    processes = {}
+    try:
+        for name, command in attempts.items():
+            with open(logs[name], "w", encoding="utf-8") as log:
+                processes[name] = subprocess.Popen(  # pylint: disable=consider-using-with
+                    command, env=spec.environment(), stdout=log, stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+        codes = {name: process.wait(timeout=180) for name, process in processes.items()}
+    finally:
+        for process in processes.values():
+            try:
+                process.send_signal(signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    text = {name: log.read_text(errors="replace") for name, log in logs.items()}
+    assert all(code != 0 for code in codes.values()), codes
+    assert "Failed to activate SuperNode" in text["unregistered-key"], text["unregistered-key"][-2000:]
+    assert "All SuperNodes must be registered" in text["no-key"], text["no-key"][-2000:]
+    assert all("SuperNode ID:" not in log for log in text.values())
+
+
+# ----------------------------------------------------------------------
+# Bad replies, a crashed ServerApp, a killed SuperNode
+# ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def wire_reference(secure, tmp_path_factory):
+    """FedMR for 2 rounds with misbehaving ClientApps, checkpointing, never interrupted."""
+    base = tmp_path_factory.mktemp("wire-reference")
+    output = flwr_run(
+        secure,
+        WIRE_APP,
+        f'misbehave="wire" num-server-rounds=2 checkpoint-dir="{base / "checkpoints"}" '
+        f'result-file="{base / "result.json"}"',
+    )
+    assert (base / "result.json").exists(), output[-4000:]
+    return output, json.loads((base / "result.json").read_text())["strategies"]["fedmr"]
+
+
+def test_bad_replies_at_the_wire_are_dropped_and_the_run_goes_on(secure, wire_reference):
+    output, result = wire_reference
+    first, second = secure.node_id(1), secure.node_id(2)  # partitions 1 and 2 misbehave
+    assert f"Round 1: dropped the reply of node {first} (slot " in output
+    assert "weight: shape (7, 3), expected (6, 3)" in output
+    assert f"Round 1: dropped the reply of node {second} (slot " in output
+    assert "bias: contains NaN or Inf" in output
+    assert f"Round 2: dropped the reply of node {first} (slot " in output
+    assert "expected one MetricRecord with a positive 'num-examples', got None" in output
+    assert result["rounds"] == [1, 2]
+    assert result["trained-slots"] == {"1": 1, "2": 2}
+    assert len(result["pool"]) == 3
+
+
+def test_a_crashed_serverapp_resumes_to_the_same_final_pool(secure, wire_reference, tmp_path):
+    _, reference = wire_reference
+    settings = f'misbehave="wire" num-server-rounds=2 checkpoint-dir="{tmp_path / "checkpoints"}"'
+    flwr_submit(secure, WIRE_APP, f'{settings} crash-after-round=1 result-file="{tmp_path / "crashed.json"}"')
+    checkpoint = tmp_path / "checkpoints" / "fedmr" / "checkpoint.json"
+    wait_for(checkpoint.exists, 300, "the checkpoint of round 1")
+    time.sleep(2.0)  # the ServerApp exits right after writing it
+    assert json.loads(checkpoint.read_text())["round"] == 1
+    assert not (tmp_path / "crashed.json").exists(), "the crashed run must not have finished"
+
+    output = flwr_run(secure, WIRE_APP, f'{settings} resume=true result-file="{tmp_path / "resumed.json"}"')
+    assert (tmp_path / "resumed.json").exists(), output[-4000:]
+    resumed = json.loads((tmp_path / "resumed.json").read_text())["strategies"]["fedmr"]
+    assert "Resuming after round 1" in output
+    assert "[ROUND 1/2]" not in output and "[ROUND 2/2]" in output
+    assert resumed["pool"] == reference["pool"]
+    assert resumed["global-model"] == reference["global-model"]
+    assert resumed["train-loss"] == reference["train-loss"]
+    assert json.loads(checkpoint.read_text())["round"] == 2

@@ -1,0 +1,1 @@
+"""A numpy-only Flower app that runs fedx strategies over real SuperNodes."""

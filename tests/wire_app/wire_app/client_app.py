@@ -1,0 +1,65 @@
+"""A numpy softmax-regression ClientApp that, when asked to, sends bad replies."""
+
+import time
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+NUM_FEATURES, NUM_CLASSES = 6, 3
+
+app = ClientApp()
+
+
+def local_data(partition_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Three Gaussian blobs; each partition has its own sample."""
+    rng = np.random.default_rng(100 + partition_id)
+    centres = np.random.default_rng(0).normal(scale=2.0, size=(NUM_CLASSES, NUM_FEATURES))
+    labels = rng.integers(0, NUM_CLASSES, size=60)
+    return (centres[labels] + rng.normal(size=(60, NUM_FEATURES))).astype(np.float32), labels
+
+
+def gradient_steps(model: dict, x: np.ndarray, y: np.ndarray, steps: int = 10) -> float:
+    """Full-batch gradient descent on the cross-entropy, in place; the last loss."""
+    onehot = np.eye(NUM_CLASSES, dtype=np.float32)[y]
+    loss = 0.0
+    for _ in range(steps):
+        logits = x @ model["weight"] + model["bias"]
+        probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+        probs /= probs.sum(axis=1, keepdims=True)
+        loss = float(-np.mean(np.log(probs[np.arange(y.size), y] + 1e-12)))
+        grad = (probs - onehot) / y.size
+        model["weight"] = (model["weight"] - 0.5 * x.T @ grad).astype(np.float32)
+        model["bias"] = (model["bias"] - 0.5 * grad.sum(axis=0)).astype(np.float32)
+    return loss
+
+
+# Under misbehave="wire": (round, partition) -> what that ClientApp gets wrong.
+FAULTS = {(1, 1): "wrong-shape", (1, 2): "nan", (2, 1): "no-metrics"}
+
+
+def misbehaviour(context: Context, server_round: int) -> str:
+    """What this ClientApp does wrong this round ("" for nothing)."""
+    if context.run_config.get("misbehave") != "wire":
+        return ""
+    return FAULTS.get((server_round, int(context.node_config["partition-id"])), "")
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """Train the model received; reply with Flower's usual records (or bad ones)."""
+    partition_id = int(context.node_config["partition-id"])
+    server_round = int(msg.content["config"].get("server-round", 0))
+    model = {name: array.numpy().copy() for name, array in msg.content["arrays"].items()}
+    x, y = local_data(partition_id)
+    loss = gradient_steps(model, x, y)
+    time.sleep(float(msg.content["config"].get("train-delay", 0.0)))
+    fault = misbehaviour(context, server_round)
+    if fault == "wrong-shape":
+        model["weight"] = np.zeros((NUM_FEATURES + 1, NUM_CLASSES), dtype=np.float32)
+    elif fault == "nan":
+        model["bias"][0] = np.nan
+    records = {"arrays": ArrayRecord({n: Array(a) for n, a in model.items()})}
+    if fault != "no-metrics":
+        records["metrics"] = MetricRecord({"num-examples": int(y.size), "train-loss": loss})
+    return Message(content=RecordDict(records), reply_to=msg)

@@ -1,0 +1,118 @@
+"""A ServerApp running fedx strategies on numpy models, with fedx checkpoints.
+
+It is what a user of ``fedx.strategies`` writes into their own Flower app:
+the strategies, ``run_rounds`` with a checkpoint after every round, and
+``restore_run`` to resume. Run-config keys (see pyproject.toml) let the
+deployment tests crash it after a round, slow the clients down, or make
+one of them misbehave.
+"""
+
+import hashlib
+import json
+import os
+from importlib.metadata import version
+from pathlib import Path
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context
+from flwr.serverapp import Grid, ServerApp
+
+from fedx.strategies import (
+    Checkpoint,
+    FedCross,
+    FedMR,
+    FedMut,
+    MultiModelStrategy,
+    capture_run,
+    load_checkpoint,
+    restore_run,
+    run_rounds,
+    save_checkpoint,
+)
+from wire_app.client_app import NUM_CLASSES, NUM_FEATURES
+
+STRATEGIES = {"fedmr": FedMR, "fedmut": FedMut, "fedcross": FedCross}
+CRASH_EXIT_CODE = 3
+
+app = ServerApp()
+
+
+def fingerprint(model: dict) -> str:
+    """A short hash of a model's names and bytes, to compare runs."""
+    digest = hashlib.sha256()
+    for name, array in model.items():
+        digest.update(name.encode() + np.ascontiguousarray(array).tobytes())
+    return digest.hexdigest()[:16]
+
+
+def build(name: str, config) -> MultiModelStrategy:
+    """The strategy ``name`` with the test's sampling settings."""
+    min_nodes = int(config["min-nodes"])
+    return STRATEGIES[name](
+        fraction_train=1.0,
+        fraction_evaluate=0.0,
+        min_train_nodes=min(2, min_nodes),
+        min_available_nodes=min_nodes,
+        seed=int(config["seed"]),
+        node_wait_timeout=60.0,
+        unresponsive_cooldown=float(config["unresponsive-cooldown"]),
+    )
+
+
+def run_one(name: str, grid: Grid, config) -> dict:
+    """Run strategy ``name``; checkpoint, resume and crash as configured."""
+    strategy = build(name, config)
+    checkpoints = Path(str(config["checkpoint-dir"])) / name if config["checkpoint-dir"] else None
+    crash_after = int(config["crash-after-round"])
+    arrays = ArrayRecord(
+        {
+            "weight": Array(np.zeros((NUM_FEATURES, NUM_CLASSES), dtype=np.float32)),
+            "bias": Array(np.zeros(NUM_CLASSES, dtype=np.float32)),
+        }
+    )
+    first_round, result = 1, None
+    if config["resume"]:
+        assert checkpoints is not None, "resume needs a checkpoint-dir"
+        checkpoint = load_checkpoint(checkpoints)
+        result = restore_run(strategy, checkpoint.state)
+        arrays, first_round = result.arrays, checkpoint.server_round + 1
+
+    def on_round_end(server_round, arrays, result) -> None:
+        del arrays
+        if checkpoints is not None:
+            state = capture_run(strategy, result)
+            save_checkpoint(checkpoints, Checkpoint(server_round, type(strategy).__name__, state))
+        if server_round == crash_after:
+            os._exit(CRASH_EXIT_CODE)  # a server crash: no clean-up, no result file
+
+    result = run_rounds(
+        strategy,
+        grid,
+        arrays=arrays,
+        num_rounds=int(config["num-server-rounds"]),
+        first_round=first_round,
+        timeout=float(config["round-timeout"]),
+        train_config=ConfigRecord({"train-delay": float(config["train-delay"])}),
+        result=result,
+        on_round_end=on_round_end,
+    )
+    metrics = result.train_metrics_clientapp
+    return {
+        "class": type(strategy).__name__,
+        "rounds": sorted(metrics),
+        "trained-slots": {str(r): int(m["trained-slots"]) for r, m in metrics.items()},
+        "train-loss": {str(r): float(m["train-loss"]) for r, m in metrics.items()},
+        "pool": [fingerprint(model) for model in strategy.pool],
+        "global-model": fingerprint({n: a.numpy() for n, a in result.arrays.items()}),
+    }
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Run each strategy of ``strategies`` in turn; write what happened to ``result-file``."""
+    config = context.run_config
+    summary = {"flwr-version": version("flwr"), "strategies": {}}
+    for name in str(config["strategies"]).split(","):
+        summary["strategies"][name] = run_one(name, grid, config)
+    if config["result-file"]:
+        Path(str(config["result-file"])).write_text(json.dumps(summary, indent=1))
