@@ -44,3 +44,31 @@ def server_task_identity():
 def initial() -> Model:
     """The model a run starts from."""
     return make_model(np.random.default_rng(0))
+
+
+# The tests that go through `flwr run` share one simulation SuperLink and one
+# plain FedMR run: each Flower simulation costs a Ray start-up.
+PLAIN_FEDMR = {"rounds": 3, "seed": 3}
+
+
+@pytest.fixture(scope="session")
+def superlink(tmp_path_factory):
+    """Environment for `flwr` talking to a simulation SuperLink of the tests' own."""
+    from tests.simulation import simulation_superlink  # pylint: disable=import-outside-toplevel
+
+    with simulation_superlink(tmp_path_factory.mktemp("flwr-home")) as env:
+        yield env
+
+
+@pytest.fixture(scope="session")
+def plain_fedmr_run(superlink, tmp_path_factory):
+    """FedMR on digits through `flwr run`: 4 nodes, 3 rounds, seed 3; the run's folder and output."""
+    from tests.simulation import flwr_run  # pylint: disable=import-outside-toplevel
+
+    outputs = tmp_path_factory.mktemp("plain-fedmr")
+    run = flwr_run(
+        superlink,
+        f'num-server-rounds={PLAIN_FEDMR["rounds"]} seed={PLAIN_FEDMR["seed"]} '
+        f'round-timeout=120.0 run-name="plain" output-dir="{outputs}"',
+    )
+    return outputs / "plain", run.stdout + run.stderr

@@ -1,9 +1,10 @@
 """A stand-in for Flower's Grid whose nodes are numpy clients, for strategy tests."""
 
+import functools
 from collections.abc import Callable, Iterable
 
 import numpy as np
-from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Error, Message, MetricRecord, RecordDict
 
 from fedx.ops import Model
 from fedx.strategies.multi_model import to_arrayrecord, to_model
@@ -14,6 +15,19 @@ NODE_IDS = [2**64 - 1, 2**63 + 17, 12, 9_007_199_254_740_993, 5]
 Reply = Callable[[Message], Message | None]
 
 
+def without_query_handler(client: Reply) -> Reply:
+    """A numpy client answers a ``query`` as a ClientApp with no query handler does."""
+
+    @functools.wraps(client)
+    def reply(message: Message, **kwargs) -> Message | None:
+        if message.metadata.message_type == "query":
+            return Message(Error(code=0, reason="no query handler"), reply_to=message)
+        return client(message, **kwargs)
+
+    return reply
+
+
+@without_query_handler
 def trained_reply(message: Message, delta: float | None = None, examples: int = 10) -> Message:
     """What a well-behaved client sends: the model moved by a node-specific delta."""
     node = message.metadata.dst_node_id
@@ -32,6 +46,7 @@ def trained_reply(message: Message, delta: float | None = None, examples: int = 
     return Message(content=content, reply_to=message)
 
 
+@without_query_handler
 def pulled_reply(message: Message) -> Message:
     """A deterministic client: half-way from the model to a target of its own.
 

@@ -1,96 +1,18 @@
 """The fedx app end to end: `flwr run` against a SuperLink in simulation mode.
 
-The test starts its own SuperLink on free 127.0.0.1 ports with a private
-FLWR_HOME, so it neither uses nor disturbs a SuperLink the user may have
-running, and stops it (and the simulation processes it spawned) at the end.
+The SuperLink is the tests' own (tests/simulation.py, session fixture in
+conftest.py), on free 127.0.0.1 ports with a private FLWR_HOME.
 """
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
-FEDERATION = "num-supernodes=4 client-resources-num-cpus=1"
+from tests.simulation import flwr_run
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_for_port(port: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.2)
-    raise TimeoutError(f"SuperLink did not open port {port} within {timeout}s")
-
-
-@pytest.fixture(scope="module")
-def superlink(tmp_path_factory):
-    """A simulation SuperLink of our own; yields the environment `flwr` needs."""
-    home = tmp_path_factory.mktemp("flwr-home")
-    port = free_port()
-    (home / "config.toml").write_text(
-        f'[superlink]\ndefault = "e2e"\n\n[superlink.e2e]\naddress = "127.0.0.1:{port}"\ninsecure = true\n'
-    )
-    env = {
-        **os.environ,
-        "FLWR_HOME": str(home),
-        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-    }
-    log = open(home / "superlink.log", "w")  # pylint: disable=consider-using-with
-    process = subprocess.Popen(  # pylint: disable=consider-using-with
-        [
-            str(BIN / "flower-superlink"), "--insecure", "--simulation",
-            "--isolation", "subprocess",
-            "--control-api-address", f"127.0.0.1:{free_port()}",
-            "--host", "127.0.0.1", "--port", str(port),
-            "--database", str(home / "state.db"),
-        ],
-        cwd=home, env=env, stdout=log, stderr=subprocess.STDOUT,
-        start_new_session=True,  # its own process group: we stop its children too
-    )
-    try:
-        wait_for_port(port, 60)
-        yield env
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
-        log.close()
-
-
-def flwr_run(env: dict, run_config: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(BIN / "flwr"), "run", str(REPO), "--stream",
-         "--federation-config", FEDERATION, "--run-config", run_config],
-        env=env, capture_output=True, text=True, timeout=timeout, check=False,
-    )
-
-
-def test_fedmr_on_digits_writes_metrics_curve_and_model(superlink, tmp_path):
-    run = flwr_run(
-        superlink,
-        f'num-server-rounds=3 run-name="e2e" output-dir="{tmp_path}"',
-    )
-    output = run.stdout + run.stderr
-    directory = tmp_path / "e2e"
+def test_fedmr_on_digits_writes_metrics_curve_and_model(plain_fedmr_run):
+    directory, output = plain_fedmr_run
     assert (directory / "metrics.json").exists(), output[-3000:]
     metrics = json.loads((directory / "metrics.json").read_text())
     assert metrics["config"]["strategy"] == "fedmr"

@@ -35,6 +35,7 @@ from tests.deployment import (
     wait_for,
 )
 
+
 @pytest.fixture(scope="module")
 def secure(tmp_path_factory):
     """TLS + SuperNode authentication; keys 1-3 registered, key 4 never."""

@@ -14,7 +14,7 @@ import torch
 
 from fedx.models import build_model
 from fedx.strategies.fedme import FedMe
-from tests.test_app_e2e import flwr_run, superlink  # noqa: F401  pylint: disable=unused-import
+from tests.simulation import flwr_run
 
 ARCHITECTURES = ("cnn-1", "cnn-2", "cnn-3", "cnn-4")
 
@@ -24,7 +24,7 @@ def _rounds(metrics: dict) -> dict[int, dict]:
 
 
 def test_fedme_clients_adopt_other_architectures_and_report_personalized_accuracy(
-    superlink, tmp_path  # noqa: F811  pylint: disable=redefined-outer-name
+    superlink, tmp_path
 ):
     run = flwr_run(
         superlink,

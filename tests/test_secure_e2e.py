@@ -2,15 +2,16 @@
 
 The clients' trained models wait in Flower's node state while they swap
 layers through the ServerApp; the run must reach the accuracy of plain FedMR
-at the same seed and number of rounds. Uses the SuperLink fixture of
-test_app_e2e (its own, on free ports, stopped afterwards).
+at the same seed and number of rounds. Uses the tests' own SuperLink
+and the shared plain FedMR run (conftest.py).
 """
 
 import json
 
-from tests.test_app_e2e import flwr_run, superlink  # noqa: F401  (fixture)
+from tests.conftest import PLAIN_FEDMR
+from tests.simulation import flwr_run
 
-ROUNDS = 3
+ROUNDS = PLAIN_FEDMR["rounds"]  # compared with the shared plain FedMR run
 
 
 def _rounds(directory) -> dict[int, dict]:
@@ -18,15 +19,18 @@ def _rounds(directory) -> dict[int, dict]:
     return {row["round"]: row for row in metrics["rounds"]}
 
 
-def test_secure_recombination_learns_as_well_as_plain_fedmr(superlink, tmp_path):  # noqa: F811
-    common = f'num-server-rounds={ROUNDS} seed=3 output-dir="{tmp_path}" round-timeout=120.0'
+def test_secure_recombination_learns_as_well_as_plain_fedmr(superlink, plain_fedmr_run, tmp_path):
+    plain_directory, plain_output = plain_fedmr_run
+    assert (plain_directory / "metrics.json").exists(), plain_output[-3000:]
+    common = (
+        f'num-server-rounds={ROUNDS} seed={PLAIN_FEDMR["seed"]} output-dir="{tmp_path}" '
+        "round-timeout=120.0"
+    )
     secure = flwr_run(superlink, f'{common} run-name="secure" secure-recombination=true')
     output = secure.stdout + secure.stderr
     assert (tmp_path / "secure" / "metrics.json").exists(), output[-3000:]
-    plain = flwr_run(superlink, f'{common} run-name="plain"')
-    assert (tmp_path / "plain" / "metrics.json").exists(), (plain.stdout + plain.stderr)[-3000:]
 
-    with_exchange, without = _rounds(tmp_path / "secure"), _rounds(tmp_path / "plain")
+    with_exchange, without = _rounds(tmp_path / "secure"), _rounds(plain_directory)
     # Every client took part in the exchange, every round; it uploads unless
     # (rarely) every layer it sent came back, when it refuses to hand the
     # server its own trained model and says so.

@@ -11,7 +11,6 @@ import torch
 from flwr.app import Context, RecordDict
 
 from fedx import client_app
-
 from fedx.config import ConfigError, RunConfig
 from fedx.server_app import main, run_directory, wait_for_nodes
 from tests.standin_grid import StandInGrid
