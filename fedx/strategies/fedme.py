@@ -17,8 +17,6 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
-from sklearn.cluster import KMeans
-from sklearn.exceptions import ConvergenceWarning
 
 from fedx.ops import Model, assign_exchanges, cluster_count, fedme_aggregate, find_problem
 from fedx.strategies.client_identity import query_client_ids
@@ -475,6 +473,11 @@ class FedMe(Strategy):
         num_clusters = min(wanted, len(clients))
         if num_clusters == 1:
             return np.zeros(len(clients), dtype=np.int64), 1, 0.0
+        # scikit-learn is imported here, not with the module: `fedx.strategies`
+        # must import with numpy and Flower alone for the other strategies.
+        from sklearn.cluster import KMeans  # pylint: disable=import-outside-toplevel
+        from sklearn.exceptions import ConvergenceWarning  # pylint: disable=import-outside-toplevel
+
         start = time.perf_counter()
         outputs = np.stack(
             [
