@@ -336,3 +336,17 @@ def test_fedavg_ft_sends_the_finetuning_epochs_and_keeps_per_client_results(capl
     assert metrics["personalized-accuracy"] == pytest.approx(np.mean([0.0, 0.2, 0.4, 0.6]))
     assert metrics["personalized-accuracy-std"] == pytest.approx(np.std([0.0, 0.2, 0.4, 0.6]))
     assert len(list(strategy.configure_evaluate(4, arrays, ConfigRecord(), grid))) == 5
+
+
+
+@pytest.mark.usefixtures("server_task_identity")
+def test_fedavg_ft_evaluates_the_last_round_once_told_the_run_length():
+    # The app drives strategies with run_rounds, which calls begin_run, not start.
+    from fedx.strategies import FedAvgFT  # pylint: disable=import-outside-toplevel
+
+    grid = StandInGrid(NODE_IDS)
+    strategy = FedAvgFT(evaluate_every=2, min_available_nodes=1, min_evaluate_nodes=1)
+    assert list(strategy.configure_evaluate(3, ArrayRecord(), ConfigRecord(), grid)) == []
+    strategy.begin_run(num_rounds=3, timeout=1.0)
+    assert len(list(strategy.configure_evaluate(3, ArrayRecord(), ConfigRecord(), grid))) == len(NODE_IDS)
+    assert list(strategy.configure_evaluate(1, ArrayRecord(), ConfigRecord(), grid)) == []

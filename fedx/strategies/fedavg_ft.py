@@ -74,9 +74,14 @@ class FedAvgFT(FedAvg):
         evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
     ) -> Result:
         """Run FedAvg; remembers ``num_rounds`` so that the last round is always evaluated."""
-        self._num_rounds = num_rounds
+        self.begin_run(num_rounds=num_rounds, timeout=timeout)
         return super().start(grid, initial_arrays, num_rounds, timeout, train_config,
                              evaluate_config, evaluate_fn)
+
+    def begin_run(self, *, num_rounds: int, timeout: float) -> None:
+        """Learn the run's last round (called by ``start`` and ``run_rounds``): it is always evaluated."""
+        del timeout
+        self._num_rounds = num_rounds
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
