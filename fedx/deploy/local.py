@@ -98,6 +98,10 @@ class FederationSpec:
     workdir : Path, optional
         Working directory of the processes (default: ``state_dir``). The
         ServerApp runs there, so a relative ``output-dir`` is relative to it.
+    simulation : bool
+        Start the SuperLink in simulation mode: each ``flwr run`` then runs
+        in Flower's Ray-backed simulation with the SuperNodes that its
+        ``--federation-config`` asks for, and ``num_supernodes`` must be 0.
     """
 
     num_supernodes: int
@@ -115,9 +119,12 @@ class FederationSpec:
     install_app_dependencies: bool = False
     connection: str = "fedx-local"
     workdir: Path | None = None
+    simulation: bool = False
 
     def __post_init__(self) -> None:
-        if self.num_supernodes < 1:
+        if self.simulation and self.num_supernodes != 0:
+            raise ValueError("a simulation SuperLink simulates its SuperNodes: num_supernodes must be 0")
+        if not self.simulation and self.num_supernodes < 1:
             raise ValueError(f"num_supernodes must be >= 1, got {self.num_supernodes}")
         if (self.tls is None) != self.insecure:
             raise ValueError("give TLS certificates, or ask for insecure=True explicitly")
@@ -198,6 +205,11 @@ class FederationSpec:
     def superlink_command(self) -> list[str]:
         """``flower-superlink`` with the addresses, TLS and authentication flags."""
         command = [str(self.bin_dir / "flower-superlink"), *self._tls_server_args()]
+        if self.simulation:
+            # The legacy Control API would take its default port 9093 and
+            # collide with any other SuperLink on the machine: give it a free one.
+            command += ["--simulation", "--isolation", "subprocess",
+                        "--control-api-address", f"{self.host}:{free_port(self.host)}"]
         if self.auth_keys is not None:
             command.append("--enable-supernode-auth")
         command += ["--host", self.host, "--port", str(self.port)]
