@@ -1,0 +1,172 @@
+"""What a comparison runs: every setting × method × seed, one Flower simulation each.
+
+A *setting* is a run-config TOML file (``configs/digits-cnn-dir0.1.toml``):
+data, partitioning, model, training and every method's hyper-parameters. A
+*method* switches the strategy on top of it (:data:`METHODS`). All methods of
+a setting share the setting's keys and the seed, so for one seed they start
+from the same initial model and train on the same partitions.
+"""
+
+import shutil
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedx.config import STRATEGY_NAMES, ConfigError, RunConfig
+
+#: Run-config keys each method sets on top of the setting. ``fedmr`` is
+#: one-stage FedMR; ``fedmr-two-stage`` keeps the setting's
+#: ``first-stage-rounds`` (the papers' FedMR for ResNet-20 and VGG-16).
+METHODS: dict[str, dict[str, Any]] = {
+    "fedavg": {"strategy": "fedavg"},
+    "fedprox": {"strategy": "fedprox"},
+    "fedmr": {"strategy": "fedmr", "first-stage-rounds": 0},
+    "fedmr-two-stage": {"strategy": "fedmr"},
+    "fedindep": {"strategy": "fedindep"},
+    "fedmut": {"strategy": "fedmut"},
+    "fedcross": {"strategy": "fedcross"},
+    "fedme": {"strategy": "fedme"},
+    "fedavg-ft": {"strategy": "fedavg-ft"},
+}
+assert {m["strategy"] for m in METHODS.values()} == set(STRATEGY_NAMES)
+
+#: The run-config keys the comparison owns: where a run writes, and its seed.
+OWNED_KEYS = ("seed", "output-dir", "run-name", "resume-from")
+RUN_RECORD = "run.json"
+
+
+def app_defaults(app_dir: Path) -> dict[str, Any]:
+    """The app's run-config defaults, ``[tool.flwr.app.config]`` of its pyproject.toml.
+
+    Raises
+    ------
+    ConfigError
+        When ``app_dir`` holds no Flower app.
+    """
+    pyproject = app_dir / "pyproject.toml"
+    try:
+        with pyproject.open("rb") as file:
+            return dict(tomllib.load(file)["tool"]["flwr"]["app"]["config"])
+    except (OSError, KeyError, tomllib.TOMLDecodeError) as error:
+        raise ConfigError(f"{pyproject} is not a Flower app's pyproject.toml ({error})") from None
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One run-config file: its name (the file's stem) and its keys."""
+
+    name: str
+    path: Path
+    keys: dict[str, Any]
+
+    @classmethod
+    def load(cls, path: Path) -> "Setting":
+        """Read a run-config TOML file.
+
+        Raises
+        ------
+        ConfigError
+            When the file is missing, is not TOML or sets keys the comparison owns.
+        """
+        try:
+            with path.open("rb") as file:
+                keys = tomllib.load(file)
+        except OSError as error:
+            raise ConfigError(f"cannot read setting {path}: {error.strerror}") from None
+        except tomllib.TOMLDecodeError as error:
+            raise ConfigError(f"setting {path} is not valid TOML: {error}") from None
+        owned = sorted(set(keys) & set(OWNED_KEYS))
+        if owned:
+            raise ConfigError(f"setting {path} sets {owned}; the comparison sets those per run")
+        return cls(path.stem, path, keys)
+
+
+def method_keys(method: str, config: RunConfig) -> dict[str, Any]:
+    """The keys ``method`` sets, after checking that the setting supports it.
+
+    Raises
+    ------
+    ConfigError
+        For an unknown method, FedProx without a proximal term, or two-stage
+        FedMR without a first stage shorter than the run.
+    """
+    if method not in METHODS:
+        raise ConfigError(f"unknown method {method!r}; known methods: {', '.join(METHODS)}")
+    if method == "fedprox" and config.proximal_mu <= 0:
+        raise ConfigError("method fedprox needs proximal-mu > 0 in the setting (0 is FedAvg)")
+    if method == "fedmr-two-stage" and not 0 < config.first_stage_rounds < config.num_server_rounds:
+        raise ConfigError(
+            "method fedmr-two-stage needs 0 < first-stage-rounds < num-server-rounds in the "
+            f"setting, got first-stage-rounds={config.first_stage_rounds}, "
+            f"num-server-rounds={config.num_server_rounds}"
+        )
+    return dict(METHODS[method])
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One Flower simulation of the comparison and where it writes."""
+
+    setting: str
+    method: str
+    seed: int
+    directory: Path
+    run_config: dict[str, Any]
+    num_rounds: int
+    num_supernodes: int
+
+    @property
+    def label(self) -> str:
+        """``setting · method · seed s``, for progress lines."""
+        return f"{self.setting} · {self.method} · seed {self.seed}"
+
+    def remove_outputs(self) -> None:
+        """Delete what an unfinished earlier attempt left, before running again."""
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def plan_runs(
+    settings: list[Setting],
+    methods: list[str],
+    seeds: list[int],
+    overrides: dict[str, Any],
+    defaults: dict[str, Any],
+    out_dir: Path,
+    num_supernodes: int | None = None,
+) -> list[PlannedRun]:
+    """Every run of the grid, checked before anything starts.
+
+    ``overrides`` apply to every run (after the setting's keys); each run
+    writes to ``<out_dir>/runs/<setting>/<method>/seed-<seed>/`` and
+    simulates ``num_supernodes`` clients (default: the run's
+    ``min-available-nodes``).
+
+    Raises
+    ------
+    ConfigError
+        When a setting, method or override does not give a valid run config;
+        the message names the setting and method.
+    """
+    owned = sorted(set(overrides) & set(OWNED_KEYS))
+    if owned:
+        raise ConfigError(f"{owned} cannot be overridden: the comparison sets them per run")
+    runs = []
+    for setting in settings:
+        for method in methods:
+            for seed in seeds:
+                directory = (out_dir / "runs" / setting.name / method / f"seed-{seed}").resolve()
+                keys = {**setting.keys, **overrides}
+                try:
+                    base = RunConfig.from_mapping({**defaults, **keys})
+                    keys.update(method_keys(method, base))
+                    keys.update(seed=seed, **{"output-dir": str(directory.parent),
+                                              "run-name": directory.name})
+                    config = RunConfig.from_mapping({**defaults, **keys})
+                except ConfigError as error:
+                    raise ConfigError(f"setting {setting.name}, method {method}: {error}") from None
+                runs.append(PlannedRun(
+                    setting.name, method, seed, directory, keys, config.num_server_rounds,
+                    num_supernodes or config.min_available_nodes,
+                ))
+    return runs

@@ -1,0 +1,239 @@
+"""Tables and learning curves from a comparison's finished runs.
+
+Each run's ``metrics.json`` gives its curve (test accuracy of the global
+model after each evaluated round; for personalized methods the mean over
+clients of each client's model on its own test split). Per setting and
+method the report gives the final accuracy as mean ± sample standard
+deviation over seeds, the rounds needed to reach a target accuracy, and
+the wall time of a run.
+"""
+
+import csv
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display on servers and in CI
+import matplotlib.pyplot as plt  # noqa: E402  pylint: disable=wrong-import-position
+import numpy as np  # noqa: E402  pylint: disable=wrong-import-position
+
+from fedx.compare.plan import RUN_RECORD, PlannedRun  # noqa: E402
+from fedx.outputs import METRICS_FILE  # noqa: E402
+
+SUMMARY_CSV = "results.csv"
+RUNS_CSV = "runs.csv"
+SUMMARY_MARKDOWN = "results.md"
+#: Without an explicit target, a setting's target is this share of the best
+#: method's mean final accuracy: how fast each method gets close to the best.
+DEFAULT_TARGET_SHARE = 0.95
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """The curve and timings of one finished run."""
+
+    setting: str
+    method: str
+    seed: int
+    metric: str
+    curve: tuple[tuple[int, float], ...]
+    wall_seconds: float
+    round_seconds: float
+
+    @property
+    def final_accuracy(self) -> float:
+        """Accuracy after the last round."""
+        return self.curve[-1][1]
+
+    def rounds_to(self, target: float) -> int | None:
+        """The first evaluated round with accuracy >= ``target`` (``None``: never)."""
+        return next((r for r, accuracy in self.curve if r > 0 and accuracy >= target), None)
+
+
+def load_result(run: PlannedRun) -> RunResult | None:
+    """Read a run's curve, or ``None`` when it has not finished."""
+    try:
+        record = json.loads((run.directory / RUN_RECORD).read_text())
+        metrics = json.loads((run.directory / METRICS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if record.get("status") != "finished":
+        return None
+    rows = metrics["rounds"]
+    metric = "accuracy" if any("accuracy" in row for row in rows) else "personalized-accuracy"
+    curve = tuple((row["round"], float(row[metric])) for row in rows if metric in row)
+    return RunResult(
+        run.setting, run.method, run.seed, metric, curve,
+        wall_seconds=float(record["wall-seconds"]),
+        round_seconds=float(metrics["timings"]["mean-round-seconds"] or 0.0),
+    )
+
+
+@dataclass(frozen=True)
+class MethodSummary:
+    """One row of the results table: a method on a setting over its seeds."""
+
+    setting: str
+    method: str
+    metric: str
+    seeds: tuple[int, ...]
+    final_mean: float
+    final_std: float
+    target: float
+    rounds_to_target: tuple[int | None, ...]
+    wall_seconds: float
+    round_seconds: float
+
+    @property
+    def reached(self) -> list[int]:
+        """Rounds to target of the seeds that reached it."""
+        return [r for r in self.rounds_to_target if r is not None]
+
+    def rounds_text(self) -> str:
+        """Mean rounds to target, with how many seeds reached it when not all did."""
+        reached = self.reached
+        if not reached:
+            return "not reached"
+        text = f"{statistics.fmean(reached):.1f}"
+        if len(reached) < len(self.rounds_to_target):
+            text += f" ({len(reached)}/{len(self.rounds_to_target)} seeds)"
+        return text
+
+
+def _std(values: list[float]) -> float:
+    return statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def summarize(results: list[RunResult], target: float | None) -> list[MethodSummary]:
+    """Group results by setting and method (in the order they come) into table rows."""
+    groups: dict[tuple[str, str], list[RunResult]] = {}
+    for result in results:
+        groups.setdefault((result.setting, result.method), []).append(result)
+    best: dict[str, float] = {}
+    for (setting, _), group in groups.items():
+        mean = statistics.fmean(r.final_accuracy for r in group)
+        best[setting] = max(best.get(setting, 0.0), mean)
+    rows = []
+    for (setting, method), group in groups.items():
+        finals = [r.final_accuracy for r in group]
+        setting_target = target if target is not None else round(
+            DEFAULT_TARGET_SHARE * best[setting], 3
+        )
+        rows.append(MethodSummary(
+            setting, method, group[0].metric, tuple(r.seed for r in group),
+            statistics.fmean(finals), _std(finals), setting_target,
+            tuple(r.rounds_to(setting_target) for r in group),
+            statistics.fmean(r.wall_seconds for r in group),
+            statistics.fmean(r.round_seconds for r in group),
+        ))
+    return rows
+
+
+def write_csv(path: Path, rows: list[MethodSummary]) -> None:
+    """One line per setting and method."""
+    with path.open("w", newline="") as file:
+        writer = csv.writer(file)
+        writer.writerow([
+            "setting", "method", "metric", "seeds", "final_accuracy_mean", "final_accuracy_std",
+            "target", "rounds_to_target_mean", "seeds_reaching_target", "wall_seconds_mean",
+            "round_seconds_mean",
+        ])
+        for row in rows:
+            reached = row.reached
+            writer.writerow([
+                row.setting, row.method, row.metric, " ".join(map(str, row.seeds)),
+                f"{row.final_mean:.4f}", f"{row.final_std:.4f}", f"{row.target:.3f}",
+                f"{statistics.fmean(reached):.2f}" if reached else "",
+                len(reached), f"{row.wall_seconds:.1f}", f"{row.round_seconds:.3f}",
+            ])
+
+
+def write_runs_csv(path: Path, results: list[RunResult]) -> None:
+    """One line per run: its final accuracy and wall time."""
+    with path.open("w", newline="") as file:
+        writer = csv.writer(file)
+        writer.writerow(["setting", "method", "seed", "metric", "rounds", "final_accuracy",
+                         "wall_seconds", "round_seconds"])
+        for r in results:
+            writer.writerow([r.setting, r.method, r.seed, r.metric, r.curve[-1][0],
+                             f"{r.final_accuracy:.4f}", f"{r.wall_seconds:.1f}",
+                             f"{r.round_seconds:.3f}"])
+
+
+def markdown_table(rows: list[MethodSummary]) -> str:
+    """The rows of one setting as a Markdown table."""
+    target = rows[0].target
+    lines = [
+        f"| Method | Final accuracy (mean ± std) | Rounds to {target:.3f} | Run wall time (s) "
+        "| Round (s) |",
+        "|---|---|---|---|---|",
+    ]
+    for row in rows:
+        personalized = " (personalized)" if row.metric != "accuracy" else ""
+        lines.append(
+            f"| {row.method}{personalized} | {row.final_mean:.4f} ± {row.final_std:.4f} "
+            f"| {row.rounds_text()} | {row.wall_seconds:.0f} | {row.round_seconds:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def write_markdown(path: Path, rows: list[MethodSummary], results: list[RunResult]) -> None:
+    """Every setting's table, with its seeds, rounds and target."""
+    sections = ["# Comparison results", ""]
+    for setting in dict.fromkeys(row.setting for row in rows):
+        setting_rows = [row for row in rows if row.setting == setting]
+        rounds = max(r.curve[-1][0] for r in results if r.setting == setting)
+        seeds = sorted({s for row in setting_rows for s in row.seeds})
+        sections += [
+            f"## {setting}", "",
+            f"Seeds {', '.join(map(str, seeds))}; {rounds} rounds; target accuracy "
+            f"{setting_rows[0].target:.3f}; plot: `{setting}.png`.", "",
+            markdown_table(setting_rows), "",
+        ]
+    path.write_text("\n".join(sections))
+
+
+def plot_setting(path: Path, setting: str, results: list[RunResult]) -> None:
+    """Mean accuracy per round of every method on one setting, ± one std over seeds."""
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    methods = dict.fromkeys(r.method for r in results if r.setting == setting)
+    for method in methods:
+        group = [r for r in results if r.setting == setting and r.method == method]
+        rounds = sorted(set.intersection(*(set(dict(r.curve)) for r in group)))
+        values = np.array([[dict(r.curve)[x] for x in rounds] for r in group])
+        mean, std = values.mean(axis=0), values.std(axis=0, ddof=1 if len(group) > 1 else 0)
+        (line,) = axes.plot(rounds, mean, label=f"{method} ({len(group)} seeds)")
+        axes.fill_between(rounds, mean - std, mean + std, color=line.get_color(), alpha=0.15)
+    axes.set_xlabel("round")
+    axes.set_ylabel("test accuracy")
+    axes.set_title(setting)
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def write_report(
+    out_dir: Path, runs: list[PlannedRun], target: float | None
+) -> tuple[list[MethodSummary], list[Path]]:
+    """Write results.md, results.csv, runs.csv and one plot per setting.
+
+    Returns the table rows and the files written; runs that have not
+    finished are left out.
+    """
+    results = [result for run in runs if (result := load_result(run)) is not None]
+    if not results:
+        return [], []
+    rows = summarize(results, target)
+    paths = [out_dir / SUMMARY_MARKDOWN, out_dir / SUMMARY_CSV, out_dir / RUNS_CSV]
+    write_markdown(paths[0], rows, results)
+    write_csv(paths[1], rows)
+    write_runs_csv(paths[2], results)
+    for setting in dict.fromkeys(r.setting for r in results):
+        paths.append(out_dir / f"{setting}.png")
+        plot_setting(paths[-1], setting, results)
+    return rows, paths
