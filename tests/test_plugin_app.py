@@ -54,8 +54,9 @@ STRATEGIES = {
 }
 
 
-@pytest.fixture(scope="module", params=list(STRATEGIES))
-def plugin_run(request):
+@pytest.fixture(scope="module")
+def plugin_runs():
+    """One Ray simulation whose ServerApp runs each strategy in turn on the same nodes."""
     sys.path.insert(0, str(PLUGIN_DIR))
     # Ray workers import the ClientApp by module name: they need the path too.
     previous = os.environ.get("PYTHONPATH")
@@ -63,17 +64,18 @@ def plugin_run(request):
     from numpy_plugin.client_app import app as client_app  # pylint: disable=import-outside-toplevel
     from numpy_plugin.task import initial_model  # pylint: disable=import-outside-toplevel
 
-    strategy = STRATEGIES[request.param](fraction_train=1.0, fraction_evaluate=1.0, seed=0)
-    outcome = {}
+    outcomes = {}
     server_app = ServerApp()
 
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
-        initial = ArrayRecord({n: Array(a) for n, a in initial_model().items()})
-        outcome["result"] = strategy.start(
-            grid=grid, initial_arrays=initial, num_rounds=NUM_ROUNDS, timeout=120,
-            train_config=ConfigRecord(),
-        )
+        for name, strategy_class in STRATEGIES.items():
+            strategy = strategy_class(fraction_train=1.0, fraction_evaluate=1.0, seed=0)
+            initial = ArrayRecord({n: Array(a) for n, a in initial_model().items()})
+            outcomes[name] = (strategy, strategy.start(
+                grid=grid, initial_arrays=initial, num_rounds=NUM_ROUNDS, timeout=120,
+                train_config=ConfigRecord(),
+            ))
 
     try:
         run_simulation(
@@ -88,7 +90,13 @@ def plugin_run(request):
             os.environ.pop("PYTHONPATH", None)
         else:
             os.environ["PYTHONPATH"] = previous
-    return strategy, outcome.get("result")
+    return outcomes
+
+
+@pytest.fixture(params=list(STRATEGIES))
+def plugin_run(request, plugin_runs):
+    assert request.param in plugin_runs, "the ServerApp did not get to this strategy"
+    return plugin_runs[request.param]
 
 
 def test_every_round_completes_with_the_users_clientapp(plugin_run):

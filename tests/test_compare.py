@@ -1,0 +1,235 @@
+"""fedx-compare: planning, resuming, the report, and a small digits grid in Flower simulation."""
+
+import csv
+import json
+import statistics
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from fedx.compare.cli import parse_override, parse_seeds
+from fedx.compare.plan import RUN_RECORD, Setting, app_defaults, plan_runs
+from fedx.compare.report import load_result, summarize, write_report
+from fedx.compare.runner import finished_record, write_run_config
+from fedx.config import ConfigError
+from fedx.outputs import METRICS_FILE
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+DEFAULTS = app_defaults(REPO)
+
+
+def write_setting(path: Path, **keys) -> Setting:
+    write_run_config(path, keys)
+    return Setting.load(path)
+
+
+def fake_finished_run(run, curve: list[float], wall: float) -> None:
+    """What a finished run leaves: metrics.json with one row per round and run.json."""
+    run.directory.mkdir(parents=True)
+    rows = [{"round": r, "accuracy": a, "round-seconds": 0.5} for r, a in enumerate(curve)]
+    metrics = {"rounds": rows, "final": rows[-1], "timings": {"mean-round-seconds": 0.5}}
+    (run.directory / METRICS_FILE).write_text(json.dumps(metrics))
+    record = {"status": "finished", "wall-seconds": wall, "run-config": run.run_config}
+    (run.directory / RUN_RECORD).write_text(json.dumps(record))
+
+
+# --------------------------------------------------------------------------- planning
+
+
+def test_plan_sets_strategy_seed_and_folders_on_top_of_the_setting(tmp_path):
+    setting = write_setting(tmp_path / "digits-x.toml", **{
+        "num-server-rounds": 8, "first-stage-rounds": 3, "proximal-mu": 0.01,
+        "min-available-nodes": 5, "min-train-nodes": 5,
+    })
+    runs = plan_runs([setting], ["fedavg", "fedprox", "fedmr", "fedmr-two-stage"], [0, 4],
+                     {"local-epochs": 2}, DEFAULTS, tmp_path / "out")
+    assert [(r.method, r.seed) for r in runs] == [
+        (m, s) for m in ("fedavg", "fedprox", "fedmr", "fedmr-two-stage") for s in (0, 4)
+    ]
+    by_method = {r.method: r.run_config for r in runs if r.seed == 4}
+    assert by_method["fedavg"]["strategy"] == "fedavg"
+    assert by_method["fedprox"]["strategy"] == "fedprox"
+    assert by_method["fedmr"]["first-stage-rounds"] == 0  # one-stage FedMR
+    assert by_method["fedmr-two-stage"]["first-stage-rounds"] == 3  # the setting's
+    for run in runs:
+        assert run.run_config["seed"] == run.seed
+        assert run.run_config["local-epochs"] == 2
+        assert run.num_rounds == 8 and run.num_supernodes == 5
+        assert run.directory == (tmp_path / "out/runs/digits-x" / run.method / f"seed-{run.seed}")
+        assert Path(run.run_config["output-dir"]) / run.run_config["run-name"] == run.directory
+    # The same seed differs only in the method's keys: same data, same initial model.
+    fedavg, fedmr = (next(r.run_config for r in runs if r.method == m and r.seed == 0)
+                     for m in ("fedavg", "fedmr"))
+    differing = {k for k in fedavg.keys() | fedmr.keys() if fedavg.get(k) != fedmr.get(k)}
+    assert differing == {"strategy", "first-stage-rounds", "output-dir"}
+
+
+@pytest.mark.parametrize(
+    ("keys", "method", "message"),
+    [
+        ({"proximal-mu": 0.0}, "fedprox", "needs proximal-mu > 0"),
+        ({"first-stage-rounds": 0}, "fedmr-two-stage", "0 < first-stage-rounds"),
+        ({"first-stage-rounds": 20, "num-server-rounds": 20}, "fedmr-two-stage",
+         "first-stage-rounds=20"),
+        ({}, "fedfoo", "unknown method 'fedfoo'"),
+        ({"learning-rate": -1.0}, "fedavg", "learning-rate=-1.0"),
+    ],
+)
+def test_plan_rejects_runs_that_cannot_work(tmp_path, keys, method, message):
+    setting = write_setting(tmp_path / "s.toml", **keys)
+    with pytest.raises(ConfigError, match=message) as error:
+        plan_runs([setting], [method], [0], {}, DEFAULTS, tmp_path)
+    assert "setting s" in str(error.value)
+
+
+def test_settings_and_overrides_cannot_set_what_the_comparison_owns(tmp_path):
+    with pytest.raises(ConfigError, match="seed"):
+        write_setting(tmp_path / "s.toml", seed=3)
+    setting = write_setting(tmp_path / "t.toml")
+    with pytest.raises(ConfigError, match="output-dir"):
+        plan_runs([setting], ["fedavg"], [0], {"output-dir": "x"}, DEFAULTS, tmp_path)
+
+
+def test_run_config_file_reads_back_as_written(tmp_path):
+    config = {"strategy": "fedmr", "seed": 3, "learning-rate": 0.01, "download": False,
+              "output-dir": str(tmp_path / 'a "quoted" dir'), "dirichlet-alpha": 1e-3}
+    write_run_config(tmp_path / "c.toml", config)
+    with (tmp_path / "c.toml").open("rb") as file:
+        assert tomllib.load(file) == config
+
+
+def test_command_line_values():
+    assert parse_override("num-server-rounds=5") == ("num-server-rounds", 5)
+    assert parse_override("learning-rate=0.05") == ("learning-rate", 0.05)
+    assert parse_override("download=true") == ("download", True)
+    assert parse_override("dataset=digits") == ("dataset", "digits")
+    assert parse_override('model="cnn"') == ("model", "cnn")
+    assert parse_seeds("0, 2,5") == [0, 2, 5]
+    for bad in ("1,1", "-1", "a"):
+        with pytest.raises(Exception):
+            parse_seeds(bad)
+
+
+def test_finished_run_is_kept_and_a_changed_setting_is_refused(tmp_path):
+    setting = write_setting(tmp_path / "s.toml")
+    [run] = plan_runs([setting], ["fedavg"], [0], {}, DEFAULTS, tmp_path / "out")
+    assert finished_record(run) is None
+    fake_finished_run(run, [0.1, 0.5], wall=3.0)
+    assert finished_record(run)["wall-seconds"] == 3.0
+    [changed] = plan_runs([setting], ["fedavg"], [0], {"local-epochs": 3}, DEFAULTS,
+                          tmp_path / "out")
+    with pytest.raises(ConfigError, match="another run config"):
+        finished_record(changed)
+
+
+# --------------------------------------------------------------------------- report
+
+
+def test_report_means_stds_rounds_to_target_and_files(tmp_path):
+    setting = write_setting(tmp_path / "grid.toml")
+    runs = plan_runs([setting], ["fedavg", "fedmr"], [0, 1, 2], {}, DEFAULTS, tmp_path / "out")
+    curves = {
+        ("fedavg", 0): [0.1, 0.5, 0.8, 0.80], ("fedavg", 1): [0.1, 0.6, 0.7, 0.82],
+        ("fedavg", 2): [0.1, 0.4, 0.6, 0.78],
+        ("fedmr", 0): [0.1, 0.3, 0.9, 0.90], ("fedmr", 1): [0.1, 0.2, 0.5, 0.92],
+        ("fedmr", 2): [0.1, 0.2, 0.4, 0.70],
+    }
+    for run in runs:
+        fake_finished_run(run, curves[run.method, run.seed], wall=10.0 + run.seed)
+    rows, paths = write_report(tmp_path / "out", runs, target=0.75)
+    fedavg, fedmr = rows
+    assert fedavg.final_mean == pytest.approx(statistics.fmean([0.80, 0.82, 0.78]))
+    assert fedavg.final_std == pytest.approx(statistics.stdev([0.80, 0.82, 0.78]))
+    assert fedavg.rounds_to_target == (2, 3, 3)
+    assert fedmr.rounds_to_target == (2, 3, None)
+    assert fedmr.rounds_text() == "2.5 (2/3 seeds)"
+    assert fedavg.wall_seconds == pytest.approx(11.0)
+
+    markdown = (tmp_path / "out/results.md").read_text()
+    assert "## grid" in markdown and "Seeds 0, 1, 2; 3 rounds; target accuracy 0.750" in markdown
+    assert f"| fedavg | {fedavg.final_mean:.4f} ± {fedavg.final_std:.4f} | 2.7 |" in markdown
+    assert "| fedmr | 0.8400 ± 0.1217 | 2.5 (2/3 seeds) |" in markdown
+    with (tmp_path / "out/results.csv").open() as file:
+        table = list(csv.DictReader(file))
+    assert [(r["method"], r["seeds"], r["seeds_reaching_target"]) for r in table] == [
+        ("fedavg", "0 1 2", "3"), ("fedmr", "0 1 2", "2")]
+    with (tmp_path / "out/runs.csv").open() as file:
+        assert len(list(csv.DictReader(file))) == 6
+    plot = tmp_path / "out/grid.png"
+    assert plot in paths and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_default_target_is_a_share_of_the_best_mean_and_unfinished_runs_are_left_out(tmp_path):
+    setting = write_setting(tmp_path / "g.toml")
+    runs = plan_runs([setting], ["fedavg", "fedmr"], [0, 1], {}, DEFAULTS, tmp_path / "out")
+    fake_finished_run(runs[0], [0.1, 0.6], 1.0)
+    fake_finished_run(runs[1], [0.1, 0.8], 1.0)
+    fake_finished_run(runs[2], [0.1, 0.9], 1.0)  # fedmr seed 0; fedmr seed 1 never ran
+    results = [r for run in runs if (r := load_result(run))]
+    assert len(results) == 3
+    rows = summarize(results, target=None)
+    assert [row.target for row in rows] == [round(0.95 * 0.9, 3)] * 2
+    assert rows[1].seeds == (0,)
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+@pytest.fixture(scope="module")
+def digits_comparison(tmp_path_factory):
+    """``fedx-compare`` run twice on a 2 methods x 2 seeds digits grid."""
+    folder = tmp_path_factory.mktemp("compare")
+    write_run_config(folder / "digits-tiny.toml", {
+        "num-server-rounds": 2, "local-epochs": 1, "min-available-nodes": 3,
+        "min-train-nodes": 3, "partitioning": "iid",
+    })
+    command = [str(BIN / "fedx-compare"), str(folder / "digits-tiny.toml"),
+               "--methods", "fedavg,fedmr", "--seeds", "0,1", "--out", str(folder / "out")]
+    first = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+    second = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    return folder / "out", first, second
+
+
+def test_compare_runs_the_grid_and_writes_table_and_plot(digits_comparison):
+    out, first, _ = digits_comparison
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    progress = [line for line in first.stdout.splitlines() if line.startswith("[")]
+    assert len(progress) == 4 and all("finished in" in line for line in progress)
+    assert progress[0].startswith("[1/4] digits-tiny · fedavg · seed 0")
+
+    with (out / "results.csv").open() as file:
+        table = {row["method"]: row for row in csv.DictReader(file)}
+    assert set(table) == {"fedavg", "fedmr"}
+    with (out / "runs.csv").open() as file:
+        runs = list(csv.DictReader(file))
+    assert len(runs) == 4
+    for method, row in table.items():
+        finals = [float(r["final_accuracy"]) for r in runs if r["method"] == method]
+        assert row["seeds"] == "0 1"
+        assert float(row["final_accuracy_mean"]) == pytest.approx(statistics.fmean(finals), abs=1e-4)
+        assert float(row["final_accuracy_std"]) == pytest.approx(statistics.stdev(finals), abs=1e-4)
+        assert 0.1 < float(row["final_accuracy_mean"]) <= 1.0  # learned beyond chance
+        assert f"| {method} | {float(row['final_accuracy_mean']):.4f} ±" in (
+            out / "results.md").read_text()
+    assert (out / "digits-tiny.png").read_bytes()[:4] == b"\x89PNG"
+
+    # Same seed, same initial model and data: the round-0 evaluation agrees across methods.
+    def round0(method: str, seed: int) -> float:
+        metrics = json.loads((out / f"runs/digits-tiny/{method}/seed-{seed}/metrics.json").read_text())
+        return metrics["rounds"][0]["accuracy"]
+
+    assert round0("fedavg", 0) == round0("fedmr", 0)
+    assert round0("fedavg", 1) == round0("fedmr", 1)
+    assert not list(out.glob(".superlink-*"))  # the SuperLink's state is cleaned up
+
+
+def test_compare_again_skips_finished_runs(digits_comparison):
+    out, first, second = digits_comparison
+    assert second.returncode == 0, second.stderr[-3000:]
+    progress = [line for line in second.stdout.splitlines() if line.startswith("[")]
+    assert len(progress) == 4 and all("finished before, skipped" in line for line in progress)
+    assert (out / "results.csv").is_file()
