@@ -1,5 +1,6 @@
 """Run-config validation: every default is valid, every bad value names its key."""
 
+import importlib.util
 import tomllib
 from pathlib import Path
 
@@ -135,10 +136,91 @@ def test_segment_fraction_zero_means_layer_wise(defaults):
     assert strategy.segment_fraction == 0.25
 
 
-@pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.toml")), ids=lambda p: p.name)
+CONFIG_DIR = REPO / "configs"
+CONFIG_FILES = sorted(CONFIG_DIR.glob("*.toml"))
+# A setting file is <dataset>-<model>-<partition>.toml and serves every method.
+SETTING_DATASETS = ("cifar10", "cifar100", "femnist", "shakespeare")
+SETTING_FILES = [path for path in CONFIG_FILES if path.stem.split("-")[0] in SETTING_DATASETS]
+COMPARED_STRATEGIES = ("fedavg", "fedprox", "fedmr", "fedindep", "fedmut", "fedcross")
+# The papers' common settings, written out in every setting file.
+PAPER_VALUES = {
+    "strategy": "fedmr",
+    "fraction-train": 0.1,
+    "learning-rate": 0.01,
+    "momentum": 0.9,
+    "batch-size": 50,
+    "local-epochs": 5,
+    "fedmut-alpha": 4.0,
+    "fedcross-alpha": 0.99,
+    "fedcross-selection": "lowest_similarity",
+}
+
+
+@pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda p: p.name)
 def test_every_config_file_validates_and_builds(defaults, path):
-    overrides = tomllib.loads(path.read_text())
+    text = path.read_text()
+    overrides = tomllib.loads(text)
     assert overrides, f"{path.name} sets nothing"
     cfg = RunConfig.from_mapping({**defaults, **overrides})
+    # build_strategy also checks that the model reads the dataset's inputs.
     assert build_strategy(cfg) is not None
-    assert path.stem.startswith(cfg.strategy) and cfg.dataset in path.stem and cfg.model in path.stem
+    # It says what it reproduces and how to run it.
+    assert text.startswith("# ") and f"flwr run . --stream --run-config configs/{path.name}" in text
+    if path not in SETTING_FILES:
+        assert path.stem.startswith(cfg.strategy) and cfg.dataset in path.stem and cfg.model in path.stem
+
+
+@pytest.mark.parametrize("path", SETTING_FILES, ids=lambda p: p.name)
+def test_setting_files_are_named_by_their_data_and_hold_every_method(defaults, path):
+    text = path.read_text()
+    overrides = tomllib.loads(text)
+    cfg = RunConfig.from_mapping({**defaults, **overrides})
+    dataset, rest = path.stem.split("-", 1)
+    model, partition = rest.rsplit("-", 1)
+    assert (cfg.dataset, cfg.model) == (dataset, model)
+    if partition in ("iid", "natural"):
+        assert cfg.partitioning == partition
+    else:
+        assert partition.startswith("dir") and cfg.partitioning == "dirichlet"
+        assert overrides["dirichlet-alpha"] == float(partition.removeprefix("dir"))
+
+    for key, value in PAPER_VALUES.items():
+        assert overrides.get(key) == value, f"{path.name}: {key}"
+    for key in ("num-server-rounds", "proximal-mu", "first-stage-rounds", "fedmut-beta0",
+                "min-train-nodes", "min-available-nodes"):
+        assert key in overrides, f"{path.name} leaves {key} to pyproject's default"
+    assert cfg.proximal_mu > 0
+    assert cfg.first_stage_rounds == {"resnet20": 100, "vgg16": 100, "cnn": 0, "lstm": 50}[model]
+    assert cfg.fedmut_beta0 == (0.5 if model == "resnet20" else 0.3)
+    clients = cfg.leaf_users if partition == "natural" else 100
+    assert cfg.min_available_nodes == clients
+    assert cfg.min_train_nodes == int(clients * cfg.fraction_train)
+    assert f'--federation-config "num-supernodes={clients} ' in text
+    # A comparison switches the strategy and nothing else.
+    for strategy in COMPARED_STRATEGIES:
+        assert build_strategy(RunConfig.from_mapping({**cfg.to_dict(), "strategy": strategy}))
+
+
+def test_the_paper_settings_are_all_there():
+    expected = {
+        f"{dataset}-{model}-{partition}.toml"
+        for dataset in ("cifar10", "cifar100")
+        for model in ("cnn", "resnet20", "vgg16")
+        for partition in ("dir0.1", "dir0.5", "dir1.0", "iid")
+    }
+    assert len(expected) == 24
+    expected |= {"femnist-cnn-natural.toml", "shakespeare-lstm-natural.toml"}
+    assert {path.name for path in SETTING_FILES} == expected
+    femnist = tomllib.loads((CONFIG_DIR / "femnist-cnn-natural.toml").read_text())
+    # FedMR Sec. 5.1, FedCross Sec. 4.1.1: 180 writers with more than 100 samples.
+    assert (femnist["leaf-users"], femnist["leaf-min-samples"]) == (180, 100)
+
+
+def test_the_generator_writes_the_committed_setting_files(tmp_path):
+    spec = importlib.util.spec_from_file_location("generate_configs", CONFIG_DIR / "generate.py")
+    generator = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generator)
+    written = generator.write(tmp_path)
+    assert sorted(path.name for path in written) == sorted(path.name for path in SETTING_FILES)
+    for path in written:
+        assert path.read_text() == (CONFIG_DIR / path.name).read_text(), path.name
