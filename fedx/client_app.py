@@ -78,6 +78,8 @@ def _data_settings(context: Context) -> dict:
         "download": bool(run_config["download"]),
         "seed": int(run_config["seed"]),
         "test_fraction": float(run_config["test-fraction"]),
+        "leaf_users": int(run_config["leaf-users"]),
+        "leaf_min_samples": int(run_config["leaf-min-samples"]),
     }
 
 

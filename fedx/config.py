@@ -97,6 +97,10 @@ RULES: dict[str, _Rule] = {
     "dirichlet-alpha": _POSITIVE,
     "min-partition-size": _integer(0),
     "test-fraction": _number(0.0, 1.0, low_open=True, high_open=True),
+    "leaf-users": _Rule(
+        int, lambda v: v >= 0, "0 (every user with more than leaf-min-samples) or an integer >= 1"
+    ),
+    "leaf-min-samples": _integer(0),
     "model": _choice(MODEL_NAMES),
     "learning-rate": _POSITIVE,
     "momentum": _number(0.0, 1.0, low_open=False, high_open=True),
@@ -178,6 +182,8 @@ class RunConfig:
     dirichlet_alpha: float
     min_partition_size: int
     test_fraction: float
+    leaf_users: int
+    leaf_min_samples: int
     model: str
     learning_rate: float
     momentum: float

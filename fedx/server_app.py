@@ -23,7 +23,7 @@ from flwr.serverapp.strategy import FedAvg, FedProx, Result, Strategy
 from torch.utils.data import DataLoader, Dataset
 
 from fedx.config import STRATEGY_NAMES, ConfigError, RunConfig
-from fedx.data import dataset_info, load_split, load_unlabeled
+from fedx.data import LEAF_DATASETS, dataset_info, load_split, load_unlabeled
 from fedx.data.personalized import MIN_LOCAL_SAMPLES
 from fedx.models import build_model
 from fedx.outputs import MODEL_FILE, RunRecorder
@@ -72,16 +72,21 @@ def _multi_model_arguments(cfg: RunConfig) -> dict:
     }
 
 
+def data_settings(cfg: RunConfig) -> dict:
+    """The loader arguments that decide which samples a split holds."""
+    return {
+        "root": cfg.data_root,
+        "download": cfg.download,
+        "seed": cfg.seed,
+        "test_fraction": cfg.test_fraction,
+        "leaf_users": cfg.leaf_users,
+        "leaf_min_samples": cfg.leaf_min_samples,
+    }
+
+
 def server_unlabeled_set(cfg: RunConfig) -> Dataset:
     """FedMe's unlabeled set (cached per process: loading it twice costs nothing)."""
-    return load_unlabeled(
-        cfg.dataset,
-        size=cfg.unlabeled_size,
-        root=cfg.data_root,
-        download=cfg.download,
-        seed=cfg.seed,
-        test_fraction=cfg.test_fraction,
-    )
+    return load_unlabeled(cfg.dataset, size=cfg.unlabeled_size, **data_settings(cfg))
 
 
 def build_fedme(cfg: RunConfig) -> FedMe:
@@ -161,6 +166,63 @@ STRATEGY_BUILDERS: dict[str, Callable[[RunConfig], Strategy]] = {
 assert set(STRATEGY_BUILDERS) == set(STRATEGY_NAMES), "every strategy name needs a builder"
 
 
+def check_data_and_model(cfg: RunConfig) -> None:
+    """Reject data and model keys that are valid alone but not together.
+
+    Raises
+    ------
+    ConfigError
+        When ``partitioning = "natural"`` is asked of a dataset without users
+        (not LEAF), or ``model`` cannot read the dataset's inputs (``lstm`` on
+        images, an image model on Shakespeare, a VGG on 28x28 FEMNIST).
+    """
+    if cfg.partitioning == "natural" and cfg.dataset not in LEAF_DATASETS:
+        raise ConfigError(
+            f"invalid run config partitioning='natural': it makes every user of a LEAF dataset "
+            f"({', '.join(LEAF_DATASETS)}) one client; dataset={cfg.dataset!r} has no users"
+        )
+    info = dataset_info(cfg.dataset)
+    try:
+        with torch.device("meta"):  # checks the shapes without allocating any weights
+            build_model(cfg.model, info.input_shape, info.num_classes)
+    except ValueError as err:
+        raise ConfigError(
+            f"invalid run config model={cfg.model!r} for dataset={cfg.dataset!r}: {err}"
+        ) from None
+
+
+def check_natural_clients(cfg: RunConfig, connected: int) -> None:
+    """Compare the connected nodes with the clients of ``partitioning = "natural"``.
+
+    Every selected LEAF user is one client, so a simulation needs exactly
+    that many SuperNodes (each node's ``num-partitions`` is the federation's
+    node count, and a client whose ``num-partitions`` differs fails). More
+    nodes than users is an error; fewer is logged, as a deployment may run
+    some clients only.
+
+    Raises
+    ------
+    ConfigError
+        When more nodes are connected than users are selected, or the LEAF
+        files are missing or do not yield the users asked for.
+    """
+    if cfg.partitioning != "natural":
+        return
+    try:
+        users = len(load_split(cfg.dataset, "train", **data_settings(cfg)).users)
+    except (FileNotFoundError, ValueError) as err:
+        raise ConfigError(f"dataset={cfg.dataset!r}: {err}") from None
+    message = (
+        f"partitioning='natural' makes each of the {users} selected {cfg.dataset} users "
+        f"(leaf-users={cfg.leaf_users}) one client, but {connected} nodes are connected"
+    )
+    if connected > users:
+        raise ConfigError(f"{message}: run {users} SuperNodes (num-supernodes={users})")
+    if connected < users:
+        log(WARNING, "fedx: %s; nodes need num-partitions=%d, and the other users never train",
+            message, users)
+
+
 def build_strategy(cfg: RunConfig) -> Strategy:
     """Build the strategy named by the ``strategy`` run-config key.
 
@@ -169,8 +231,10 @@ def build_strategy(cfg: RunConfig) -> Strategy:
     ConfigError
         When the strategy rejects a combination of values that each passed
         their own check (for example ``fedcross-alpha-start`` above
-        ``fedcross-alpha``).
+        ``fedcross-alpha``), or the data and model keys do not fit together
+        (:func:`check_data_and_model`).
     """
+    check_data_and_model(cfg)
     if cfg.personalized and cfg.min_partition_size < MIN_LOCAL_SAMPLES:
         raise ConfigError(
             f"invalid run config min-partition-size={cfg.min_partition_size!r}: must be an "
@@ -261,14 +325,8 @@ class RoundEvaluation:
         self.device = get_device()
         self.loader = None
         if model is not None:
-            test_set = load_split(
-                cfg.dataset,
-                "test",
-                root=cfg.data_root,
-                download=cfg.download,
-                seed=cfg.seed,
-                test_fraction=cfg.test_fraction,
-            )
+            # LEAF: the union of the selected users' test samples.
+            test_set = load_split(cfg.dataset, "test", **data_settings(cfg))
             self.loader = DataLoader(test_set, batch_size=256, shuffle=False)
 
     def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
@@ -430,6 +488,7 @@ def main(grid: Grid, context: Context) -> None:
         torch.manual_seed(cfg.seed)
         restored, rows = resume_state(checkpoint, strategy)
         connected = wait_for_nodes(grid, cfg.min_available_nodes, cfg.node_wait_timeout)
+        check_natural_clients(cfg, connected)
     except ConfigError as err:
         log(ERROR, "fedx: %s", err)
         raise SystemExit(1) from None

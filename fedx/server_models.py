@@ -29,8 +29,9 @@ class ServerModels:
 
     Parameters
     ----------
-    input_shape : tuple[int, int, int]
-        ``(channels, height, width)`` of the dataset's images.
+    input_shape : tuple[int, ...]
+        Shape of one input of the dataset (``(channels, height, width)`` of
+        an image).
     num_classes : int
         Number of classes.
     unlabeled : callable
@@ -50,7 +51,7 @@ class ServerModels:
     # pylint: disable=too-many-arguments
     def __init__(
         self,
-        input_shape: tuple[int, int, int],
+        input_shape: tuple[int, ...],
         num_classes: int,
         unlabeled: Callable[[], Dataset],
         seed: int,
@@ -68,7 +69,7 @@ class ServerModels:
 
     @functools.cached_property
     def unlabeled(self) -> torch.Tensor:
-        """The unlabeled images as one ``(U, C, H, W)`` tensor, loaded on first use."""
+        """The unlabeled inputs as one ``(U, *input_shape)`` tensor, loaded on first use."""
         dataset = self._load_unlabeled()
         return torch.stack([dataset[i][0] for i in range(len(dataset))])
 

@@ -28,7 +28,8 @@ def train(
     model : nn.Module
         The model; it is moved to ``device`` and left there, in training mode.
     loader : DataLoader
-        Yields ``(inputs, labels)`` batches with integer labels.
+        Yields ``(inputs, labels)`` batches with integer labels. Inputs keep
+        their dtype (float images, int64 token ids for an embedding).
     epochs : int
         Number of passes over ``loader``; 0 leaves the model unchanged.
     learning_rate, momentum, weight_decay : float
@@ -140,7 +141,7 @@ def predict_probabilities(
     model : nn.Module
         The classifier; it is moved to ``device`` and put in evaluation mode.
     inputs : torch.Tensor
-        ``(N, C, H, W)`` inputs.
+        ``(N, *input_shape)`` inputs: float images or integer token ids.
     batch_size : int, optional
         Inputs per forward pass.
     device : torch.device, optional

@@ -32,10 +32,12 @@ CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 
 
 def test_dataset_info() -> None:
-    assert DATASET_NAMES == ("digits", "cifar10", "cifar100")
+    assert DATASET_NAMES == ("digits", "cifar10", "cifar100", "femnist", "shakespeare")
     assert dataset_info("digits") == DatasetInfo(input_shape=(1, 8, 8), num_classes=10)
     assert dataset_info("cifar10") == DatasetInfo(input_shape=(3, 32, 32), num_classes=10)
     assert dataset_info("cifar100") == DatasetInfo(input_shape=(3, 32, 32), num_classes=100)
+    assert dataset_info("femnist") == DatasetInfo(input_shape=(1, 28, 28), num_classes=62)
+    assert dataset_info("shakespeare") == DatasetInfo(input_shape=(80,), num_classes=80)
 
 
 def test_unknown_dataset_names_the_allowed_ones() -> None:
@@ -218,7 +220,8 @@ def test_partition_indices_rejects_bad_arguments(kwargs: dict, fragments: list[s
 # --- load_partition ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("partitioning", PARTITIONINGS)
+# "natural" needs users (LEAF data): tests/test_leaf.py.
+@pytest.mark.parametrize("partitioning", [p for p in PARTITIONINGS if p != "natural"])
 def test_load_partition_splits_the_digits_training_set(partitioning: str) -> None:
     train = load_split("digits", "train")
     parts = [

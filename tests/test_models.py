@@ -50,7 +50,8 @@ def test_output_shape(name: str, input_shape: tuple[int, int, int], num_classes:
 
 def test_model_names() -> None:
     assert MODEL_NAMES == (
-        "cnn", "resnet20", "vgg16", "cnn-1", "cnn-2", "cnn-3", "cnn-4", "vgg11", "vgg13", "vgg19"
+        "cnn", "resnet20", "vgg16", "lstm", "cnn-1", "cnn-2", "cnn-3", "cnn-4", "vgg11", "vgg13",
+        "vgg19",
     )
 
 
@@ -181,7 +182,7 @@ def test_vgg16_rejects_small_inputs(input_shape: tuple[int, int, int]) -> None:
 
 @pytest.mark.parametrize(
     ("name", "input_shape"),
-    [("cnn", (1, 8, 8)), ("resnet20", (3, 32, 32)), ("vgg16", (3, 32, 32))],
+    [("cnn", (1, 8, 8)), ("resnet20", (3, 32, 32)), ("vgg16", (3, 32, 32)), ("lstm", (80,))],
 )
 def test_same_seed_gives_same_initial_model(name: str, input_shape: tuple[int, int, int]) -> None:
     def state_after_seed(seed: int) -> dict[str, torch.Tensor]:
@@ -192,3 +193,40 @@ def test_same_seed_gives_same_initial_model(name: str, input_shape: tuple[int, i
     assert list(first) == list(again)
     assert all(torch.equal(first[key], again[key]) for key in first)
     assert any(not torch.equal(first[key], other[key]) for key in first)
+
+
+def test_lstm_is_leafs_character_model() -> None:
+    model = build_model("lstm", (80,), 80)
+    assert (model.embedding.num_embeddings, model.embedding.embedding_dim) == (80, 8)
+    assert (model.lstm.input_size, model.lstm.hidden_size, model.lstm.num_layers) == (8, 256, 2)
+    assert model.lstm.batch_first
+    assert (model.classifier.in_features, model.classifier.out_features) == (256, 80)
+    # Embedding 640, LSTM layers 272,384 and 526,336 (two bias vectors per
+    # layer in PyTorch), classifier 20,560.
+    assert _num_parameters(model) == 819_920
+
+
+def test_lstm_predicts_from_the_last_character() -> None:
+    torch.manual_seed(0)
+    model = build_model("lstm", (80,), 80).eval()
+    tokens = torch.randint(0, 80, (4, 80))
+    with torch.no_grad():
+        logits = model(tokens)
+        assert logits.shape == (4, 80) and torch.isfinite(logits).all()
+        # An earlier character changes the prediction (the line is read, not
+        # only its last character), and the output is the last step's.
+        changed = tokens.clone()
+        changed[:, -10] = (changed[:, -10] + 1) % 80
+        assert not torch.allclose(model(changed), logits)
+        outputs, _ = model.lstm(model.embedding(tokens))
+        torch.testing.assert_close(model.classifier(outputs[:, -1]), logits)
+
+
+@pytest.mark.parametrize(
+    ("name", "input_shape", "problem"),
+    [("lstm", (3, 32, 32), "reads token sequences"), ("cnn", (80,), "reads images"),
+     ("lstm", (0,), "reads token sequences")],
+)
+def test_models_reject_the_other_kind_of_input(name, input_shape, problem) -> None:
+    with pytest.raises(ValueError, match=problem):
+        build_model(name, input_shape, 80)

@@ -2,8 +2,11 @@
 
 ``digits`` (scikit-learn's bundled 8x8 handwritten digits) works offline and
 is the default; ``cifar10`` and ``cifar100`` are read from torchvision's
-on-disk format under the ``data-root`` folder. Personalized methods (FedMe,
-FedAvg + fine-tuning) use :func:`load_local_splits` and :func:`load_unlabeled`.
+on-disk format under the ``data-root`` folder, ``femnist`` and
+``shakespeare`` from LEAF's JSON files there (:mod:`fedx.data.leaf`), where
+``partitioning="natural"`` makes every LEAF user one client. Personalized
+methods (FedMe, FedAvg + fine-tuning) use :func:`load_local_splits` and
+:func:`load_unlabeled`.
 """
 
 from fedx.data.datasets import (
@@ -14,9 +17,11 @@ from fedx.data.datasets import (
     dataset_info,
     load_split,
 )
+from fedx.data.leaf import LEAF_DATASETS, LeafDataset, decode_text, encode_text
 from fedx.data.partitioning import (
     PARTITIONINGS,
     Partition,
+    dataset_groups,
     dataset_labels,
     dirichlet_sizes,
     load_partition,
@@ -32,15 +37,20 @@ from fedx.data.personalized import (
 
 __all__ = [
     "DATASET_NAMES",
+    "LEAF_DATASETS",
     "PARTITIONINGS",
     "SPLITS",
     "DatasetInfo",
     "DigitsDataset",
+    "LeafDataset",
     "LocalSplits",
     "Partition",
+    "dataset_groups",
     "dataset_info",
     "dataset_labels",
+    "decode_text",
     "dirichlet_sizes",
+    "encode_text",
     "load_local_splits",
     "load_partition",
     "load_split",

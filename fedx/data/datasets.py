@@ -1,4 +1,4 @@
-"""Dataset loaders: scikit-learn's bundled digits (offline) and CIFAR-10/100 from disk."""
+"""Dataset loaders: scikit-learn's bundled digits (offline), CIFAR-10/100 and LEAF from disk."""
 
 import functools
 import os
@@ -12,7 +12,16 @@ from torch.utils.data import Dataset
 from torchvision import datasets as tv_datasets
 from torchvision import transforms
 
-DATASET_NAMES: tuple[str, ...] = ("digits", "cifar10", "cifar100")
+from fedx.data.leaf import (
+    FEMNIST_CLASSES,
+    FEMNIST_SIDE,
+    LEAF_DATASETS,
+    SHAKESPEARE_LETTERS,
+    SHAKESPEARE_SEQUENCE_LENGTH,
+    load_leaf,
+)
+
+DATASET_NAMES: tuple[str, ...] = ("digits", "cifar10", "cifar100", *LEAF_DATASETS)
 SPLITS: tuple[str, ...] = ("train", "test")
 
 # load_digits() stores pixel intensities as integers 0..16.
@@ -25,13 +34,15 @@ class DatasetInfo:
 
     Attributes
     ----------
-    input_shape : tuple[int, int, int]
-        ``(channels, height, width)`` of one image.
+    input_shape : tuple[int, ...]
+        Shape of one input: ``(channels, height, width)`` of an image, or
+        ``(length,)`` of a token sequence (Shakespeare).
     num_classes : int
         Number of labels; labels are the integers ``0 .. num_classes - 1``.
+        For Shakespeare this is also the vocabulary of the input tokens.
     """
 
-    input_shape: tuple[int, int, int]
+    input_shape: tuple[int, ...]
     num_classes: int
 
 
@@ -39,6 +50,10 @@ _INFO: dict[str, DatasetInfo] = {
     "digits": DatasetInfo(input_shape=(1, 8, 8), num_classes=10),
     "cifar10": DatasetInfo(input_shape=(3, 32, 32), num_classes=10),
     "cifar100": DatasetInfo(input_shape=(3, 32, 32), num_classes=100),
+    "femnist": DatasetInfo(input_shape=(1, FEMNIST_SIDE, FEMNIST_SIDE), num_classes=FEMNIST_CLASSES),
+    "shakespeare": DatasetInfo(
+        input_shape=(SHAKESPEARE_SEQUENCE_LENGTH,), num_classes=len(SHAKESPEARE_LETTERS)
+    ),
 }
 
 
@@ -116,6 +131,8 @@ def load_split(
     seed: int = 0,
     test_fraction: float = 0.2,
     augment: bool = True,
+    leaf_users: int = 0,
+    leaf_min_samples: int = 0,
 ) -> Dataset:
     """Load the training or the test split of a dataset.
 
@@ -130,19 +147,28 @@ def load_split(
         ``"train"`` or ``"test"``.
     root : str, optional
         Folder holding the CIFAR files (``cifar-10-batches-py/`` or
-        ``cifar-100-python/``). A relative path is resolved against the
-        current working directory. Unused for ``digits``.
+        ``cifar-100-python/``) or LEAF's (``femnist/data/train/`` ...). A
+        relative path is resolved against the current working directory.
+        Unused for ``digits``.
     download : bool, optional
-        Let torchvision download missing CIFAR files into ``root``.
+        Let torchvision download missing CIFAR files into ``root``. LEAF data
+        is never downloaded.
     seed : int, optional
-        Seed of the digits train/test split. CIFAR has a fixed test set.
+        Seed of the digits train/test split and of the choice of LEAF users.
+        CIFAR has a fixed test set.
     test_fraction : float, optional
         Fraction of the digits held out as the test split, stratified by
         label, in ``(0, 1)``. Unused for CIFAR.
     augment : bool, optional
         Randomly crop and flip CIFAR training images (the default). False
         gives the training images as the test split sees its images, for
-        evaluating or predicting on training samples. Unused for digits.
+        evaluating or predicting on training samples. Unused for digits and
+        LEAF.
+    leaf_users, leaf_min_samples : int, optional
+        LEAF only: how many users (writers, roles) to take, 0 for all, and
+        the samples a user needs more than; see
+        :func:`fedx.data.leaf.select_users`. Both splits hold the same users'
+        samples: the test split is the union of their test samples.
 
     Returns
     -------
@@ -151,14 +177,18 @@ def load_split(
         ``dataset_info(name).input_shape``; the dataset's ``targets``
         attribute holds all labels. CIFAR training images are randomly
         cropped (padding 4) and flipped unless ``augment`` is false; all CIFAR
-        images are normalised per channel. Digits are scaled to ``[0, 1]``.
+        images are normalised per channel. Digits are scaled to ``[0, 1]``,
+        FEMNIST pixels are as LEAF stores them (``[0, 1]``), Shakespeare
+        inputs are int64 token sequences. LEAF datasets also have ``users``
+        and ``user_index`` (:class:`fedx.data.leaf.LeafDataset`).
 
     Raises
     ------
     ValueError
         If ``name``, ``split`` or ``test_fraction`` is invalid.
     FileNotFoundError
-        If CIFAR files are missing from ``root`` and ``download`` is false.
+        If CIFAR files are missing from ``root`` and ``download`` is false, or
+        LEAF files are missing (the message gives LEAF's command).
     """
     _check_choice("dataset", name, DATASET_NAMES)
     _check_choice("split", split, SPLITS)
@@ -167,6 +197,10 @@ def load_split(
     if name == "digits":
         train, test = _digits_splits(int(seed), float(test_fraction))
         return train if split == "train" else test
+    if name in LEAF_DATASETS:
+        return load_leaf(
+            name, split, root=root, num_users=leaf_users, min_samples=leaf_min_samples, seed=seed
+        )
     train = split == "train"
     return _load_cifar(name, train, _resolve_root(root), bool(download), train and augment)
 

@@ -15,8 +15,9 @@ from flwr_datasets.partitioner import (
 from torch.utils.data import Dataset, Subset
 
 from fedx.data.datasets import _check_choice, _resolve_root, load_split
+from fedx.data.leaf import LEAF_DATASETS
 
-PARTITIONINGS: tuple[str, ...] = ("iid", "dirichlet", "dirichlet-size-label")
+PARTITIONINGS: tuple[str, ...] = ("iid", "dirichlet", "dirichlet-size-label", "natural")
 
 
 class Partition(Subset):
@@ -45,6 +46,12 @@ def dataset_labels(dataset: Dataset) -> np.ndarray:
     return np.asarray(targets, dtype=np.int64)
 
 
+def dataset_groups(dataset: Dataset) -> np.ndarray | None:
+    """Return each sample's user (``user_index``) of a LEAF dataset, ``None`` for others."""
+    groups = getattr(dataset, "user_index", None)
+    return None if groups is None else np.asarray(groups, dtype=np.int64)
+
+
 def partition_indices(
     labels: np.ndarray | Sequence[int],
     num_partitions: int,
@@ -54,6 +61,7 @@ def partition_indices(
     min_partition_size: int = 0,
     seed: int = 0,
     size_alpha: float = 10.0,
+    groups: np.ndarray | Sequence[int] | None = None,
 ) -> list[np.ndarray]:
     """Split sample positions into disjoint partitions that together cover all samples.
 
@@ -63,7 +71,7 @@ def partition_indices(
         One label per sample, 1-D.
     num_partitions : int
         Number of partitions (clients), between 1 and the number of samples.
-    partitioning : {"iid", "dirichlet", "dirichlet-size-label"}
+    partitioning : {"iid", "dirichlet", "dirichlet-size-label", "natural"}
         ``"iid"``: a seeded shuffle cut into equal shares (sizes differ by at
         most one) with ``IidPartitioner``. ``"dirichlet"``: label skew with
         ``DirichletPartitioner``: for every class, proportions drawn from
@@ -72,7 +80,9 @@ def partition_indices(
         ``"dirichlet-size-label"``: FedMe's CIFAR-10 scheme (after FedMA,
         Wang et al., ICLR 2020): partition sizes from ``Dir(size_alpha)``
         (:func:`dirichlet_sizes`), then every partition's label mix from
-        ``Dir(alpha)`` with ``InnerDirichletPartitioner``.
+        ``Dir(alpha)`` with ``InnerDirichletPartitioner``. ``"natural"``: the
+        samples of group ``g`` (a LEAF user) form partition ``g``; needs
+        ``groups``, and exactly ``num_partitions`` groups.
     alpha : float
         Label Dirichlet concentration, > 0; smaller is more skewed. Unused
         for iid.
@@ -87,6 +97,10 @@ def partition_indices(
     size_alpha : float
         Size Dirichlet concentration of ``"dirichlet-size-label"``, > 0;
         smaller gives more unequal sizes (the FedMe paper: 10).
+    groups : array-like, optional
+        ``"natural"`` only: one group per sample, the integers
+        ``0 .. num_partitions - 1`` (``user_index`` of a LEAF dataset).
+        ``min_partition_size`` does not apply: the groups decide the sizes.
 
     Returns
     -------
@@ -104,6 +118,8 @@ def partition_indices(
     _check_partition_args(len(labels), num_partitions, partitioning, alpha, min_partition_size)
 
     num_samples = len(labels)
+    if partitioning == "natural":
+        return _natural_partitions(groups, num_samples, num_partitions)
     if partitioning == "dirichlet-size-label":
         return _size_label_dirichlet(
             labels, num_partitions, alpha, size_alpha, min_partition_size, seed
@@ -142,6 +158,31 @@ def partition_indices(
             f"min-partition-size={min_partition_size} samples; lower min-partition-size, "
             f"raise dirichlet-alpha or use fewer partitions"
         ) from err
+
+
+def _natural_partitions(
+    groups: np.ndarray | Sequence[int] | None, num_samples: int, num_partitions: int
+) -> list[np.ndarray]:
+    """One partition per group: the positions of group ``g``'s samples, in order."""
+    if groups is None:
+        raise ValueError(
+            "partitioning='natural' needs data whose samples belong to users: "
+            f"one of the LEAF datasets {', '.join(LEAF_DATASETS)}"
+        )
+    groups = np.asarray(groups, dtype=np.int64)
+    if groups.shape != (num_samples,):
+        raise ValueError(
+            f"groups must hold one group per sample ({num_samples}), got shape {groups.shape}"
+        )
+    num_groups = len(np.unique(groups))
+    if num_groups != num_partitions or groups.min() < 0 or groups.max() >= num_partitions:
+        raise ValueError(
+            f"partitioning='natural' makes every user one partition: the data has "
+            f"{num_groups} users but num-partitions={num_partitions}"
+        )
+    order = np.argsort(groups, kind="stable")
+    bounds = np.cumsum(np.bincount(groups, minlength=num_partitions))[:-1]
+    return [part.astype(np.int64) for part in np.split(order, bounds)]
 
 
 def dirichlet_sizes(
@@ -242,6 +283,8 @@ def load_partition(
     min_partition_size: int = 0,
     seed: int = 0,
     test_fraction: float = 0.2,
+    leaf_users: int = 0,
+    leaf_min_samples: int = 0,
 ) -> Partition:
     """Return one client's share of a dataset's training split.
 
@@ -258,27 +301,41 @@ def load_partition(
         node's ``partition-id``).
     num_partitions : int
         Number of partitions (Flower's ``num-partitions``).
-    root, download, test_fraction
+    root, download, test_fraction, leaf_users, leaf_min_samples
         As for :func:`fedx.data.load_split`.
     partitioning, alpha, min_partition_size
-        As for :func:`partition_indices`.
+        As for :func:`partition_indices`. ``"natural"`` (LEAF only) gives
+        partition ``i`` the samples of the ``i``-th selected user, so
+        ``num_partitions`` must be the number of selected users. The other
+        partitionings pool the selected users' samples and share them out
+        like any other dataset's.
     seed : int
-        Seed of the digits train/test split and of the partitioning.
+        Seed of the digits train/test split, of the choice of LEAF users and
+        of the partitioning.
 
     Returns
     -------
     Partition
         A ``torch.utils.data.Subset`` of the training split with a
         ``targets`` attribute.
+
+    Raises
+    ------
+    ValueError
+        On an invalid argument; for ``"natural"`` also when the dataset has
+        no users or ``num_partitions`` is not their number.
     """
     if not 0 <= partition_id < num_partitions:
         raise ValueError(
             f"partition-id={partition_id!r} must be in [0, {num_partitions}) "
             f"for num-partitions={num_partitions}"
         )
+    leaf = {"leaf_users": int(leaf_users), "leaf_min_samples": int(leaf_min_samples)}
     train = load_split(
-        name, "train", root=root, download=download, seed=seed, test_fraction=test_fraction
+        name, "train", root=root, download=download, seed=seed, test_fraction=test_fraction, **leaf
     )
+    if partitioning == "natural":
+        _check_natural(name, train, num_partitions)
     partitions = _train_partitions(
         name,
         _resolve_root(root),
@@ -289,8 +346,27 @@ def load_partition(
         float(alpha),
         int(min_partition_size),
         int(seed),
+        int(leaf_users),
+        int(leaf_min_samples),
     )
     return Partition(train, partitions[partition_id])
+
+
+def _check_natural(name: str, train: Dataset, num_partitions: int) -> None:
+    """Explain in run-config terms why ``"natural"`` cannot partition ``train``."""
+    users = getattr(train, "users", None)
+    if users is None:
+        raise ValueError(
+            f"partitioning='natural' needs a LEAF dataset ({', '.join(LEAF_DATASETS)}), "
+            f"whose users are the clients; dataset={name!r} has no users"
+        )
+    if len(users) != num_partitions:
+        raise ValueError(
+            f"partitioning='natural' makes every {name} user one client: {len(users)} users "
+            f"are selected but num-partitions={num_partitions}; run {len(users)} SuperNodes "
+            f'(--federation-config "num-supernodes={len(users)}") or set leaf-users='
+            f"{num_partitions}"
+        )
 
 
 @functools.lru_cache(maxsize=8)
@@ -304,9 +380,12 @@ def _train_partitions(
     alpha: float,
     min_partition_size: int,
     seed: int,
+    leaf_users: int,
+    leaf_min_samples: int,
 ) -> tuple[np.ndarray, ...]:
     train = load_split(
-        name, "train", root=root, download=download, seed=seed, test_fraction=test_fraction
+        name, "train", root=root, download=download, seed=seed, test_fraction=test_fraction,
+        leaf_users=leaf_users, leaf_min_samples=leaf_min_samples,
     )
     partitions = partition_indices(
         dataset_labels(train),
@@ -315,6 +394,7 @@ def _train_partitions(
         alpha=alpha,
         min_partition_size=min_partition_size,
         seed=seed,
+        groups=dataset_groups(train),
     )
     for indices in partitions:
         # Shared by every caller through the cache: nobody may change them.
@@ -333,7 +413,7 @@ def _check_partition_args(
         )
     if min_partition_size < 0:
         raise ValueError(f"min-partition-size={min_partition_size!r} must be >= 0")
-    if partitioning != "iid" and not alpha > 0:
+    if partitioning not in ("iid", "natural") and not alpha > 0:
         raise ValueError(f"dirichlet-alpha={alpha!r} must be > 0")
     if partitioning == "iid" and num_samples // num_partitions < min_partition_size:
         raise ValueError(

@@ -14,7 +14,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedx.data.datasets import _resolve_root, load_split
-from fedx.data.partitioning import Partition, dataset_labels, partition_indices
+from fedx.data.partitioning import (
+    Partition,
+    dataset_groups,
+    dataset_labels,
+    partition_indices,
+)
 
 #: Unlabeled samples the server holds when ``unlabeled-size`` is 0: the
 #: paper's 1000, fewer for the 1797 digits.
@@ -96,6 +101,8 @@ def load_unlabeled(
     download: bool = False,
     seed: int = 0,
     test_fraction: float = 0.2,
+    leaf_users: int = 0,
+    leaf_min_samples: int = 0,
 ) -> Partition:
     """Return the server's unlabeled set: training samples no client ever gets.
 
@@ -105,7 +112,7 @@ def load_unlabeled(
         One of :data:`fedx.data.DATASET_NAMES`.
     size : int, optional
         Number of samples; 0 takes the dataset's default (1000, digits 200).
-    root, download, seed, test_fraction
+    root, download, seed, test_fraction, leaf_users, leaf_min_samples
         As for :func:`fedx.data.load_split`. The set depends on these and
         ``size`` only, not on the number of clients, so the server can load it
         without knowing how many clients there are.
@@ -116,10 +123,12 @@ def load_unlabeled(
         Training images without augmentation. The labels are there (the
         ``targets`` attribute) but FedMe never reads them.
     """
+    leaf = (int(leaf_users), int(leaf_min_samples))
     layout = _unlabeled_and_pool(name, _resolve_root(root), bool(download), int(seed),
-                                 float(test_fraction), unlabeled_size(name, size))
+                                 float(test_fraction), unlabeled_size(name, size), *leaf)
     images = load_split(name, "train", root=root, download=download, seed=seed,
-                        test_fraction=test_fraction, augment=False)
+                        test_fraction=test_fraction, augment=False, leaf_users=leaf[0],
+                        leaf_min_samples=leaf[1])
     return Partition(images, layout[0])
 
 
@@ -140,6 +149,8 @@ def load_local_splits(
     unlabeled: int = 0,
     local_test_fraction: float = 0.2,
     local_validation_fraction: float = 0.2,
+    leaf_users: int = 0,
+    leaf_min_samples: int = 0,
 ) -> LocalSplits:
     """Return one client's train, validation and test splits.
 
@@ -154,11 +165,13 @@ def load_local_splits(
         One of :data:`fedx.data.DATASET_NAMES`.
     partition_id, num_partitions : int
         The client's ``partition-id`` and ``num-partitions``.
-    root, download, seed, test_fraction
+    root, download, seed, test_fraction, leaf_users, leaf_min_samples
         As for :func:`fedx.data.load_split` (``test_fraction`` is the digits'
         global test split, which personalized evaluation does not use).
     partitioning, alpha, size_alpha, min_partition_size
-        As for :func:`fedx.data.partition_indices`.
+        As for :func:`fedx.data.partition_indices`. ``"natural"`` (LEAF)
+        gives client ``i`` the ``i``-th selected user's training samples that
+        are not in the server's unlabeled set.
     unlabeled : int
         Size of the server's unlabeled set, 0 for the dataset's default.
     local_test_fraction, local_validation_fraction : float
@@ -178,9 +191,10 @@ def load_local_splits(
         name, _resolve_root(root), bool(download), int(seed), float(test_fraction),
         unlabeled_size(name, unlabeled), int(num_partitions), partitioning, float(alpha),
         float(size_alpha), int(min_partition_size), float(local_test_fraction),
-        float(local_validation_fraction),
+        float(local_validation_fraction), int(leaf_users), int(leaf_min_samples),
     )[partition_id]
-    settings = {"root": root, "download": download, "seed": seed, "test_fraction": test_fraction}
+    settings = {"root": root, "download": download, "seed": seed, "test_fraction": test_fraction,
+                "leaf_users": leaf_users, "leaf_min_samples": leaf_min_samples}
     augmented = load_split(name, "train", **settings)
     plain = load_split(name, "train", augment=False, **settings)
     return LocalSplits(
@@ -192,11 +206,19 @@ def load_local_splits(
 
 @functools.lru_cache(maxsize=8)
 def _unlabeled_and_pool(
-    name: str, root: str, download: bool, seed: int, test_fraction: float, size: int
+    name: str,
+    root: str,
+    download: bool,
+    seed: int,
+    test_fraction: float,
+    size: int,
+    leaf_users: int,
+    leaf_min_samples: int,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Positions in the training split of the unlabeled set and of the clients' pool."""
     train = load_split(name, "train", root=root, download=download, seed=seed,
-                       test_fraction=test_fraction)
+                       test_fraction=test_fraction, leaf_users=leaf_users,
+                       leaf_min_samples=leaf_min_samples)
     num_samples = len(dataset_labels(train))
     if not 0 < size < num_samples:
         raise ValueError(
@@ -225,11 +247,16 @@ def _local_split_indices(
     min_partition_size: int,
     local_test_fraction: float,
     local_validation_fraction: float,
+    leaf_users: int,
+    leaf_min_samples: int,
 ) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]:
     """Every client's (train, validation, test) positions in the training split."""
-    _, pool = _unlabeled_and_pool(name, root, download, seed, test_fraction, size)
+    leaf = (leaf_users, leaf_min_samples)
+    _, pool = _unlabeled_and_pool(name, root, download, seed, test_fraction, size, *leaf)
     train = load_split(name, "train", root=root, download=download, seed=seed,
-                       test_fraction=test_fraction)
+                       test_fraction=test_fraction, leaf_users=leaf_users,
+                       leaf_min_samples=leaf_min_samples)
+    groups = dataset_groups(train)
     shares = partition_indices(
         dataset_labels(train)[pool],
         num_partitions,
@@ -238,6 +265,7 @@ def _local_split_indices(
         size_alpha=size_alpha,
         min_partition_size=min_partition_size,
         seed=seed,
+        groups=None if groups is None else groups[pool],
     )
     rng = np.random.default_rng([seed, 0x10CA1])
     layout = []

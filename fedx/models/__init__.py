@@ -4,8 +4,8 @@ No pretrained weights are ever downloaded: every model starts from the
 framework's random initialisation, so call ``torch.manual_seed(seed)`` before
 :func:`build_model` to get the same initial model in every process.
 
-Besides the single-architecture models (``cnn``, ``resnet20``, ``vgg16``) the
-registry names two families of variable depth for heterogeneous-architecture
+Besides the single-architecture models (``cnn``, ``resnet20``, ``vgg16`` for
+images, ``lstm`` for LEAF's Shakespeare token sequences) the registry names two families of variable depth for heterogeneous-architecture
 methods such as FedMe: ``cnn-1`` ... ``cnn-4`` (the CNN with 1-4 conv
 blocks; ``cnn-2`` has the structure of ``cnn``) and ``vgg11``, ``vgg13``,
 ``vgg16``, ``vgg19``.
@@ -17,6 +17,7 @@ from collections.abc import Callable
 from torch import nn
 
 from fedx.models.cnn import CNN
+from fedx.models.lstm import CharLSTM
 from fedx.models.resnet import ResNet20
 from fedx.models.vgg import VGG, VGG16
 
@@ -24,12 +25,13 @@ from fedx.models.vgg import VGG, VGG16
 # first two are the FedAvg CNN's; deeper blocks double the width.
 CNN_FAMILY_CHANNELS: tuple[int, ...] = (32, 64, 128, 256)
 
-_Builder = Callable[[tuple[int, int, int], int], nn.Module]
+_Builder = Callable[[tuple[int, ...], int], nn.Module]
 
 _BUILDERS: dict[str, _Builder] = {
     "cnn": CNN,
     "resnet20": ResNet20,
     "vgg16": VGG16,
+    "lstm": CharLSTM,
 }
 for _depth in range(1, len(CNN_FAMILY_CHANNELS) + 1):
     # Deep variants stop pooling at 1x1, so all four run on 8x8 digits.
@@ -40,9 +42,12 @@ for _depth in (11, 13, 19):
     _BUILDERS[f"vgg{_depth}"] = functools.partial(VGG, depth=_depth)
 
 MODEL_NAMES: tuple[str, ...] = tuple(_BUILDERS)
+#: Models that read token sequences, input shape ``(length,)``; all others
+#: read images, ``(channels, height, width)``.
+SEQUENCE_MODELS: tuple[str, ...] = ("lstm",)
 
 
-def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """Build a freshly initialised model.
 
     Parameters
@@ -50,8 +55,9 @@ def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int) 
     name : str
         One of :data:`MODEL_NAMES` (the ``model`` run-config key, or an entry
         of ``fedme-architectures``).
-    input_shape : tuple[int, int, int]
-        ``(channels, height, width)`` of one input image, for example
+    input_shape : tuple[int, ...]
+        ``(channels, height, width)`` of one input image, or ``(length,)`` of
+        one token sequence for :data:`SEQUENCE_MODELS`; for example
         ``fedx.data.dataset_info(dataset).input_shape``.
     num_classes : int
         Number of output logits.
@@ -64,17 +70,36 @@ def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int) 
     Raises
     ------
     ValueError
-        If ``name`` is unknown, or the input is too small for the model
+        If ``name`` is unknown, the input is of the other kind (an image for
+        ``lstm``, a sequence for an image model), or too small for the model
         (the VGGs need at least 32x32).
     """
     if name not in _BUILDERS:
         raise ValueError(f"model={name!r} is not one of {MODEL_NAMES}")
-    if len(input_shape) != 3 or min(input_shape) < 1:
-        raise ValueError(f"input_shape must be (channels, height, width), got {input_shape}")
+    shape = tuple(int(side) for side in input_shape)
+    if name in SEQUENCE_MODELS and (len(shape) != 1 or shape[0] < 1):
+        raise ValueError(
+            f"model {name} reads token sequences (such as shakespeare's): input_shape must be "
+            f"(length,), got {tuple(input_shape)}"
+        )
+    if name not in SEQUENCE_MODELS and (len(shape) != 3 or min(shape) < 1):
+        raise ValueError(
+            f"model {name} reads images: input_shape must be (channels, height, width), "
+            f"got {tuple(input_shape)}"
+        )
     if num_classes < 1:
         raise ValueError(f"num_classes must be at least 1, got {num_classes}")
-    channels, height, width = (int(side) for side in input_shape)
-    return _BUILDERS[name]((channels, height, width), int(num_classes))
+    return _BUILDERS[name](shape, int(num_classes))
 
 
-__all__ = ["CNN", "CNN_FAMILY_CHANNELS", "MODEL_NAMES", "ResNet20", "VGG", "VGG16", "build_model"]
+__all__ = [
+    "CNN",
+    "CNN_FAMILY_CHANNELS",
+    "MODEL_NAMES",
+    "SEQUENCE_MODELS",
+    "VGG",
+    "VGG16",
+    "CharLSTM",
+    "ResNet20",
+    "build_model",
+]
