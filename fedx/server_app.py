@@ -391,7 +391,8 @@ def load_resume_checkpoint(cfg: RunConfig) -> tuple[RunConfig, Checkpoint | None
     A resumed run is the interrupted run continued: it takes every setting
     from the checkpoint (only ``resume-from`` comes from the new run config)
     and writes into the checkpoint's directory. Settings of the new run
-    config that differ are logged as ignored.
+    config that differ are logged as ignored; keys the checkpoint lacks
+    (added to fedx after it was written) come from the new run config.
 
     Raises
     ------
@@ -404,7 +405,8 @@ def load_resume_checkpoint(cfg: RunConfig) -> tuple[RunConfig, Checkpoint | None
     try:
         checkpoint = load_checkpoint(cfg.resume_from)
         stored = checkpoint.state["config"]
-        resumed = RunConfig.from_mapping({**stored, "resume-from": cfg.resume_from})
+        added = {key: value for key, value in cfg.to_dict().items() if key not in stored}
+        resumed = RunConfig.from_mapping({**added, **stored, "resume-from": cfg.resume_from})
     except (CheckpointError, KeyError, TypeError) as err:
         raise ConfigError(f"invalid run config resume-from={cfg.resume_from!r}: {err}") from None
     if checkpoint.server_round >= resumed.num_server_rounds:
@@ -415,8 +417,11 @@ def load_resume_checkpoint(cfg: RunConfig) -> tuple[RunConfig, Checkpoint | None
     ignored = {
         key: value
         for key, value in cfg.to_dict().items()
-        if key != "resume-from" and value != stored.get(key)
+        if key != "resume-from" and key not in added and value != stored[key]
     }
+    if added:
+        log(WARNING, "fedx: the checkpoint predates run-config keys %s; using this run's values",
+            ", ".join(f"{key}={value!r}" for key, value in added.items()))
     if ignored:
         log(WARNING, "fedx: resuming with the checkpoint's run config; ignoring %s",
             ", ".join(f"{key}={value!r}" for key, value in ignored.items()))

@@ -89,3 +89,19 @@ def test_resume_from_problems_stop_the_run_with_one_line(tmp_path, caplog):
     with caplog.at_level(logging.ERROR), pytest.raises(SystemExit):
         run_main(CrashingGrid(NODE_IDS, None), {**DEFAULTS, "resume-from": str(tmp_path / "done" / "checkpoint.json")})
     assert "that run already did all its num-server-rounds=1" in caplog.text
+
+
+def test_a_checkpoint_older_than_a_run_config_key_resumes_with_this_runs_value(tmp_path, caplog):
+    with pytest.raises(RuntimeError, match="died"):
+        run_main(CrashingGrid(NODE_IDS, 3), run_config(tmp_path, **{"run-name": "old"}))
+    # Play a checkpoint written before fedx had the LEAF keys.
+    manifest_path = tmp_path / "old" / "checkpoint.json"
+    manifest = json.loads(manifest_path.read_text())
+    for key in ("leaf-users", "leaf-min-samples"):
+        del manifest["state"]["config"][key]
+    manifest_path.write_text(json.dumps(manifest))
+
+    with caplog.at_level(logging.INFO):
+        run_main(CrashingGrid(NODE_IDS, None), {**DEFAULTS, "resume-from": str(tmp_path / "old")})
+    assert "the checkpoint predates run-config keys leaf-users=0, leaf-min-samples=0" in caplog.text
+    assert load_checkpoint(tmp_path / "old").server_round == NUM_ROUNDS
