@@ -1,0 +1,116 @@
+"""The benchmark scripts' quick modes run and report well-formed, plausible figures.
+
+The scripts are reports, not tests: these tests only check that each one
+runs and that what it measures hangs together (positive times and sizes,
+ratios taken against the baseline of the same run), not how fast anything is.
+"""
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def load_script(name: str) -> ModuleType:
+    """Import ``benchmarks/<name>.py`` (not a package) as a module."""
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", BENCHMARKS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up here
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def server_ops() -> ModuleType:
+    return load_script("server_ops")
+
+
+def test_server_ops_shapes_are_the_real_models(server_ops):
+    """The numpy-only shapes are exactly the state dicts of fedx's cnn and vgg16 on CIFAR."""
+    from fedx.models import build_model  # pylint: disable=import-outside-toplevel
+
+    for architecture in ("cnn", "vgg16"):
+        model = build_model(architecture, (3, 32, 32), 10)
+        expected = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+        assert server_ops.shapes_for(architecture) == expected
+
+
+def test_server_ops_quick(server_ops, capsys):
+    """K=10 CNN: every op timed, its ratio taken against the floor of the same case."""
+    (case,) = server_ops.main(["--quick"])
+    assert (case.architecture, case.count, case.refused) == ("cnn", 10, None)
+    assert case.params == 2_156_490
+    assert case.floor_seconds > 0
+    labels = [op.label for op in case.ops]
+    assert any("cross_aggregate" in label for label in labels)
+    assert any("fedme_aggregate" in label for label in labels)
+    for op in case.ops:
+        assert op.seconds is not None and op.seconds > 0, op.label
+        assert math.isclose(op.ratio, op.seconds / case.floor_seconds), op.label
+        assert op.verdict in ("PASS", "MISS", "")
+    recombine = next(op for op in case.ops if op.label == "recombine")
+    assert recombine.ratio < 1  # moves references, copies no weights
+    pool_bytes = case.count * case.params * 4
+    assert pool_bytes < case.peak_rss < pool_bytes + 2 * 2**30
+    out = capsys.readouterr().out
+    assert "floor (in-place sum of K models)" in out and "peak RSS" in out
+
+
+def test_server_ops_refuses_a_case_that_does_not_fit(server_ops, capsys):
+    """K=100 VGG-16 (6.1 GB pool) is refused up front under a 1 GiB limit, nothing allocated."""
+    (case,) = server_ops.main(["--models", "100", "--arch", "vgg16", "--max-memory-gib", "1"])
+    assert case.refused is not None and case.floor_seconds is None and not case.ops
+    assert "refused: needs about 11.5 GiB" in capsys.readouterr().out
+
+
+def test_round_bytes_quick(server_task_identity, capsys):
+    """Serialized bytes per round: one model per client, two for FedMe, more when secure."""
+    round_bytes = load_script("round_bytes")
+    strategies = ["fedavg", "fedmr", "fedme", "fedmr-secure"]
+    results = round_bytes.main(["--quick", "--strategies", *strategies])["cnn"]
+    by_name = {traffic.strategy: traffic for traffic in results}
+    assert list(by_name) == strategies
+    assert all(traffic.error is None for traffic in results), [t.error for t in results]
+    model_bytes = 2_156_490 * 4
+    k = 3
+    fedavg = by_name["fedavg"]
+    # A message is its arrays plus a little metadata and config.
+    assert k * model_bytes < fedavg.down < k * model_bytes * 1.01
+    assert k * model_bytes < fedavg.up < k * model_bytes * 1.01
+    assert fedavg.messages == k
+    # The ServerApp pushes FedAvg's one model once; FedMR's K different models each.
+    assert model_bytes < fedavg.pushed < 1.01 * model_bytes
+    assert by_name["fedmr"].pushed > (k - 0.5) * model_bytes
+    assert by_name["fedmr"].down / fedavg.down == pytest.approx(1.0, abs=0.01)
+    assert by_name["fedme"].down / fedavg.down == pytest.approx(2.0, abs=0.01)
+    assert by_name["fedme"].up / fedavg.up == pytest.approx(2.0, abs=0.01)
+    assert by_name["fedme"].query > 0
+    secure = by_name["fedmr-secure"]
+    assert secure.down > fedavg.down and secure.up > fedavg.up
+    assert secure.messages > k  # the relay's exchanges come on top of the training messages
+    out = capsys.readouterr().out
+    assert "down/FedAvg" in out and "fedmr-secure" in out
+
+
+def test_simulation_overhead_quick(capsys):
+    """One FedAvg run through `flwr run` against the plain loop; nothing left running after."""
+    simulation_overhead = load_script("simulation_overhead")
+    report = simulation_overhead.main(["--quick", "--strategies", "fedavg", "--rounds", "2"])
+    ((case, strategy, simulation, plain),) = report.rows
+    assert (case.clients, case.fraction, strategy) == (10, 1.0, "fedavg")
+    for timing in (simulation, plain):
+        assert timing.error is None, timing.error
+        assert timing.first > 0 and len(timing.later) == 1 and timing.per_round > 0
+        assert timing.total >= timing.first + sum(timing.later)
+    assert report.processes_while_running >= 1  # the check sees the SuperLink's processes...
+    assert report.left == {} and report.gone_after is not None  # ...and none outlives it
+    out = capsys.readouterr().out
+    ratio = simulation.per_round / plain.per_round
+    assert f"{ratio:.2f}" in out
+    assert "none left running" in out
