@@ -21,11 +21,14 @@ strategy reads what the SuperLink would hand it.
 * "ServerApp push": what Flower 1.41's ServerApp pushes to the SuperLink for
   the round's downlink. The Grid sends messages as content-addressed objects
   and pushes identical objects once per batch, so FedAvg's K copies of one
-  model cost one model there; SuperNodes still pull a full message each.
+  model cost one model there (FedMut's K mutations share two arrays per
+  layer, FedMe's clients that adopted the same model share it); SuperNodes
+  still pull a full message each.
 
 FedMe's server first asks every node which client it is (a ``query``
-exchange), once per client; those bytes are printed on their own and left
-out of the per-round figures. Evaluation messages are not counted. Figures
+exchange), once per client (fedx's ServerApp does the same once at the start
+of every run); those bytes are printed on their own and left out of the
+per-round figures. Evaluation messages are not counted. Figures
 are means over rounds 2 to R: in round 1 every slot starts from the same
 initial model, which only the ServerApp push notices. Later rounds differ
 only for secure FedMR, whose clients swap a random number of layers.
