@@ -192,6 +192,7 @@ def local_training(
         cfg.dataset, client, num_clients, root=cfg.data_root, download=cfg.download,
         partitioning=cfg.partitioning, alpha=cfg.dirichlet_alpha,
         min_partition_size=cfg.min_partition_size, seed=cfg.seed, test_fraction=cfg.test_fraction,
+        leaf_users=cfg.leaf_users, leaf_min_samples=cfg.leaf_min_samples,
     )
     model.load_state_dict({name: torch.from_numpy(array) for name, array in weights.items()})
     train(
