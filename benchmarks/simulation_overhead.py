@@ -57,7 +57,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -67,6 +66,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from fedx.compare.plan import app_defaults
+from fedx.compare.runner import toml_value
 from fedx.config import RunConfig
 from fedx.data import dataset_info, load_partition
 from fedx.deploy.local import FederationSpec, LocalFederation, free_port
@@ -112,12 +113,6 @@ class Timing:
 # ----------------------------------------------------------------------
 
 
-def app_defaults() -> dict:
-    """The app's run-config defaults, from pyproject.toml."""
-    with open(APP / "pyproject.toml", "rb") as file:
-        return tomllib.load(file)["tool"]["flwr"]["app"]["config"]
-
-
 def run_overrides(arguments: argparse.Namespace, case: Case, strategy: str, output: Path) -> dict:
     """The run-config keys this benchmark sets; everything else keeps its default."""
     return {
@@ -135,15 +130,6 @@ def run_overrides(arguments: argparse.Namespace, case: Case, strategy: str, outp
         "run-name": f"{strategy}-{case.clients}-{case.fraction:g}",
         "output-dir": str(output),
     }
-
-
-def toml_value(value: object) -> str:
-    """A run-config value as ``--run-config`` reads it (TOML)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return json.dumps(value)  # a TOML basic string for these plain values
-    return repr(value)
 
 
 def run_config_argument(overrides: dict) -> str:
@@ -369,7 +355,7 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if arguments.rounds < 2:
         parser.error("--rounds must be at least 2 (round 1 is reported on its own)")
     if arguments.local_epochs is None:
-        arguments.local_epochs = int(app_defaults()["local-epochs"])
+        arguments.local_epochs = int(app_defaults(APP)["local-epochs"])
     if arguments.plain_threads is None:
         arguments.plain_threads = max(1, int(arguments.client_cpus))
     return arguments
@@ -414,7 +400,7 @@ def run_all(arguments: argparse.Namespace, home: Path) -> Report:
                 overrides = run_overrides(arguments, case, strategy, home / "outputs")
                 simulation = flwr_run(spec.environment(), case, arguments.client_cpus, overrides,
                                       arguments.timeout)
-                cfg = RunConfig.from_mapping({**app_defaults(), **overrides})
+                cfg = RunConfig.from_mapping({**app_defaults(APP), **overrides})
                 try:
                     plain = time_plain(cfg, case.clients)
                 except Exception as err:  # a report, not a test: show the failure and go on
