@@ -2,9 +2,12 @@
 
 import csv
 import json
+import signal
 import statistics
 import subprocess
 import sys
+import threading
+import time
 import tomllib
 from pathlib import Path
 
@@ -179,9 +182,22 @@ def test_default_target_is_a_share_of_the_best_mean_and_unfinished_runs_are_left
 # --------------------------------------------------------------------------- end to end
 
 
+def processes_mentioning(text: str) -> list[int]:
+    """Ids of the processes whose command line contains ``text``."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            if text in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
 @pytest.fixture(scope="module")
 def digits_comparison(tmp_path_factory):
-    """``fedx-compare`` run twice on a 2 methods x 2 seeds digits grid."""
+    """``fedx-compare`` on a 2 methods x 2 seeds digits grid: stopped by SIGTERM
+    during its second run, then run to the end, then run once more."""
     folder = tmp_path_factory.mktemp("compare")
     write_run_config(folder / "digits-tiny.toml", {
         "num-server-rounds": 2, "local-epochs": 1, "min-available-nodes": 3,
@@ -189,17 +205,42 @@ def digits_comparison(tmp_path_factory):
     })
     command = [str(BIN / "fedx-compare"), str(folder / "digits-tiny.toml"),
                "--methods", "fedavg,fedmr", "--seeds", "0,1", "--out", str(folder / "out")]
-    first = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
-    second = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
-    return folder / "out", first, second
+
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    watchdog = threading.Timer(600, process.kill)
+    watchdog.start()
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if line.startswith("[1/4]"):
+            break
+    time.sleep(3)  # the second run is under way
+    process.send_signal(signal.SIGTERM)
+    rest, errors = process.communicate(timeout=120)
+    watchdog.cancel()
+    stopped = subprocess.CompletedProcess(command, process.returncode, "".join(lines) + rest, errors)
+    leftovers = processes_mentioning(str(folder / "out"))
+
+    resumed = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+    again = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    return folder / "out", stopped, leftovers, resumed, again
 
 
-def test_compare_runs_the_grid_and_writes_table_and_plot(digits_comparison):
-    out, first, _ = digits_comparison
+def test_compare_stops_cleanly_on_sigterm(digits_comparison):
+    out, stopped, leftovers, _, _ = digits_comparison
+    assert stopped.returncode == 130, stopped.stdout[-2000:] + stopped.stderr[-2000:]
+    assert "interrupted; the same command resumes" in stopped.stderr
+    assert leftovers == []  # no SuperLink, ServerApp or simulation of the comparison runs on
+    assert not list(out.glob(".superlink-*"))
+
+
+def test_compare_resumes_the_grid_and_writes_table_and_plot(digits_comparison):
+    out, _, _, first, _ = digits_comparison
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     progress = [line for line in first.stdout.splitlines() if line.startswith("[")]
-    assert len(progress) == 4 and all("finished in" in line for line in progress)
-    assert progress[0].startswith("[1/4] digits-tiny · fedavg · seed 0")
+    assert len(progress) == 4
+    assert progress[0] == "[1/4] digits-tiny · fedavg · seed 0: finished before, skipped"
+    assert all("finished in" in line for line in progress[1:])  # the interrupted run again
 
     with (out / "results.csv").open() as file:
         table = {row["method"]: row for row in csv.DictReader(file)}
@@ -228,7 +269,7 @@ def test_compare_runs_the_grid_and_writes_table_and_plot(digits_comparison):
 
 
 def test_compare_again_skips_finished_runs(digits_comparison):
-    out, first, second = digits_comparison
+    out, _, _, _, second = digits_comparison
     assert second.returncode == 0, second.stderr[-3000:]
     progress = [line for line in second.stdout.splitlines() if line.startswith("[")]
     assert len(progress) == 4 and all("finished before, skipped" in line for line in progress)

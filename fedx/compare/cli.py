@@ -14,6 +14,7 @@ report; ``--report-only`` only rewrites the report.
 import argparse
 import os
 import shutil
+import signal
 import sys
 import tomllib
 from collections.abc import Callable
@@ -114,6 +115,20 @@ def _progress(total: int) -> Callable[[int, RunOutcome], None]:
     return report
 
 
+def _stop_cleanly_on_signals() -> None:
+    """Turn SIGTERM and SIGINT into exceptions, so the SuperLink and its runs are stopped.
+
+    A process started in the background (``nohup ... &``) inherits SIGINT
+    as ignored, and SIGTERM would end it without cleaning up: both would
+    leave the SuperLink and a running simulation behind.
+    """
+    def interrupt(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Plan, run and report; exit status 0 when every run finished, 1 otherwise, 2 on bad input."""
     parser = _parser()
@@ -132,15 +147,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fedx-compare: {error}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
+    _stop_cleanly_on_signals()
     outcomes: list[RunOutcome] = []
     if not args.report_only:
         print(f"fedx-compare: {len(runs)} runs ({len(settings)} settings x {len(methods)} "
               f"methods x {len(args.seeds)} seeds) into {args.out.resolve()}", flush=True)
         state_dir = args.out.resolve() / f".superlink-{os.getpid()}"
-        with ComparisonRunner(args.app.resolve(), state_dir,
-                              _client_resources(args), args.run_timeout) as runner:
-            outcomes = runner.run_all(runs, _progress(len(runs)))
-        shutil.rmtree(state_dir, ignore_errors=True)  # the runs' own logs are in their folders
+        try:
+            with ComparisonRunner(args.app.resolve(), state_dir,
+                                  _client_resources(args), args.run_timeout) as runner:
+                outcomes = runner.run_all(runs, _progress(len(runs)))
+        except KeyboardInterrupt:
+            print("fedx-compare: interrupted; the same command resumes after the finished runs",
+                  file=sys.stderr, flush=True)
+            return 130
+        finally:
+            shutil.rmtree(state_dir, ignore_errors=True)  # the runs' logs are in their folders
     rows, paths = write_report(args.out, runs, args.target)
     if paths:
         print(f"fedx-compare: {len(rows)} table rows; wrote "
