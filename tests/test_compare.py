@@ -154,8 +154,8 @@ def test_report_means_stds_rounds_to_target_and_files(tmp_path):
 
     markdown = (tmp_path / "out/results.md").read_text()
     assert "## grid" in markdown and "Seeds 0, 1, 2; 3 rounds; target accuracy 0.750" in markdown
-    assert f"| fedavg | {fedavg.final_mean:.4f} ± {fedavg.final_std:.4f} | 2.7 |" in markdown
-    assert "| fedmr | 0.8400 ± 0.1217 | 2.5 (2/3 seeds) |" in markdown
+    assert f"| fedavg | 3 | {fedavg.final_mean:.4f} ± {fedavg.final_std:.4f} | 2.7 |" in markdown
+    assert "| fedmr | 3 | 0.8400 ± 0.1217 | 2.5 (2/3 seeds) |" in markdown
     with (tmp_path / "out/results.csv").open() as file:
         table = list(csv.DictReader(file))
     assert [(r["method"], r["seeds"], r["seeds_reaching_target"]) for r in table] == [
@@ -254,7 +254,7 @@ def test_compare_resumes_the_grid_and_writes_table_and_plot(digits_comparison):
         assert float(row["final_accuracy_mean"]) == pytest.approx(statistics.fmean(finals), abs=1e-4)
         assert float(row["final_accuracy_std"]) == pytest.approx(statistics.stdev(finals), abs=1e-4)
         assert 0.1 < float(row["final_accuracy_mean"]) <= 1.0  # learned beyond chance
-        assert f"| {method} | {float(row['final_accuracy_mean']):.4f} ±" in (
+        assert f"| {method} | 2 | {float(row['final_accuracy_mean']):.4f} ±" in (
             out / "results.md").read_text()
     assert (out / "digits-tiny.png").read_bytes()[:4] == b"\x89PNG"
 

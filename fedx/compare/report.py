@@ -167,14 +167,15 @@ def markdown_table(rows: list[MethodSummary]) -> str:
     """The rows of one setting as a Markdown table."""
     target = rows[0].target
     lines = [
-        f"| Method | Final accuracy (mean ± std) | Rounds to {target:.3f} | Run wall time (s) "
-        "| Round (s) |",
-        "|---|---|---|---|---|",
+        f"| Method | Seeds | Final accuracy (mean ± std) | Rounds to {target:.3f} "
+        "| Run wall time (s) | Round (s) |",
+        "|---|---|---|---|---|---|",
     ]
     for row in rows:
         personalized = " (personalized)" if row.metric != "accuracy" else ""
         lines.append(
-            f"| {row.method}{personalized} | {row.final_mean:.4f} ± {row.final_std:.4f} "
+            f"| {row.method}{personalized} | {len(row.seeds)} "
+            f"| {row.final_mean:.4f} ± {row.final_std:.4f} "
             f"| {row.rounds_text()} | {row.wall_seconds:.0f} | {row.round_seconds:.2f} |"
         )
     return "\n".join(lines)
