@@ -424,8 +424,18 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> dict[str, list[Traffic]]:
     """Measure every chosen strategy on every chosen model; return the figures by model."""
     arguments = parse_arguments(argv)
+    flwr_logger = logging.getLogger("flwr")
+    previous_level = flwr_logger.level
     if not arguments.verbose:
-        logging.getLogger("flwr").setLevel(logging.WARNING)  # the strategies log every round
+        flwr_logger.setLevel(logging.WARNING)  # the strategies log every round
+    try:
+        return _measure(arguments)
+    finally:
+        flwr_logger.setLevel(previous_level)  # callers in the same process keep their logging
+
+
+def _measure(arguments: argparse.Namespace) -> dict[str, list[Traffic]]:
+    """The figures of :func:`main`, with its parsed arguments."""
     # Messages carry the run and node of the process that creates them, as in a ServerApp.
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
     results: dict[str, list[Traffic]] = {}

@@ -6,8 +6,6 @@ conftest.py), on free 127.0.0.1 ports with a private FLWR_HOME.
 
 import json
 
-import pytest
-
 from tests.simulation import flwr_run
 
 
@@ -29,23 +27,6 @@ def test_fedmr_on_digits_writes_metrics_curve_and_model(plain_fedmr_run):
     assert (directory / "model.pt").stat().st_size > 100_000
     assert "10 different pool models" not in output  # 4 nodes, so K=4
     assert "4 nodes get 4 different pool models" in output
-
-
-@pytest.mark.parametrize("strategy", ["fedmut", "fedcross"])
-def test_fedmut_and_fedcross_run_through_flwr_run(superlink, tmp_path, strategy):
-    run = flwr_run(
-        superlink,
-        f'strategy="{strategy}" num-server-rounds=2 '
-        f'run-name="{strategy}" output-dir="{tmp_path}"',
-    )
-    metrics_file = tmp_path / strategy / "metrics.json"
-    assert metrics_file.exists(), (run.stdout + run.stderr)[-3000:]
-    metrics = json.loads(metrics_file.read_text())
-    assert metrics["config"]["strategy"] == strategy
-    rounds = {row["round"]: row for row in metrics["rounds"]}
-    assert sorted(rounds) == [0, 1, 2]
-    assert all(rounds[r]["trained-slots"] == 4 for r in (1, 2))
-    assert rounds[2]["accuracy"] > rounds[0]["accuracy"] + 0.1
 
 
 def test_bad_run_config_stops_the_run_with_one_clear_line(superlink, tmp_path):

@@ -200,11 +200,11 @@ def digits_comparison(tmp_path_factory):
     during its second run, then run to the end, then run once more."""
     folder = tmp_path_factory.mktemp("compare")
     write_run_config(folder / "digits-tiny.toml", {
-        "num-server-rounds": 2, "local-epochs": 1, "min-available-nodes": 3,
+        "num-server-rounds": 2, "min-available-nodes": 3,
         "min-train-nodes": 3, "partitioning": "iid",
     })
     command = [str(BIN / "fedx-compare"), str(folder / "digits-tiny.toml"),
-               "--methods", "fedavg,fedmr", "--seeds", "0,1", "--out", str(folder / "out")]
+               "--methods", "fedmut,fedcross", "--seeds", "0,1", "--out", str(folder / "out")]
 
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     watchdog = threading.Timer(600, process.kill)
@@ -239,12 +239,12 @@ def test_compare_resumes_the_grid_and_writes_table_and_plot(digits_comparison):
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     progress = [line for line in first.stdout.splitlines() if line.startswith("[")]
     assert len(progress) == 4
-    assert progress[0] == "[1/4] digits-tiny · fedavg · seed 0: finished before, skipped"
+    assert progress[0] == "[1/4] digits-tiny · fedmut · seed 0: finished before, skipped"
     assert all("finished in" in line for line in progress[1:])  # the interrupted run again
 
     with (out / "results.csv").open() as file:
         table = {row["method"]: row for row in csv.DictReader(file)}
-    assert set(table) == {"fedavg", "fedmr"}
+    assert set(table) == {"fedmut", "fedcross"}
     with (out / "runs.csv").open() as file:
         runs = list(csv.DictReader(file))
     assert len(runs) == 4
@@ -258,13 +258,23 @@ def test_compare_resumes_the_grid_and_writes_table_and_plot(digits_comparison):
             out / "results.md").read_text()
     assert (out / "digits-tiny.png").read_bytes()[:4] == b"\x89PNG"
 
-    # Same seed, same initial model and data: the round-0 evaluation agrees across methods.
-    def round0(method: str, seed: int) -> float:
-        metrics = json.loads((out / f"runs/digits-tiny/{method}/seed-{seed}/metrics.json").read_text())
-        return metrics["rounds"][0]["accuracy"]
+    # Each run is the app's own: its strategy, every slot trained, learning under way.
+    def metrics(method: str, seed: int) -> dict:
+        return json.loads((out / f"runs/digits-tiny/{method}/seed-{seed}/metrics.json").read_text())
 
-    assert round0("fedavg", 0) == round0("fedmr", 0)
-    assert round0("fedavg", 1) == round0("fedmr", 1)
+    for method in ("fedmut", "fedcross"):
+        for seed in (0, 1):
+            run = metrics(method, seed)
+            rounds = {row["round"]: row for row in run["rounds"]}
+            assert (run["config"]["strategy"], run["config"]["seed"]) == (method, seed)
+            assert sorted(rounds) == [0, 1, 2]
+            assert all(rounds[r]["trained-slots"] == 3 for r in (1, 2))
+            assert rounds[2]["accuracy"] > rounds[0]["accuracy"] + 0.1
+    # Same seed, same initial model and data: the round-0 evaluation agrees across methods.
+    for seed in (0, 1):
+        initial = [metrics(m, seed)["rounds"][0] for m in ("fedmut", "fedcross")]
+        assert initial[0]["round"] == 0
+        assert (initial[0]["accuracy"], initial[0]["loss"]) == (initial[1]["accuracy"], initial[1]["loss"])
     assert not list(out.glob(".superlink-*"))  # the SuperLink's state is cleaned up
 
 
