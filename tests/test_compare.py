@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fedx.compare.cli import parse_override, parse_seeds
+from fedx.compare.cli import main, parse_override, parse_seeds
 from fedx.compare.plan import RUN_RECORD, Setting, app_defaults, plan_runs
 from fedx.compare.report import load_result, summarize, write_report
 from fedx.compare.runner import finished_record, write_run_config
@@ -127,6 +127,10 @@ def test_finished_run_is_kept_and_a_changed_setting_is_refused(tmp_path):
                           tmp_path / "out")
     with pytest.raises(ConfigError, match="another run config"):
         finished_record(changed)
+    # The command refuses before starting anything, with exit status 2.
+    code = main([str(tmp_path / "s.toml"), "--methods", "fedavg", "--seeds", "0",
+                 "--out", str(tmp_path / "out"), "--set", "local-epochs=3"])
+    assert code == 2
 
 
 # --------------------------------------------------------------------------- report

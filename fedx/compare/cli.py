@@ -24,7 +24,7 @@ from typing import Any
 import fedx
 from fedx.compare.plan import METHODS, Setting, app_defaults, plan_runs
 from fedx.compare.report import SUMMARY_MARKDOWN, write_report
-from fedx.compare.runner import ComparisonRunner, RunOutcome
+from fedx.compare.runner import ComparisonRunner, RunOutcome, finished_record
 from fedx.config import ConfigError, comma_list
 
 DEFAULT_METHODS = "fedavg,fedprox,fedmr,fedmr-two-stage,fedindep,fedmut,fedcross"
@@ -143,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         methods = list(comma_list(args.methods))
         runs = plan_runs(settings, methods, args.seeds, dict(args.overrides), defaults,
                          args.out.resolve(), args.num_supernodes)
+        for run in runs:
+            finished_record(run)  # refuses, before anything runs, to mix in other settings
     except ConfigError as error:
         print(f"fedx-compare: {error}", file=sys.stderr)
         return 2
