@@ -206,7 +206,8 @@ def plot_setting(path: Path, setting: str, results: list[RunResult]) -> None:
         rounds = sorted(set.intersection(*(set(dict(r.curve)) for r in group)))
         values = np.array([[dict(r.curve)[x] for x in rounds] for r in group])
         mean, std = values.mean(axis=0), values.std(axis=0, ddof=1 if len(group) > 1 else 0)
-        (line,) = axes.plot(rounds, mean, label=f"{method} ({len(group)} seeds)")
+        seeds = f"{len(group)} seed" if len(group) == 1 else f"{len(group)} seeds"
+        (line,) = axes.plot(rounds, mean, label=f"{method} ({seeds})")
         axes.fill_between(rounds, mean - std, mean + std, color=line.get_color(), alpha=0.15)
     axes.set_xlabel("round")
     axes.set_ylabel("test accuracy")
