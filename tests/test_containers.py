@@ -1,0 +1,295 @@
+"""fedx's compose deployment started by a real container engine: podman with podman-compose.
+
+One federation for the module, from docker-compose.yml as the README runs
+it: certificates naming the service hosts (made by the fedx-deploy tool
+container), a SuperLink, three SuperNodes, the ServerApp's SuperExec and one
+ClientApp SuperExec per SuperNode, each in its own container with its own
+address on the project network; runs are submitted by the flwr tool
+container. On it:
+
+- the default FedMR job on digits leaves its results in ./outputs on the host;
+- the ServerApp container killed mid-run, and the run continued with
+  resume-from, ends with the same final pool as the uninterrupted run;
+- a SuperNode container cut off the network for a round and one killed
+  mid-round (the numpy test app, fast rounds): every round completes, the
+  log names the lost nodes, the reconnected and the restarted ones are
+  sampled again.
+
+Besides it: the auth variant (a registered SuperNode container gets in, an
+unregistered one is refused), and bad input (no certificates, certificates
+that do not name the hosts, an unwritable outputs/) stops a container with
+one line. Everything started is removed at the end. The images are built
+once and reused while the files they are built from are unchanged
+(tests/containers.py); the first build takes 10-20 minutes.
+"""
+
+import json
+import os
+import subprocess
+import time
+from datetime import datetime, timezone
+
+import numpy as np
+import pytest
+
+from fedx.deploy.credentials import write_tls_certificates
+from tests.containers import ComposeProject, engine_problem, ensure_images
+from tests.deployment import wait_for
+
+_PROBLEM = engine_problem()
+pytestmark = pytest.mark.skipif(_PROBLEM is not None, reason=f"no container engine: {_PROBLEM}")
+
+SUPERNODES = ["supernode-1", "supernode-2", "supernode-3"]
+SERVICES = ["superlink", "superexec-serverapp", *SUPERNODES,
+            "superexec-clientapp-1", "superexec-clientapp-2", "superexec-clientapp-3"]
+HOSTS = ["superlink", *SUPERNODES]
+RECEIVED = "Receiving: train message"
+# The default job, short: 2 rounds of 1 local epoch, all 3 SuperNodes.
+JOB = "num-server-rounds=2 local-epochs=1 min-available-nodes=3"
+EX_CONFIG = 78
+
+
+def make_certificates(project: ComposeProject, hosts=HOSTS) -> None:
+    """What the README does: `compose run --rm fedx-deploy certs --out certificates --host ...`."""
+    args = ["certs", "--out", "certificates"]
+    for host in hosts:
+        args += ["--host", host]
+    done = project.run_tool("fedx-deploy", *args, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory) -> str:
+    """The images, built unless the last build from the same files still exists."""
+    project = ComposeProject(tmp_path_factory.mktemp("containers-build") / "fedx", f"fedxbuild{os.getpid()}")
+    project.prepare()
+    return ensure_images(project)
+
+
+@pytest.fixture(scope="module")
+def federation(images, tmp_path_factory):
+    del images
+    project = ComposeProject(tmp_path_factory.mktemp("containers") / "fedx", f"fedxtest{os.getpid()}")
+    project.prepare()
+    try:
+        make_certificates(project)
+        project.compose("up", "-d", timeout=600)
+        wait_for(lambda: all(project.node_id(n) for n in SUPERNODES), 300, "three SuperNodes to connect")
+        yield project
+    finally:
+        project.down()
+    assert project.leftovers() == []
+
+
+def flwr_run(project: ComposeProject, *args: str, timeout: float = 900) -> str:
+    """``compose run --rm flwr run ...`` to the end; returns what it printed."""
+    done = project.run_tool("flwr", "run", *args, timeout=timeout)
+    return done.stdout + done.stderr
+
+
+@pytest.fixture(scope="module")
+def reference(federation):
+    """The default job in containers, never interrupted: outputs/reference."""
+    return flwr_run(federation, ".", "--stream", "--run-config", f'{JOB} run-name="reference"')
+
+
+def test_the_default_job_runs_in_containers_and_writes_outputs_on_the_host(federation, reference):
+    directory = federation.directory / "outputs" / "reference"
+    assert (directory / "metrics.json").exists(), reference[-4000:]
+    metrics = json.loads((directory / "metrics.json").read_text())
+    rounds = {row["round"]: row for row in metrics["rounds"]}
+    assert sorted(rounds) == [0, 1, 2]
+    assert rounds[1]["trained-slots"] == rounds[2]["trained-slots"] == 3
+    assert rounds[2]["accuracy"] > rounds[0]["accuracy"] + 0.2, rounds
+    assert (directory / "checkpoint.json").exists() and (directory / "model.pt").exists()
+    assert (directory / "metrics.json").stat().st_uid == 49999  # written in the container
+    # Each part in its own container, each container with its own address.
+    addresses = {service: federation.addresses(service) for service in SERVICES}
+    assert all(len(found) == 1 for found in addresses.values()), addresses
+    assert len({found[0] for found in addresses.values()}) == len(SERVICES), addresses
+    assert "Start `flwr-serverapp` process" in federation.logs("superexec-serverapp")
+    for index in (1, 2, 3):  # the ClientApps ran beside their SuperNode, not in it
+        assert federation.count_in_log(f"superexec-clientapp-{index}", r"Start `flwr-clientapp` process") >= 2
+        assert "Start `flwr-clientapp` process" not in federation.logs(f"supernode-{index}")
+
+
+def test_a_killed_serverapp_container_resumes_with_resume_from_to_the_same_pool(federation, reference):
+    outputs = federation.directory / "outputs"
+    done = federation.run_tool("flwr", "run", ".", "--format", "json",
+                               "--run-config", f'{JOB} run-name="interrupted"')
+    assert done.returncode == 0, done.stdout + done.stderr
+    checkpoint = outputs / "interrupted" / "checkpoint.json"
+
+    def checkpointed_round() -> int:
+        try:
+            return json.loads(checkpoint.read_text())["round"]
+        except (OSError, ValueError, KeyError):
+            return 0
+
+    wait_for(lambda: checkpointed_round() >= 1, 600, "the checkpoint of round 1", interval=0.2)
+    server = federation.container("superexec-serverapp")
+    federation.podman("kill", "--signal", "KILL", server)
+    assert checkpointed_round() == 1, "the ServerApp must die before finishing the run"
+    wait_for(lambda: federation.state("superexec-serverapp") != "running", 60, "the container to stop")
+    federation.podman("start", server)
+
+    resumed = flwr_run(federation, ".", "--stream", "--run-config", 'resume-from="outputs/interrupted"')
+    assert checkpointed_round() == 2, resumed[-4000:]
+    assert "[ROUND 2/2]" in resumed and "[ROUND 1/2]" not in resumed, resumed[-4000:]
+    final = [np.load(outputs / run / "checkpoint-round-00002.npz") for run in ("reference", "interrupted")]
+    assert sorted(final[0].files) == sorted(final[1].files) and len(final[0].files) > 8
+    for name in final[0].files:  # the pool of 3 models and the global model, bit for bit
+        np.testing.assert_array_equal(final[0][name], final[1][name], err_msg=name)
+
+
+def since(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def test_supernode_containers_cut_off_or_killed_are_dropped_and_sampled_again(federation):
+    """Round 2: supernode-2 is cut off the network after receiving its message
+    and reconnected when the round gives up on it; round 3 leaves it out
+    (cooldown), round 4 samples it again. Round 4: supernode-3 is killed after
+    receiving its message and started again (a new node id); round 5 samples
+    the restarted node and leaves out the dead id the SuperLink still lists.
+    """
+    cut, killed = federation.container("supernode-2"), federation.container("supernode-3")
+    cut_id, killed_id = federation.node_id("supernode-2"), federation.node_id("supernode-3")
+    start = datetime.now(timezone.utc)
+
+    def received(service: str) -> int:
+        done = federation.podman("logs", "--since", since(start), federation.container(service), check=False)
+        return (done.stdout + done.stderr).count(RECEIVED)
+
+    log = federation.directory / "faults.log"
+    settings = ("num-server-rounds=5 min-nodes=3 round-timeout=30.0 unresponsive-cooldown=5.0 "
+                'train-delay=2.0 result-file="/app/outputs/faults.json"')
+    command = [*federation.compose_command(), "--profile", "tools", "run", "--rm", "-T", "flwr",
+               "run", "tests/wire_app", "--stream", "--run-config", settings]
+    with open(log, "w", encoding="utf-8") as out:
+        run = subprocess.Popen(command, cwd=federation.directory, env=federation.environment,  # pylint: disable=consider-using-with
+                               stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: received("supernode-2") >= 2, 300, "round 2 on supernode-2", interval=0.3)
+        federation.podman("network", "disconnect", federation.network, cut)
+        wait_for(lambda: f"no reply from node {cut_id}" in log.read_text(), 120, "round 2 to give up on it")
+        federation.podman("network", "connect", "--alias", "supernode-2", federation.network, cut)
+
+        wait_for(lambda: received("supernode-3") >= 4, 300, "round 4 on supernode-3", interval=0.3)
+        federation.podman("kill", "--signal", "KILL", killed)
+        wait_for(lambda: federation.state("supernode-3") != "running", 60, "supernode-3 to stop")
+        restarted_at = datetime.now(timezone.utc)
+        federation.podman("start", killed)
+        run.wait(timeout=600)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait(timeout=30)
+    output = log.read_text(errors="replace")
+    result_file = federation.directory / "outputs" / "faults.json"
+    assert result_file.exists(), output[-4000:]
+    result = json.loads(result_file.read_text())["strategies"]["fedmr"]
+    assert result["rounds"] == [1, 2, 3, 4, 5], output[-4000:]
+    # Round 2 lost the cut-off node and round 4 the killed one; the log names them.
+    assert f"Round 2: no reply from node {cut_id} " in output, output[-4000:]
+    assert f"Round 4: no reply from node {killed_id} " in output or f"Round 4: node {killed_id} (slot" in output
+    assert f"Leaving out node {cut_id}: no reply in round 2" in output
+    # Reconnected, supernode-2 kept its id and was sampled again (rounds 1, 2 and 4).
+    assert federation.node_id("supernode-2") == cut_id
+    assert received("supernode-2") == 3
+    # Restarted, supernode-3 came back with a new id and trained in round 5.
+    back_id = federation.node_id("supernode-3")
+    assert back_id not in (None, killed_id)
+    done = federation.podman("logs", "--since", since(restarted_at), killed, check=False)
+    assert RECEIVED in done.stdout + done.stderr
+    assert result["trained-slots"] == {"1": 3, "2": 2, "3": 2, "4": 2, "5": 3}, output[-4000:]
+
+
+# ----------------------------------------------------------------------
+# SuperNode authentication
+# ----------------------------------------------------------------------
+
+
+def register(project: ComposeProject, public_key: str):
+    """``flwr supernode register`` through the flwr tool container, once the SuperLink answers."""
+    done = project.run_tool("flwr", "supernode", "register", public_key)
+    return done if done.returncode == 0 else None
+
+
+def test_auth_variant_lets_registered_supernode_containers_in_and_refuses_others(images, tmp_path_factory):
+    del images
+    project = ComposeProject(tmp_path_factory.mktemp("containers-auth") / "fedx", f"fedxauth{os.getpid()}",
+                             files=("docker-compose.yml", "docker-compose.auth.yml"))
+    project.prepare()
+    try:
+        make_certificates(project)
+        keys = project.run_tool("fedx-deploy", "keys", "--out", "keys", "--supernodes", "2")
+        assert keys.returncode == 0, keys.stderr
+        project.compose("up", "-d", "superlink", timeout=300)
+        # Only supernode-1's key is registered; supernode-2's never is.
+        registered = wait_for(lambda: register(project, "/app/keys/supernode-1.pub"), 180,
+                              "the SuperLink to register a key", interval=3.0)
+        assert "registered" in registered.stdout + registered.stderr
+        project.compose("up", "-d", "--no-deps", "supernode-1", timeout=300)
+        wait_for(lambda: project.node_id("supernode-1"), 180, "the registered SuperNode to connect")
+        refused = project.compose("run", "--rm", "-T", "--no-deps", "supernode-2", timeout=300, check=False)
+        output = refused.stdout + refused.stderr
+        assert refused.returncode != 0, output[-3000:]
+        assert "Failed to activate SuperNode" in output, output[-3000:]
+        assert "SuperNode ID:" not in output
+    finally:
+        project.down()
+    assert project.leftovers() == []
+
+
+# ----------------------------------------------------------------------
+# Bad input: one line and an exit, never a hang
+# ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def unprepared(images, tmp_path_factory):
+    """A project folder of its own, for breaking its certificates and folders."""
+    del images
+    project = ComposeProject(tmp_path_factory.mktemp("containers-bad") / "fedx", f"fedxbad{os.getpid()}")
+    project.prepare()
+    yield project
+    project.down()
+    assert project.leftovers() == []
+
+
+def one_line_error(project: ComposeProject, service: str, *args: str) -> str:
+    """Start ``service`` alone as compose would; it must exit at once with status 78 and one line."""
+    started = time.monotonic()
+    done = project.compose("run", "--rm", "-T", "--no-deps", "-e", "FEDX_FAILURE_DELAY=0", service, *args,
+                           timeout=120, check=False)
+    lines = [line for line in done.stderr.splitlines() + done.stdout.splitlines() if line.startswith("fedx: ")]
+    assert done.returncode == EX_CONFIG, done.stdout + done.stderr
+    assert len(lines) == 1, done.stdout + done.stderr
+    assert time.monotonic() - started < 60
+    return lines[0]
+
+
+def test_bad_certificates_and_folders_stop_the_containers_with_one_line(unprepared):
+    certificates = unprepared.directory / "certificates"
+    line = one_line_error(unprepared, "superlink")
+    assert "--ssl-ca-certfile /app/certificates/ca.crt does not exist: make the certificates first" in line
+    assert "does not exist" in one_line_error(unprepared, "supernode-1")
+
+    # Certificates for processes on one machine: they do not name the service hosts.
+    write_tls_certificates(certificates, ["localhost", "127.0.0.1"])
+    for path in certificates.iterdir():
+        os.chown(path, 49999, 49999)
+    line = one_line_error(unprepared, "supernode-1")
+    assert "server.pem does not name 'superlink'" in line and "it names localhost, 127.0.0.1" in line
+    assert "does not name 'supernode-2'" in one_line_error(unprepared, "superexec-clientapp-2")
+    flwr = unprepared.run_tool("flwr", "run", ".", "--stream", timeout=120)
+    assert flwr.returncode == EX_CONFIG and "does not name 'superlink'" in flwr.stderr, flwr.stderr
+
+    # Right certificates, but an outputs/ the ServerApp's user cannot write.
+    make_certificates(unprepared)
+    os.chown(unprepared.directory / "outputs", 0, 0)
+    line = one_line_error(unprepared, "superexec-serverapp")
+    assert "/app/outputs (written by this container) is not writable by uid 49999" in line
+    flwr = unprepared.run_tool("flwr", "run", ".", "--stream", timeout=120)
+    assert flwr.returncode == EX_CONFIG and "is not writable by uid 49999" in flwr.stderr, flwr.stderr
