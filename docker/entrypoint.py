@@ -146,12 +146,28 @@ def check_server_certificate(ca_file: str, address: str) -> None:
         )
 
 
-def flwr_connection() -> tuple[str, str] | None:
-    """``(address, root-certificates)`` of the flwr CLI's default connection, if it uses TLS."""
+# Options of `flwr run` that take a value (the others are flags).
+FLWR_RUN_VALUE_OPTIONS = {"--run-config", "-c", "--federation-config", "--federation", "--format"}
+
+
+def flwr_connection(args: list[str]) -> tuple[str, str] | None:
+    """``(address, root-certificates)`` of the connection ``flwr run`` uses, if it uses TLS.
+
+    ``args`` are flwr's arguments (``run APP [CONNECTION] ...``); without a
+    CONNECTION, the default one of ``$FLWR_HOME/config.toml``.
+    """
+    positional, skip = [], False
+    for arg in args[1:]:
+        if skip:
+            skip = False
+        elif arg in FLWR_RUN_VALUE_OPTIONS:
+            skip = True
+        elif not arg.startswith("-"):
+            positional.append(arg)
     config = Path(os.environ.get("FLWR_HOME", Path.home() / ".flwr")) / "config.toml"
     try:
         superlink = tomllib.loads(config.read_text())["superlink"]
-        connection = superlink[superlink["default"]]
+        connection = superlink[positional[1] if len(positional) > 1 else superlink["default"]]
     except (OSError, KeyError, tomllib.TOMLDecodeError):
         return None  # flwr reports its own configuration errors
     if connection.get("insecure") or "root-certificates" not in connection or "address" not in connection:
@@ -184,7 +200,7 @@ def check(program: str, args: list[str]) -> None:
             if flag in values:
                 check_server_certificate(values["--root-certificates"], values[flag])
     if Path(program).name == "flwr" and args[:1] == ["run"]:
-        connection = flwr_connection()
+        connection = flwr_connection(args)
         if connection is not None:
             address, ca_file = connection
             check_readable("root-certificates", ca_file, "certificate")
