@@ -16,7 +16,9 @@
 # localhost/fedx-base:bookworm), CONTAINER_ENGINE (podman or docker; default:
 # podman if installed), DEBIAN_MIRROR (default http://deb.debian.org/debian),
 # CA_BUNDLE (default /etc/ssl/certs/ca-certificates.crt). Needs root
-# (debootstrap) and the debootstrap package. Takes 1-3 minutes.
+# (debootstrap) and the debootstrap package. Takes 1-4 minutes. An existing
+# image of that name is kept (remove it to build a new one): every image built
+# on it would be rebuilt otherwise.
 set -euo pipefail
 
 image="${FEDX_BASE_IMAGE:-localhost/fedx-base:bookworm}"
@@ -28,6 +30,10 @@ fail() { echo "build-local-base.sh: $*" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || fail "debootstrap needs root: run it with sudo"
 command -v debootstrap >/dev/null || fail "debootstrap is not installed (apt-get install debootstrap)"
 command -v "$engine" >/dev/null || fail "no container engine: install podman (or docker)"
+if "$engine" image inspect "$image" >/dev/null 2>&1; then
+    echo "$image exists; remove it ($engine rmi $image) to build it again"
+    exit 0
+fi
 [ -r "$ca_bundle" ] || fail "no CA bundle at $ca_bundle (set CA_BUNDLE)"
 
 root="$(mktemp -d /var/tmp/fedx-base.XXXXXX)"
@@ -47,5 +53,6 @@ tar -C "$root" -c . | "$engine" import \
     --change 'ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt' \
     --change 'ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt' \
     --change 'CMD ["python3"]' \
-    - "$image" >/dev/null
+    - "$image" >/dev/null 2>"$root.log" || { cat "$root.log" >&2; rm -f "$root.log"; fail "$engine import failed"; }
+rm -f "$root.log"
 echo "$image: $("$engine" run --rm "$image" python3 --version)"
