@@ -24,6 +24,7 @@ def write_json_atomically(path: Path, payload: dict[str, Any]) -> None:
         json.dump(payload, tmp, indent=2)
         tmp.flush()
         os.fsync(tmp.fileno())
+    os.chmod(tmp.name, 0o644)  # temporary files are private; results are not (containers: another uid)
     os.replace(tmp.name, path)
 
 

@@ -244,4 +244,5 @@ def _write_atomically(path: Path, write: Callable[[Any], Any]) -> None:
         except BaseException:
             os.unlink(tmp.name)
             raise
+    os.chmod(tmp.name, 0o644)  # temporary files are private; checkpoints are not (containers: another uid)
     os.replace(tmp.name, path)
