@@ -214,3 +214,21 @@ def test_float64_models_far_from_one_keep_their_cosines(scale):
     expected = float64_reference([{n: a / scale if a.dtype.kind == "f" else a
                                    for n, a in m.items()} for m in models])
     np.testing.assert_allclose(cosine_similarity_matrix(models), expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.usefixtures("small_blocks")
+@pytest.mark.parametrize("selection", ["lowest_similarity", "highest_similarity"])
+def test_cross_aggregation_of_float32_models_matches_the_float64_computation(selection):
+    """The float32 Gram blocks give the collaborators and models of a float64 computation."""
+    models = float32_models(6, seed=4)
+    reference = float64_reference(models)
+    np.fill_diagonal(reference, np.nan)
+    pick = np.nanargmin if selection == "lowest_similarity" else np.nanargmax
+    partners = [int(pick(row)) for row in reference]
+    result = cross_aggregate(models, alpha=0.99, selection=selection, round_index=0)
+    for index, model in enumerate(result):
+        for name in ("w", "b"):
+            expected = (0.99 * models[index][name].astype(np.float64)
+                        + 0.01 * models[partners[index]][name].astype(np.float64))
+            np.testing.assert_allclose(model[name], expected, rtol=1e-6, atol=1e-6)
+        assert model["steps"] == models[index]["steps"]
