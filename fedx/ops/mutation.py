@@ -93,8 +93,7 @@ def mutate(
             for model in mutated:
                 model[name] = weights
             continue
-        with np.errstate(over="ignore", invalid="ignore"):  # caught and redone safely
-            forward, backward = _mutated_layers(weights, previous_global[name], alpha, beta)
+        forward, backward = _mutated_layers(weights, previous_global[name], alpha, beta)
         # True marks the models that move along +g; exactly half of them.
         moves_forward = rng.permutation(num_mutated) < num_mutated // 2
         for model, forward_here in zip(mutated, moves_forward, strict=True):
@@ -111,22 +110,26 @@ def _mutated_layers(
 
     Two output arrays and no other temporaries: the update ``g`` is written
     into the first output, scaled in place, then the second output is built
-    from it before the first is finished. If either is not finite (an
+    from it before the first is finished. If an operation overflows (an
     update beyond the dtype's range), both are computed again by
     :func:`_saturated_mutation`.
     """
     scalar = weights.dtype.type
-    forward = np.subtract(weights, previous, out=np.empty_like(weights))
-    backward = np.multiply(forward, scalar(alpha * (beta - 1.0)), out=np.empty_like(weights))
-    backward += weights
-    forward *= scalar(alpha)
-    forward += weights
-    # A sum is finite unless an element is not (or the sum is merely huge,
-    # which only costs the slow path).
-    if not (np.isfinite(np.add.reduce(forward, axis=None))
-            and np.isfinite(np.add.reduce(backward, axis=None))):
-        forward[...] = _saturated_mutation(weights, previous, alpha)
-        backward[...] = _saturated_mutation(weights, previous, alpha * (beta - 1.0))
+    forward = np.empty_like(weights)
+    backward = np.empty_like(weights)
+    try:
+        # numpy checks the FPU's overflow flag after every ufunc call anyway:
+        # raising on it costs nothing until a layer overflows.
+        with np.errstate(over="raise", invalid="raise"):
+            np.subtract(weights, previous, out=forward)
+            np.multiply(forward, scalar(alpha * (beta - 1.0)), out=backward)
+            backward += weights
+            forward *= scalar(alpha)
+            forward += weights
+    except FloatingPointError:
+        with np.errstate(over="ignore", invalid="ignore"):
+            forward[...] = _saturated_mutation(weights, previous, alpha)
+            backward[...] = _saturated_mutation(weights, previous, alpha * (beta - 1.0))
     return forward, backward
 
 
