@@ -34,3 +34,14 @@ def test_thread_count_follows_the_blas_limit():
         assert run_tasks(lambda _: threading.get_ident(), list(range(5))) == [
             threading.get_ident()
         ] * 5
+
+
+def test_a_forked_child_gets_threads_of_its_own():
+    """A child forked after the pool started must not hand work to the parent's threads."""
+    import multiprocessing  # pylint: disable=import-outside-toplevel
+
+    run_tasks(abs, [-1, -2], threads=2)  # the parent's pool exists now
+    context = multiprocessing.get_context("fork")
+    with context.Pool(1) as pool:
+        result = pool.apply_async(run_tasks, (abs, [-3, -4, -5]), {"threads": 2})
+        assert result.get(timeout=30) == [3, 4, 5]

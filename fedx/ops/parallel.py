@@ -22,6 +22,7 @@ Task = TypeVar("Task")
 Result = TypeVar("Result")
 
 _pool: ThreadPoolExecutor | None = None
+_pool_pid = 0
 _controller = None
 _lock = threading.Lock()
 
@@ -77,10 +78,15 @@ def run_tasks(
 
 
 def _executor() -> ThreadPoolExecutor:
-    """One pool for the process, as large as the machine; calls use part of it."""
-    global _pool  # pylint: disable=global-statement
+    """One pool for the process, as large as the machine; calls use part of it.
+
+    A forked child gets a pool of its own: it inherits the parent's pool
+    object but not its threads, so work handed to it would never run.
+    """
+    global _pool, _pool_pid  # pylint: disable=global-statement
     with _lock:
-        if _pool is None:
+        if _pool is None or _pool_pid != os.getpid():
+            _pool_pid = os.getpid()
             _pool = ThreadPoolExecutor(
                 max_workers=max(1, (os.cpu_count() or 1) - 1), thread_name_prefix="fedx-ops"
             )
