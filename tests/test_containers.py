@@ -25,9 +25,12 @@ once and reused while the files they are built from are unchanged
 
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -59,17 +62,26 @@ def make_certificates(project: ComposeProject, hosts=HOSTS) -> None:
 
 
 @pytest.fixture(scope="module")
-def images(tmp_path_factory) -> str:
+def workdir():
+    """The projects' folders: not under pytest's basetemp, which another pytest
+    run of the same user may delete while the containers still mount it."""
+    directory = Path(tempfile.mkdtemp(prefix="fedx-containers-"))
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def images(workdir) -> str:
     """The images, built unless the last build from the same files still exists."""
-    project = ComposeProject(tmp_path_factory.mktemp("containers-build") / "fedx", f"fedxbuild{os.getpid()}")
+    project = ComposeProject(workdir / "build", f"fedxbuild{os.getpid()}")
     project.prepare()
     return ensure_images(project)
 
 
 @pytest.fixture(scope="module")
-def federation(images, tmp_path_factory):
+def federation(images, workdir):
     del images
-    project = ComposeProject(tmp_path_factory.mktemp("containers") / "fedx", f"fedxtest{os.getpid()}")
+    project = ComposeProject(workdir / "federation", f"fedxtest{os.getpid()}")
     project.prepare()
     try:
         make_certificates(project)
@@ -217,9 +229,9 @@ def register(project: ComposeProject, public_key: str):
     return done if done.returncode == 0 else None
 
 
-def test_auth_variant_lets_registered_supernode_containers_in_and_refuses_others(images, tmp_path_factory):
+def test_auth_variant_lets_registered_supernode_containers_in_and_refuses_others(images, workdir):
     del images
-    project = ComposeProject(tmp_path_factory.mktemp("containers-auth") / "fedx", f"fedxauth{os.getpid()}",
+    project = ComposeProject(workdir / "auth", f"fedxauth{os.getpid()}",
                              files=("docker-compose.yml", "docker-compose.auth.yml"))
     project.prepare()
     try:
@@ -249,10 +261,10 @@ def test_auth_variant_lets_registered_supernode_containers_in_and_refuses_others
 
 
 @pytest.fixture(scope="module")
-def unprepared(images, tmp_path_factory):
+def unprepared(images, workdir):
     """A project folder of its own, for breaking its certificates and folders."""
     del images
-    project = ComposeProject(tmp_path_factory.mktemp("containers-bad") / "fedx", f"fedxbad{os.getpid()}")
+    project = ComposeProject(workdir / "bad", f"fedxbad{os.getpid()}")
     project.prepare()
     yield project
     project.down()
