@@ -78,24 +78,18 @@ from flwr.supercore.inflatable.inflatable_object import (
 )
 from flwr.supercore.task_identity import TaskIdentity
 
+from fedx.config import RunConfig
 from fedx.models import build_model
 from fedx.ops import Model
+from fedx.protocol.common import TrainingSettings
 from fedx.secure.client import is_secure_round, make_handlers, secure_train_reply
-from fedx.strategies import FedCross, FedIndep, FedMe, FedMR, FedMut
-from fedx.strategies.multi_model import to_arrayrecord, to_model
+from fedx.strategies import FedCross, FedIndep, FedMe, FedMR, FedMut, to_arrayrecord, to_model
 
 CIFAR_INPUT = (3, 32, 32)
 NUM_CLASSES = 10
 MB = 1e6
-# The hyperparameters fedx's ServerApp sends with every training message
-# (fedx.server_app.training_config, at the pyproject defaults).
-TRAIN_CONFIG = {
-    "learning-rate": 0.05,
-    "momentum": 0.9,
-    "weight-decay": 0.0,
-    "batch-size": 50,
-    "local-epochs": 5,
-}
+# The hyperparameters fedx's ServerApp sends with every training message, at their defaults.
+TRAIN_CONFIG = dict(TrainingSettings.from_run_config(RunConfig()).to_record())
 
 
 # ----------------------------------------------------------------------

@@ -37,8 +37,7 @@ from fedx.models import build_model
 from fedx.ops import Model, layer_groups
 from fedx.secure.client import is_secure_round, secure_train_reply
 from fedx.secure.loopback import LoopbackGrid
-from fedx.strategies import FedMR
-from fedx.strategies.multi_model import to_arrayrecord, to_model
+from fedx.strategies import FedMR, to_arrayrecord, to_model
 
 
 class NoiseClients:

@@ -174,12 +174,7 @@ def local_training(
 ) -> tuple[Model, int]:
     """What the ClientApp does with one training message: train on the client's share."""
     torch.manual_seed(cfg.seed * 1_000_003 + server_round * 1009 + client)
-    partition = load_partition(
-        cfg.dataset, client, num_clients, root=cfg.data_root, download=cfg.download,
-        partitioning=cfg.partitioning, alpha=cfg.dirichlet_alpha,
-        min_partition_size=cfg.min_partition_size, seed=cfg.seed, test_fraction=cfg.test_fraction,
-        leaf_users=cfg.leaf_users, leaf_min_samples=cfg.leaf_min_samples,
-    )
+    partition = load_partition(cfg.dataset, client, num_clients, **cfg.partition_settings())
     model.load_state_dict({name: torch.from_numpy(array) for name, array in weights.items()})
     train(
         model, DataLoader(partition, batch_size=cfg.batch_size, shuffle=True),

@@ -1,5 +1,6 @@
 """fedx-compare: planning, resuming, the report, and a small digits grid in Flower simulation."""
 
+import argparse
 import csv
 import json
 import signal
@@ -15,7 +16,7 @@ import pytest
 
 from fedx.compare.cli import main, parse_override, parse_seeds
 from fedx.compare.plan import RUN_RECORD, Setting, app_defaults, plan_runs
-from fedx.compare.report import load_result, summarize, write_report
+from fedx.compare.report import load_result, summarize_runs, write_report
 from fedx.compare.runner import finished_record, write_run_config
 from fedx.config import ConfigError
 from fedx.outputs import METRICS_FILE
@@ -80,6 +81,8 @@ def test_plan_sets_strategy_seed_and_folders_on_top_of_the_setting(tmp_path):
          "first-stage-rounds=20"),
         ({}, "fedfoo", "unknown method 'fedfoo'"),
         ({"learning-rate": -1.0}, "fedavg", "learning-rate=-1.0"),
+        # The method's own checks run before anything starts.
+        ({"fedcross-alpha": 1.5}, "fedcross", r"fedcross-alpha=1.5: must be a number in \[0.5, 1\)"),
     ],
 )
 def test_plan_rejects_runs_that_cannot_work(tmp_path, keys, method, message):
@@ -112,8 +115,8 @@ def test_command_line_values():
     assert parse_override("dataset=digits") == ("dataset", "digits")
     assert parse_override('model="cnn"') == ("model", "cnn")
     assert parse_seeds("0, 2,5") == [0, 2, 5]
-    for bad in ("1,1", "-1", "a"):
-        with pytest.raises(Exception):
+    for bad, message in (("1,1", "distinct"), ("-1", "distinct integers >= 0"), ("a", "comma-separated integers")):
+        with pytest.raises(argparse.ArgumentTypeError, match=message):
             parse_seeds(bad)
 
 
@@ -178,7 +181,7 @@ def test_default_target_is_a_share_of_the_best_mean_and_unfinished_runs_are_left
     fake_finished_run(runs[2], [0.1, 0.9], 1.0)  # fedmr seed 0; fedmr seed 1 never ran
     results = [r for run in runs if (r := load_result(run))]
     assert len(results) == 3
-    rows = summarize(results, target=None)
+    rows = summarize_runs(results, target=None)
     assert [row.target for row in rows] == [round(0.95 * 0.9, 3)] * 2
     assert rows[1].seeds == (0,)
 

@@ -20,7 +20,7 @@ import pytest
 
 from fedx.deploy.local import FederationSpec, LocalFederation, free_port
 from fedx.strategies import OLDEST_FLWR
-from tests.deployment import REPO, WIRE_APP, flwr_run
+from tests.deployment import REPO, WIRE_APP, run_app
 
 PIN = "flwr==" + ".".join(OLDEST_FLWR.split(".")[:2]) + ".*"
 VENV = REPO / ".fedx-cache" / f"venv-{PIN.replace('==', '-').rstrip('.*')}-py{sys.version_info.major}.{sys.version_info.minor}"
@@ -103,7 +103,7 @@ def test_the_environment_has_flower_136_and_no_torch(flower136):
 def test_fedmr_fedmut_fedcross_run_on_grpc_supernodes(flower136, tmp_path):
     superlink_log = (flower136.spec.log_dir / "superlink.log").read_text(errors="replace")
     assert f"Starting Fleet API (gRPC-rere) on {flower136.spec.fleet_address}" in superlink_log
-    output = flwr_run(
+    output = run_app(
         flower136,
         WIRE_APP,
         f'strategies="fedmr,fedmut,fedcross" num-server-rounds=2 result-file="{tmp_path / "result.json"}"',

@@ -237,7 +237,7 @@ def test_compose_wires_addresses_partitions_and_volumes():
     assert option(superlink, "--isolation") == "process"  # the ServerApp runs in superexec-serverapp
     assert option(services["superexec-serverapp"]["command"], "--runtime-api-address") == f"superlink:{port}"
     partitions = set()
-    for index, (node, executor) in enumerate(zip(SUPERNODES, CLIENT_EXECS, strict=True)):
+    for node, executor in zip(SUPERNODES, CLIENT_EXECS, strict=True):
         command = services[node]["command"]
         assert option(command, "--superlink") == f"superlink:{port}"
         assert option(command, "--isolation") == "process"
@@ -247,7 +247,7 @@ def test_compose_wires_addresses_partitions_and_volumes():
         assert config["num-partitions"] == str(NUM_NODES)
         partitions.add(int(config["partition-id"]))
         assert "/app/data" in {v.split(":")[1] for v in services[executor]["volumes"]}
-        assert executor in services[executor]["depends_on"] or node in services[executor]["depends_on"]
+        assert services[executor]["depends_on"] == [node]  # it serves that SuperNode's ClientApps
     assert partitions == set(range(NUM_NODES))
     server_volumes = {v.split(":")[1]: v for v in services["superexec-serverapp"]["volumes"]}
     assert server_volumes["/app/outputs"] == "./outputs:/app/outputs"  # writable: checkpoints

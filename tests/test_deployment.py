@@ -25,12 +25,13 @@ from fedx.deploy.credentials import (
     write_supernode_keys,
     write_tls_certificates,
 )
-from fedx.deploy.local import LocalFederation, free_port
+from fedx.deploy.local import free_port
 from tests.deployment import (
     REPO,
     WIRE_APP,
-    flwr_run,
     flwr_submit,
+    run_app,
+    running,
     spec_on_free_ports,
     wait_for,
 )
@@ -43,10 +44,7 @@ def secure(tmp_path_factory):
     tls = write_tls_certificates(base / "certificates", ["localhost", "127.0.0.1"])
     write_supernode_keys(base / "keys", 4)
     spec = spec_on_free_ports(3, base / "state", tls=tls, auth_keys=base / "keys")
-    with LocalFederation(spec) as federation:
-        federation.start()
-        for index in range(3):
-            federation.node_id(index, timeout=180)
+    with running(spec) as federation:
         yield federation
 
 
@@ -56,7 +54,7 @@ def secure(tmp_path_factory):
 
 
 def test_fedmr_over_tls_with_supernode_authentication_writes_metrics(secure, tmp_path):
-    output = flwr_run(
+    output = run_app(
         secure,
         REPO,
         f'num-server-rounds=2 local-epochs=1 min-available-nodes=3 run-name="tls" output-dir="{tmp_path}"',
@@ -145,7 +143,7 @@ def test_unregistered_and_plain_text_supernodes_are_refused(secure):
 def wire_reference(secure, tmp_path_factory):
     """FedMR for 2 rounds with misbehaving ClientApps, checkpointing, never interrupted."""
     base = tmp_path_factory.mktemp("wire-reference")
-    output = flwr_run(
+    output = run_app(
         secure,
         WIRE_APP,
         f'misbehave="wire" num-server-rounds=2 checkpoint-dir="{base / "checkpoints"}" '
@@ -179,7 +177,7 @@ def test_a_crashed_serverapp_resumes_to_the_same_final_pool(secure, wire_referen
     assert json.loads(checkpoint.read_text())["round"] == 1
     assert not (tmp_path / "crashed.json").exists(), "the crashed run must not have finished"
 
-    output = flwr_run(secure, WIRE_APP, f'{settings} resume=true result-file="{tmp_path / "resumed.json"}"')
+    output = run_app(secure, WIRE_APP, f'{settings} resume=true result-file="{tmp_path / "resumed.json"}"')
     assert (tmp_path / "resumed.json").exists(), output[-4000:]
     resumed = json.loads((tmp_path / "resumed.json").read_text())["strategies"]["fedmr"]
     assert "Resuming after round 1" in output

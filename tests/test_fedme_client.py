@@ -5,9 +5,6 @@ message layout, the client's choice and personalized evaluation are checked
 without starting Flower's simulation.
 """
 
-import tomllib
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -18,32 +15,23 @@ from fedx import client_app
 from fedx.config import RunConfig
 from fedx.data import load_local_splits, load_unlabeled
 from fedx.models import build_model
-from fedx.server_app import build_strategy, training_config
+from fedx.protocol.common import TrainingSettings
+from fedx.server.building import build_strategy
 from fedx.server_models import ServerModels
-from fedx.strategies.multi_model import to_arrayrecord, to_model
+from fedx.strategies import to_arrayrecord, to_model
 from fedx.training import evaluate
+from tests.helpers import DEFAULTS
 from tests.standin_grid import StandInGrid
 
-pytestmark = pytest.mark.usefixtures("server_task_identity")
-
-REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("server_task_identity", "one_torch_thread")
 NODES = [2**64 - 3, 17, 2**63 + 5, 8]
 HANDLERS = {"query": client_app.identify, "train": client_app.train_model,
             "evaluate": client_app.evaluate_model}
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    # Tiny models on a small, busy machine: one intra-op thread is fast and steady.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def run_config(**overrides) -> dict:
-    defaults = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
-    return {**defaults, "partitioning": "dirichlet-size-label", "dirichlet-alpha": 0.5,
+    return {**DEFAULTS, "partitioning": "dirichlet-size-label", "dirichlet-alpha": 0.5,
             "local-epochs": 1, **overrides}
 
 
@@ -144,8 +132,8 @@ def test_fedavg_ft_fine_tunes_the_global_model_on_each_client():
         torch.manual_seed(0)
         initial = ArrayRecord(build_model("cnn", (1, 8, 8), 10).state_dict())
         strategy.start(grid=grid_of_clients(config), initial_arrays=initial, num_rounds=1,
-                       timeout=60, train_config=training_config(cfg),
-                       evaluate_config=training_config(cfg))
+                       timeout=60, train_config=TrainingSettings.from_run_config(cfg).to_record(),
+                       evaluate_config=TrainingSettings.from_run_config(cfg).to_record())
         results = strategy.evaluations[1]
         assert [r.client_id for r in results] == [0, 1, 2, 3]
         assert [r.num_examples for r in results] == [

@@ -6,7 +6,6 @@ folder and read them through the public loaders.
 """
 
 import json
-import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -30,20 +29,15 @@ from fedx.data import (
 )
 from fedx.data.leaf import SHAKESPEARE_LETTERS, select_users
 from fedx.models import build_model
-from fedx.server_app import build_strategy, check_natural_clients
+from fedx.server.building import build_strategy, check_natural_clients
+from fedx.strategies import FedMR
 from fedx.training import evaluate, train
+from tests.helpers import run_config
 
-REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 CPU = torch.device("cpu")
 
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    # Small models on a small, busy machine: one intra-op thread is fast and steady.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 # --- writing LEAF files -----------------------------------------------------
@@ -370,14 +364,9 @@ def test_one_local_training_lowers_the_loss(tmp_path, name, model_name, learning
 # --- the app: run config, ClientApp, ServerApp checks -----------------------
 
 
-def _run_config(**overrides) -> dict:
-    defaults = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
-    return {**defaults, **overrides}
-
-
 def test_the_client_app_trains_on_its_writer(tmp_path, server_task_identity):
     samples = write_femnist(tmp_path)
-    config = _run_config(dataset="femnist", model="cnn", partitioning="natural",
+    config = run_config(dataset="femnist", model="cnn", partitioning="natural",
                          **{"data-root": str(tmp_path), "leaf-min-samples": 4, "local-epochs": 1})
     info = dataset_info("femnist")
     torch.manual_seed(0)
@@ -405,17 +394,17 @@ def test_data_and_model_keys_that_do_not_fit_are_config_errors():
          "invalid run config model='vgg16' for dataset='femnist': vgg16 needs inputs of at least"),
     ]
     for overrides, message in cases:
-        cfg = RunConfig.from_mapping(_run_config(**overrides))
+        cfg = RunConfig.from_mapping(run_config(**overrides))
         with pytest.raises(ConfigError) as error:
             build_strategy(cfg)
         assert str(error.value).startswith(message)
-    cfg = RunConfig.from_mapping(_run_config(model="lstm", dataset="shakespeare", partitioning="natural"))
-    assert build_strategy(cfg) is not None
+    cfg = RunConfig.from_mapping(run_config(model="lstm", dataset="shakespeare", partitioning="natural"))
+    assert isinstance(build_strategy(cfg), FedMR)
 
 
 def test_the_server_checks_the_node_count_of_natural_partitioning(tmp_path):
     write_femnist(tmp_path)
-    cfg = RunConfig.from_mapping(_run_config(
+    cfg = RunConfig.from_mapping(run_config(
         dataset="femnist", partitioning="natural", **{"data-root": str(tmp_path), "leaf-min-samples": 4}
     ))
     check_natural_clients(cfg, 3)
@@ -426,4 +415,4 @@ def test_the_server_checks_the_node_count_of_natural_partitioning(tmp_path):
     missing = RunConfig.from_mapping({**cfg.to_dict(), "data-root": str(tmp_path / "none")})
     with pytest.raises(ConfigError, match="FEMNIST not found: no .json files in"):
         check_natural_clients(missing, 3)
-    check_natural_clients(RunConfig.from_mapping(_run_config()), 1000)  # not natural: no check
+    check_natural_clients(RunConfig.from_mapping(run_config()), 1000)  # not natural: no check

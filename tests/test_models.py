@@ -7,17 +7,7 @@ from torchvision.models.resnet import BasicBlock
 
 from fedx.models import CNN, MODEL_NAMES, build_model
 
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    # These models are tiny: with several intra-op threads on a small, busy
-    # machine (CI, or other test processes) the threads mostly wait for each
-    # other, and run times swing by an order of magnitude. One thread is fast
-    # and steady.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _num_parameters(model: nn.Module) -> int:

@@ -13,20 +13,14 @@ from fedx.models import build_model
 from fedx.mutual import mutual_losses, prefers_exchanged, train_mutual
 from fedx.training import train
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 CPU = torch.device("cpu")
 
 PERSONALIZED_LOGITS = [[1.0, 0.0, -1.0], [0.5, 0.5, 0.0]]
 EXCHANGED_LOGITS = [[0.0, 1.0, 0.0], [2.0, 0.0, 1.0]]
 LABELS = [0, 2]
 
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    # Tiny models on a small, busy machine: one intra-op thread is fast and steady.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _softmax(logits: list[float]) -> list[float]:

@@ -35,8 +35,9 @@ def test_dirichlet_sizes_sum_up_respect_the_minimum_and_follow_alpha():
 
 def test_size_label_dirichlet_partitions_cover_the_data_with_skewed_labels():
     labels = dataset_labels(load_split("digits", "train"))
-    parts = partition_indices(labels, 8, partitioning="dirichlet-size-label", alpha=0.1,
-                              size_alpha=10.0, min_partition_size=10, seed=3)
+    settings = {"partitioning": "dirichlet-size-label", "alpha": 0.1, "size_alpha": 10.0,
+                "min_partition_size": 10, "seed": 3}
+    parts = partition_indices(labels, 8, **settings)
     joined = np.concatenate(parts)
     assert len(joined) == len(labels) and len(np.unique(joined)) == len(labels)
     assert sorted(len(p) for p in parts) == sorted(
@@ -52,8 +53,7 @@ def test_size_label_dirichlet_partitions_cover_the_data_with_skewed_labels():
         return float(np.mean(shares))
 
     assert top_two_share(0.1) > 0.6 > 0.3 > top_two_share(1000.0)
-    again = partition_indices(labels, 8, partitioning="dirichlet-size-label", alpha=0.1,
-                              size_alpha=10.0, min_partition_size=10, seed=3)
+    again = partition_indices(labels, 8, **settings)
     assert all(np.array_equal(a, b) for a, b in zip(parts, again, strict=True))
 
 

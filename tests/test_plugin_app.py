@@ -16,8 +16,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.simulation import run_simulation
 
-from fedx.strategies import FedCross, FedMR, FedMut
-from fedx.strategies.multi_model import to_model
+from fedx.strategies import FedCross, FedMR, FedMut, to_model
 
 PLUGIN_DIR = Path(__file__).resolve().parents[1] / "examples" / "numpy-plugin"
 NUM_NODES = 4
@@ -124,10 +123,10 @@ def test_each_node_received_a_different_model(plugin_run):
     assert all(np.array_equal(m["weight"], first[0]["weight"]) for m in first)
 
 
-def test_fedmr_sends_the_previous_uploads_recombined(plugin_run):
-    strategy, _ = plugin_run
-    if not isinstance(strategy, FedMR):
-        pytest.skip("recombination is FedMR's")
+def test_fedmr_sends_the_previous_uploads_recombined(plugin_runs):
+    """FedMR only: every layer it sends is a layer uploaded the round before."""
+    strategy, _ = plugin_runs["fedmr"]
+    assert isinstance(strategy, FedMR)
     for server_round in range(2, NUM_ROUNDS + 1):
         received = list(strategy.sent[server_round].values())
         # What was sent is the previous round's uploads, layer by layer reshuffled.

@@ -15,17 +15,13 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 
-from fedx.config import ConfigError, RunConfig
 from fedx.ops import Model
 from fedx.secure.client import is_secure_round, secure_train_reply
 from fedx.secure.exchange import ExchangeState
 from fedx.secure.loopback import LoopbackGrid
 from fedx.secure.wire import RECORD, RETURN_TYPE, SEND_TYPE, UPLOAD_TYPE
-from fedx.server_app import build_strategy
-from fedx.strategies import FedMR
-from fedx.strategies.multi_model import to_arrayrecord, to_model
+from fedx.strategies import FedMR, to_arrayrecord, to_model
 from tests.standin_grid import NODE_IDS, StandInGrid, run_round
-from tests.test_config import defaults  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.usefixtures("server_task_identity")
 
@@ -394,25 +390,12 @@ def test_without_secure_recombination_fedmr_is_unchanged(initial):
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"secure_repeats": 0}, "secure_repeats must be >= 1"),
-        ({"secure_min_layers": 0}, "1 <= secure_min_layers <= secure_max_layers"),
-        ({"secure_min_layers": 3, "secure_max_layers": 2}, "got 3 and 2"),
+        ({"secure_repeats": 0}, r"^secure_repeats must be an integer >= 1, got 0$"),
+        ({"secure_min_layers": 0}, r"^secure_min_layers must be an integer >= 1, got 0$"),
+        ({"secure_min_layers": 3, "secure_max_layers": 2}, r"^secure_max_layers must be an integer >= 3, got 2$"),
+        ({"grouping": "layer"}, r"^grouping must be one of tensor, module, got 'layer'$"),
     ],
 )
 def test_invalid_secure_options_are_rejected(kwargs, match):
     with pytest.raises(ValueError, match=match):
         FedMR(secure_recombination=True, **kwargs)
-
-
-def test_secure_run_config_is_validated(defaults):  # noqa: F811
-    cfg = RunConfig.from_mapping({**defaults, "secure-recombination": True})
-    strategy = build_strategy(cfg)
-    assert strategy.secure_recombination and strategy.secure_repeats == defaults["secure-repeats"]
-    crossed = RunConfig.from_mapping({**defaults, "secure-min-layers": 3, "secure-max-layers": 2})
-    with pytest.raises(ConfigError, match="strategy='fedmr': secure layers must satisfy"):
-        build_strategy(crossed)
-    other = RunConfig.from_mapping({**defaults, "strategy": "fedmut", "secure-recombination": True})
-    with pytest.raises(ConfigError, match="secure-recombination=true needs strategy='fedmr'"):
-        build_strategy(other)
-    with pytest.raises(ConfigError, match="invalid run config secure-repeats=0: must be an integer >= 1"):
-        RunConfig.from_mapping({**defaults, "secure-repeats": 0})

@@ -2,8 +2,6 @@
 
 import json
 import logging
-import tomllib
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,11 +10,11 @@ from flwr.app import Context, RecordDict
 
 from fedx import client_app
 from fedx.config import ConfigError, RunConfig
-from fedx.server_app import main, run_directory, wait_for_nodes
+from fedx.server.building import require_nodes
+from fedx.server.resume import run_directory
+from fedx.server_app import main
+from tests.helpers import DEFAULTS
 from tests.standin_grid import StandInGrid
-
-REPO = Path(__file__).resolve().parents[1]
-DEFAULTS = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
 
 
 class NodesOnly:
@@ -39,10 +37,10 @@ def _context(**overrides) -> Context:
     )
 
 
-def test_wait_for_nodes_gives_up_with_a_clear_message():
+def test_require_nodes_gives_up_with_a_clear_message():
     with pytest.raises(ConfigError, match=r"min-available-nodes=5 but only 3 node\(s\) connected after node-wait-timeout=0.5s"):
-        wait_for_nodes(NodesOnly(3), minimum=5, timeout=0.5)
-    assert wait_for_nodes(NodesOnly(5), minimum=5, timeout=0.5) == 5
+        require_nodes(NodesOnly(3), minimum=5, timeout=0.5)
+    assert require_nodes(NodesOnly(5), minimum=5, timeout=0.5) == 5
 
 
 @pytest.mark.parametrize(
@@ -53,7 +51,7 @@ def test_wait_for_nodes_gives_up_with_a_clear_message():
          "start more SuperNodes or lower min-available-nodes"),
         ({"learning-rate": -0.1}, "fedx: invalid run config learning-rate=-0.1: must be a number in (0, inf)"),
         ({"strategy": "fedcross", "fedcross-alpha": 0.9, "fedcross-alpha-start": 0.95},
-         "fedx: strategy='fedcross': alpha_start must be in [0.5, alpha=0.9], got 0.95"),
+         "fedx: invalid run config fedcross-alpha-start=0.95: must be a number in [0.5, 0.9]"),
     ],
 )
 def test_main_stops_with_one_error_line(overrides, line, caplog, tmp_path):

@@ -7,7 +7,6 @@ server crash. Real processes: tests/test_deployment.py.
 
 import json
 import logging
-import tomllib
 
 import numpy as np
 import pytest
@@ -15,12 +14,11 @@ from flwr.app import Context, RecordDict
 
 from fedx.server_app import main
 from fedx.strategies import load_checkpoint
-from tests.deployment import REPO
+from tests.helpers import DEFAULTS
 from tests.standin_grid import NODE_IDS, CrashingGrid
 
 pytestmark = pytest.mark.usefixtures("server_task_identity")
 
-DEFAULTS = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
 NUM_ROUNDS = 4
 
 

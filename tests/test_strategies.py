@@ -7,8 +7,7 @@ import pytest
 from flwr.app import Array, ConfigRecord, Error, Message, MetricRecord
 from flwr.serverapp.strategy import FedAvg
 
-from fedx.strategies import FedIndep, FedMR
-from fedx.strategies.multi_model import to_arrayrecord, to_model
+from fedx.strategies import FedIndep, FedMR, to_arrayrecord, to_model
 from tests.standin_grid import (
     NODE_IDS,
     StandInGrid,

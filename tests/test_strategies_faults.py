@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Error, Message
 
-from fedx.strategies import FedMR
-from fedx.strategies.multi_model import to_arrayrecord
+from fedx.strategies import FedMR, to_arrayrecord
 from tests.standin_grid import NODE_IDS, StandInGrid, sent_models, trained_reply
 
 pytestmark = pytest.mark.usefixtures("server_task_identity")

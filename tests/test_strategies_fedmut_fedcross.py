@@ -3,11 +3,9 @@
 import numpy as np
 import pytest
 from flwr.app import ConfigRecord
-from flwr.serverapp.strategy import FedAvg
 
 from fedx.ops import average, cosine_similarity_matrix
-from fedx.strategies import FedCross, FedIndep, FedMR, FedMut
-from fedx.strategies.multi_model import to_arrayrecord, to_model
+from fedx.strategies import FedCross, FedIndep, FedMR, FedMut, to_arrayrecord, to_model
 from tests.standin_grid import NODE_IDS, StandInGrid, run_round, sent_models, trained_reply
 
 pytestmark = pytest.mark.usefixtures("server_task_identity")
@@ -16,6 +14,17 @@ pytestmark = pytest.mark.usefixtures("server_task_identity")
 def _float_names(model):
     return [n for n, a in model.items() if a.dtype.kind == "f"]
 
+
+
+def trained_by_slot(strategy, grid, server_round, initial):
+    """Send a round and collect it: the replies, and the trained models by pool slot."""
+    strategy.configure_train(server_round, to_arrayrecord(initial), ConfigRecord(), grid)
+    in_flight = strategy.in_flight
+    replies = grid.send_and_receive(in_flight.messages)
+    trained = [None] * len(in_flight.targets)
+    for reply in replies:
+        trained[in_flight.targets[reply.metadata.src_node_id]] = to_model(reply.content["arrays"])
+    return replies, trained
 
 def test_fedmut_round_one_sends_the_initial_model_then_mutates_around_the_mean(initial):
     examples = {node: 3 + 4 * i for i, node in enumerate(NODE_IDS[:4])}
@@ -68,7 +77,7 @@ def test_fedcross_shuffles_nodes_over_middleware_models(initial):
     for server_round in (1, 2, 3):
         run_round(strategy, grid, server_round, initial)
         messages = list(strategy.configure_train(server_round + 1, to_arrayrecord(initial), ConfigRecord(), grid))
-        pairings.append(dict(strategy._dispatched))  # node -> slot of this dispatch
+        pairings.append(dict(strategy.in_flight.targets))  # node -> slot of this dispatch
         strategy.aggregate_train(server_round + 1, grid.send_and_receive(messages))
     assert all(sorted(p.values()) == list(range(len(NODE_IDS))) for p in pairings)
     assert len({tuple(sorted(p.items())) for p in pairings}) > 1, "pairing never changed"
@@ -78,13 +87,8 @@ def test_fedcross_shuffles_nodes_over_middleware_models(initial):
 def test_fedcross_pool_is_the_cross_aggregate_and_global_its_mean(initial, selection):
     grid = StandInGrid(NODE_IDS[:4])
     strategy = FedCross(seed=3, alpha=0.9, selection=selection, min_available_nodes=1)
-    _, replies, _ = run_round(strategy, grid, 1, initial)
-    round_two = list(strategy.configure_train(2, to_arrayrecord(initial), ConfigRecord(), grid))
-    slots = dict(strategy._dispatched)
-    replies = grid.send_and_receive(round_two)
-    trained = [None] * 4
-    for reply in replies:
-        trained[slots[reply.metadata.src_node_id]] = to_model(reply.content["arrays"])
+    run_round(strategy, grid, 1, initial)
+    replies, trained = trained_by_slot(strategy, grid, 2, initial)
     global_arrays, _ = strategy.aggregate_train(2, replies)
     similarity = cosine_similarity_matrix(trained)
     for i, model in enumerate(strategy.pool):
@@ -114,12 +118,7 @@ def test_fedcross_acceleration_schedules():
 def test_fedcross_propeller_rounds_fuse_two_in_order_models(initial):
     grid = StandInGrid(NODE_IDS[:4])
     strategy = FedCross(seed=0, alpha=0.8, propeller_rounds=1, min_available_nodes=1)
-    messages = list(strategy.configure_train(1, to_arrayrecord(initial), ConfigRecord(), grid))
-    slots = dict(strategy._dispatched)
-    replies = grid.send_and_receive(messages)
-    trained = [None] * 4
-    for reply in replies:
-        trained[slots[reply.metadata.src_node_id]] = to_model(reply.content["arrays"])
+    replies, trained = trained_by_slot(strategy, grid, 1, initial)
     strategy.aggregate_train(1, replies)
     for i, model in enumerate(strategy.pool):
         p1, p2 = (i + 1) % 4, (i + 2) % 4  # in-order partners of r = 0 and r = 1
@@ -167,7 +166,7 @@ def test_global_model_is_the_pool_mean_asked_for_on_unequal_example_counts(initi
     strategy = MULTI_MODEL_STRATEGIES[name](**kwargs)
     assert strategy.pool_mean == pool_mean
     messages = list(strategy.configure_train(1, to_arrayrecord(initial), ConfigRecord(), grid))
-    slot_of = dict(strategy._dispatched)  # node id -> pool slot
+    slot_of = dict(strategy.in_flight.targets)  # node id -> pool slot
     replies = grid.send_and_receive(messages)
     glb = to_model(strategy.aggregate_train(1, replies)[0])
     # FedCross's global model averages the new middleware models (slot i
@@ -189,7 +188,7 @@ def test_global_model_is_the_pool_mean_asked_for_on_unequal_example_counts(initi
 
 
 def test_weighted_pool_mean_is_refused_with_secure_recombination():
-    with pytest.raises(ValueError, match="pool_mean='weighted'.*secure_recombination"):
+    with pytest.raises(ValueError, match=r"pool_mean must be 'uniform' with secure recombination .*got 'weighted'"):
         FedMR(secure_recombination=True, pool_mean="weighted")
-    with pytest.raises(ValueError, match="pool_mean must be one of"):
+    with pytest.raises(ValueError, match="pool_mean must be one of uniform, weighted, got 'median'"):
         FedMut(pool_mean="median")

@@ -7,8 +7,7 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 
 from fedx.ops import fedme_aggregate
-from fedx.strategies import FedAvgFT, FedMe
-from fedx.strategies.multi_model import to_arrayrecord, to_model
+from fedx.strategies import FedAvgFT, FedMe, to_arrayrecord, to_model
 from tests.standin_grid import NODE_IDS, StandInGrid
 
 pytestmark = pytest.mark.usefixtures("server_task_identity")
@@ -268,7 +267,7 @@ def test_a_restarted_node_keeps_its_clients_model():
 
 def test_personalized_evaluation_reports_every_client_and_mean_and_std():
     strategy = make_fedme(evaluate_every=2, finetune_epochs=3)
-    strategy._num_rounds = 5  # pylint: disable=protected-access  (set by start())
+    strategy.begin_run(num_rounds=5, timeout=60.0)
     grid = StandInGrid(NODE_IDS, NumpyClients())
     train_round(strategy, grid, 1)
     assert list(strategy.configure_evaluate(1, ArrayRecord(), ConfigRecord(), grid)) == []
@@ -297,12 +296,14 @@ def test_personalized_evaluation_reports_every_client_and_mean_and_std():
 
 
 def test_constructor_rejects_bad_settings():
-    with pytest.raises(ValueError, match="min_train_nodes must be at least 2"):
+    with pytest.raises(ValueError, match=r"^min_train_nodes must be an integer >= 2, got 1$"):
         make_fedme(min_train_nodes=1)
-    with pytest.raises(ValueError, match="architectures must name"):
+    with pytest.raises(ValueError, match=r"^architectures must be at least one architecture name, got \(\)$"):
         make_fedme(architectures=())
-    with pytest.raises(ValueError, match="fraction_train"):
+    with pytest.raises(ValueError, match=r"^fraction_train must be a number in \(0, 1\], got 0.0$"):
         make_fedme(fraction_train=0.0)
+    with pytest.raises(ValueError, match=r"^cluster_rounds must be increasing rounds >= 2, got \(3, 2\)$"):
+        make_fedme(cluster_rounds=(3, 2))
 
 
 # ---------------------------------------------------------------------------
@@ -322,7 +323,7 @@ def _evaluation_reply(message: Message) -> Message:
 
 def test_fedavg_ft_sends_the_finetuning_epochs_and_keeps_per_client_results(caplog):
     strategy = FedAvgFT(finetune_epochs=2, evaluate_every=3, min_available_nodes=1)
-    strategy._num_rounds = 4  # pylint: disable=protected-access  (set by start())
+    strategy.begin_run(num_rounds=4, timeout=60.0)
     grid = StandInGrid(NODE_IDS, _evaluation_reply)
     arrays = ArrayRecord()
     assert list(strategy.configure_evaluate(1, arrays, ConfigRecord(), grid)) == []

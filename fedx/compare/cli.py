@@ -22,12 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import fedx
-from fedx.compare.plan import METHODS, Setting, app_defaults, plan_runs
+from fedx.compare.plan import Setting, app_defaults, comparison_methods, default_methods, plan_runs
 from fedx.compare.report import SUMMARY_MARKDOWN, write_report
 from fedx.compare.runner import ComparisonRunner, RunOutcome, finished_record
-from fedx.config import ConfigError, comma_list
-
-DEFAULT_METHODS = "fedavg,fedprox,fedmr,fedmr-two-stage,fedindep,fedmut,fedcross"
+from fedx.config import ConfigError
+from fedx.registry import comma_list
 
 
 def default_app_dir() -> Path | None:
@@ -67,8 +66,9 @@ def _parser() -> argparse.ArgumentParser:
         "runs.csv and one learning-curve plot per setting.",
     )
     parser.add_argument("settings", nargs="+", type=Path, help="run-config TOML files")
-    parser.add_argument("--methods", default=DEFAULT_METHODS,
-                        help=f"comma-separated, from {', '.join(METHODS)} (default: %(default)s)")
+    parser.add_argument("--methods", default=",".join(default_methods()),
+                        help=f"comma-separated, from {', '.join(comparison_methods())} "
+                        "(default: %(default)s)")
     parser.add_argument("--seeds", type=parse_seeds, default=[0, 1, 2],
                         help="comma-separated seeds (default: 0,1,2)")
     parser.add_argument("--out", type=Path, required=True,

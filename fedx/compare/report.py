@@ -11,6 +11,7 @@ the wall time of a run.
 import csv
 import json
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,7 +108,7 @@ def _std(values: list[float]) -> float:
     return statistics.stdev(values) if len(values) > 1 else 0.0
 
 
-def summarize(results: list[RunResult], target: float | None) -> list[MethodSummary]:
+def summarize_runs(results: list[RunResult], target: float | None) -> list[MethodSummary]:
     """Group results by setting and method (in the order they come) into table rows."""
     groups: dict[tuple[str, str], list[RunResult]] = {}
     for result in results:
@@ -132,35 +133,41 @@ def summarize(results: list[RunResult], target: float | None) -> list[MethodSumm
     return rows
 
 
-def write_csv(path: Path, rows: list[MethodSummary]) -> None:
-    """One line per setting and method."""
+def _write_csv(path: Path, header: str, rows: Iterable[list[object]]) -> None:
+    """A CSV file: the space-separated column names of ``header``, then ``rows``."""
     with path.open("w", newline="") as file:
         writer = csv.writer(file)
-        writer.writerow([
-            "setting", "method", "metric", "seeds", "final_accuracy_mean", "final_accuracy_std",
-            "target", "rounds_to_target_mean", "seeds_reaching_target", "wall_seconds_mean",
-            "round_seconds_mean",
-        ])
-        for row in rows:
-            reached = row.reached
-            writer.writerow([
-                row.setting, row.method, row.metric, " ".join(map(str, row.seeds)),
-                f"{row.final_mean:.4f}", f"{row.final_std:.4f}", f"{row.target:.3f}",
-                f"{statistics.fmean(reached):.2f}" if reached else "",
-                len(reached), f"{row.wall_seconds:.1f}", f"{row.round_seconds:.3f}",
-            ])
+        writer.writerow(header.split())
+        writer.writerows(rows)
+
+
+def write_csv(path: Path, rows: list[MethodSummary]) -> None:
+    """One line per setting and method."""
+    _write_csv(
+        path,
+        "setting method metric seeds final_accuracy_mean final_accuracy_std target "
+        "rounds_to_target_mean seeds_reaching_target wall_seconds_mean round_seconds_mean",
+        (
+            [row.setting, row.method, row.metric, " ".join(map(str, row.seeds)),
+             f"{row.final_mean:.4f}", f"{row.final_std:.4f}", f"{row.target:.3f}",
+             f"{statistics.fmean(row.reached):.2f}" if row.reached else "",
+             len(row.reached), f"{row.wall_seconds:.1f}", f"{row.round_seconds:.3f}"]
+            for row in rows
+        ),
+    )  # fmt: skip
 
 
 def write_runs_csv(path: Path, results: list[RunResult]) -> None:
     """One line per run: its final accuracy and wall time."""
-    with path.open("w", newline="") as file:
-        writer = csv.writer(file)
-        writer.writerow(["setting", "method", "seed", "metric", "rounds", "final_accuracy",
-                         "wall_seconds", "round_seconds"])
-        for r in results:
-            writer.writerow([r.setting, r.method, r.seed, r.metric, r.curve[-1][0],
-                             f"{r.final_accuracy:.4f}", f"{r.wall_seconds:.1f}",
-                             f"{r.round_seconds:.3f}"])
+    _write_csv(
+        path,
+        "setting method seed metric rounds final_accuracy wall_seconds round_seconds",
+        (
+            [r.setting, r.method, r.seed, r.metric, r.curve[-1][0], f"{r.final_accuracy:.4f}",
+             f"{r.wall_seconds:.1f}", f"{r.round_seconds:.3f}"]
+            for r in results
+        ),
+    )  # fmt: skip
 
 
 def markdown_table(rows: list[MethodSummary]) -> str:
@@ -230,7 +237,7 @@ def write_report(
     results = [result for run in runs if (result := load_result(run)) is not None]
     if not results:
         return [], []
-    rows = summarize(results, target)
+    rows = summarize_runs(results, target)
     paths = [out_dir / SUMMARY_MARKDOWN, out_dir / SUMMARY_CSV, out_dir / RUNS_CSV]
     write_markdown(paths[0], rows, results)
     write_csv(paths[1], rows)

@@ -1,7 +1,7 @@
-"""The data layout of personalized federated learning (FedMe and FedAvg + fine-tuning).
+"""The data layout of personalized federated learning (methods evaluated per client).
 
-The FedMe paper (Sec. 5.1.2) takes a small unlabeled set out of the training
-data for the server, shares the rest among the clients, and splits every
+Matsuda et al. (SDM 2022, Sec. 5.1.2) take a small unlabeled set out of the
+training data for the server, share the rest among the clients, and split every
 client's share into its own train, validation and test data. Quality is then
 measured per client, on its own test split. Everything here is a seeded
 function of the arguments, so the server and every client compute the same
@@ -121,7 +121,7 @@ def load_unlabeled(
     -------
     Partition
         Training images without augmentation. The labels are there (the
-        ``targets`` attribute) but FedMe never reads them.
+        ``targets`` attribute) but no method reads them.
     """
     leaf = (int(leaf_users), int(leaf_min_samples))
     layout = _unlabeled_and_pool(name, _resolve_root(root), bool(download), int(seed),

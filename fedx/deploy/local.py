@@ -102,6 +102,9 @@ class FederationSpec:
         Start the SuperLink in simulation mode: each ``flwr run`` then runs
         in Flower's Ray-backed simulation with the SuperNodes that its
         ``--federation-config`` asks for, and ``num_supernodes`` must be 0.
+    extra_environment : dict[str, str]
+        Variables added to the environment of every process (for example a
+        ``PYTHONPATH`` where an app's plug-ins are installed).
     """
 
     num_supernodes: int
@@ -120,6 +123,7 @@ class FederationSpec:
     connection: str = "fedx-local"
     workdir: Path | None = None
     simulation: bool = False
+    extra_environment: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.simulation and self.num_supernodes != 0:
@@ -182,6 +186,7 @@ class FederationSpec:
         """Environment of every process: our Flower first on PATH, our FLWR_HOME."""
         env = {
             **os.environ,
+            **self.extra_environment,
             "FLWR_HOME": str(self.flwr_home.resolve()),
             "PATH": f"{self.bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
         }

@@ -3,8 +3,9 @@
 A checkpoint is two files in a run directory:
 
 ``checkpoint-round-<r>.npz``
-    Every numpy array of the state (the global model, the pool, FedMut's
-    previous global model ...), under generated keys ``a0``, ``a1``, ...
+    Every numpy array of the state (the global model, the pool, whatever
+    else a strategy keeps between rounds), under generated keys ``a0``,
+    ``a1``, ...
 ``checkpoint.json``
     The round, the strategy's name, the JSON part of its state (RNG states,
     counters, metrics so far) with ``{"__ndarray__": "a7"}`` where an array
@@ -36,7 +37,8 @@ import numpy as np
 from flwr.app import MetricRecord
 from flwr.serverapp.strategy import Result, Strategy
 
-from fedx.strategies.multi_model import to_arrayrecord, to_model
+from fedx.strategies.base import to_arrayrecord, to_model
+from fedx.strategies.capabilities import Stateful
 
 CHECKPOINT_FILE = "checkpoint.json"
 FORMAT_VERSION = 1
@@ -75,7 +77,8 @@ def save_checkpoint(directory: Path, checkpoint: Checkpoint) -> Path:
     tree = _split_arrays(checkpoint.state, arrays)
     arrays_file = f"checkpoint-round-{checkpoint.server_round:05d}.npz"
 
-    _write_atomically(directory / arrays_file, lambda handle: np.savez(handle, **arrays))
+    # numpy's stub reads **arrays as its allow_pickle argument; they are arrays.
+    _write_atomically(directory / arrays_file, lambda handle: np.savez(handle, **arrays))  # type: ignore[arg-type]
     manifest = {
         "format": FORMAT_VERSION,
         "round": checkpoint.server_round,
@@ -84,9 +87,7 @@ def save_checkpoint(directory: Path, checkpoint: Checkpoint) -> Path:
         "state": tree,
     }
     path = directory / CHECKPOINT_FILE
-    _write_atomically(
-        path, lambda handle: handle.write(json.dumps(manifest, indent=1).encode("utf-8"))
-    )
+    _write_atomically(path, lambda handle: handle.write(json.dumps(manifest, indent=1).encode("utf-8")))
     for old in directory.glob("checkpoint-round-*.npz"):
         if old.name != arrays_file:
             old.unlink(missing_ok=True)
@@ -143,10 +144,9 @@ def capture_run(strategy: Strategy, result: Result) -> dict[str, Any]:
 
     ``result.arrays`` is the global model the next round starts from.
     """
-    state_dict = getattr(strategy, "state_dict", None)
     return {
         "arrays": to_model(result.arrays),
-        "strategy": state_dict() if callable(state_dict) else None,
+        "strategy": strategy.state_dict() if isinstance(strategy, Stateful) else None,
         "python-random": random.getstate(),
         "metrics": {
             "train-clientapp": _metrics_to_json(result.train_metrics_clientapp),
@@ -172,13 +172,12 @@ def restore_run(strategy: Strategy, state: dict[str, Any]) -> Result:
     """
     strategy_state = state.get("strategy")
     if strategy_state is not None:
-        load_state_dict = getattr(strategy, "load_state_dict", None)
-        if not callable(load_state_dict):
+        if not isinstance(strategy, Stateful):
             raise CheckpointError(
                 f"the checkpoint holds a strategy state, {type(strategy).__name__} cannot load one"
             )
         try:
-            load_state_dict(strategy_state)
+            strategy.load_state_dict(strategy_state)
         except ValueError as err:
             raise CheckpointError(f"the checkpoint does not fit {type(strategy).__name__}: {err}") from None
     try:
