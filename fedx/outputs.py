@@ -1,8 +1,5 @@
 """What a run leaves in ``outputs/<run-name>/``: metrics, a learning curve, the model."""
 
-import json
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -13,18 +10,11 @@ matplotlib.use("Agg")  # no display on servers and in CI
 import matplotlib.pyplot as plt  # noqa: E402  pylint: disable=wrong-import-position
 from matplotlib.ticker import MaxNLocator  # noqa: E402  pylint: disable=wrong-import-position
 
+from fedx.files import write_json_atomically  # noqa: E402
+
 METRICS_FILE = "metrics.json"
 PLOT_FILE = "accuracy.png"
 MODEL_FILE = "model.pt"
-
-
-def write_json_atomically(path: Path, payload: dict[str, Any]) -> None:
-    """Write JSON through a temporary file and a rename, so readers never see half a file."""
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as tmp:
-        json.dump(payload, tmp, indent=2)
-        tmp.flush()
-        os.fsync(tmp.fileno())
-    os.replace(tmp.name, path)
 
 
 class RunRecorder:

@@ -16,29 +16,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import tomli_w
+
 from fedx.compare.plan import RUN_RECORD, PlannedRun
 from fedx.config import ConfigError
 from fedx.deploy.local import FederationSpec, LocalFederation, free_port
-from fedx.outputs import METRICS_FILE, write_json_atomically
+from fedx.files import write_json_atomically
+from fedx.outputs import METRICS_FILE
 
 RUN_CONFIG_FILE = "run-config.toml"
 RUN_LOG = "flwr-run.log"
 
 
 def toml_value(value: Any) -> str:
-    """A run-config value (string, boolean, integer or float) as TOML."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)  # JSON string escapes are valid TOML basic-string escapes
-    raise TypeError(f"run-config values are strings, booleans or numbers, not {value!r}")
+    """A run-config value (string, boolean, integer or float) as TOML, for ``--run-config "k=v"``."""
+    if not isinstance(value, (str, bool, int, float)):
+        raise TypeError(f"run-config values are strings, booleans or numbers, not {value!r}")
+    return tomli_w.dumps({"value": value}).removeprefix("value = ").rstrip("\n")
 
 
 def write_run_config(path: Path, run_config: dict[str, Any]) -> None:
     """Write a run config as a flat TOML file, ``flwr run --run-config`` reads it."""
-    path.write_text("".join(f"{key} = {toml_value(value)}\n" for key, value in run_config.items()))
+    path.write_text(tomli_w.dumps(run_config))
 
 
 def finished_record(run: PlannedRun) -> dict[str, Any] | None:

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Literal
 
+import psutil
+
 from fedx.deploy.credentials import TlsFiles, supernode_key_paths
 
 Transport = Literal["http", "grpc"]
@@ -411,21 +413,11 @@ class LocalFederation:
 
 
 def _descendants(pid: int) -> list[int]:
-    """Ids of all processes below ``pid`` (Linux ``/proc``; elsewhere none)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            # The command name is in parentheses and may hold spaces: split after it.
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        children.setdefault(int(fields[1]), []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
+    """Ids of all processes below ``pid`` (none when it has ended)."""
+    try:
+        return [child.pid for child in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
 
 
 def _signal(pid: int, sig: int, group: bool) -> None:
@@ -466,7 +458,6 @@ def _stop_group(process: subprocess.Popen, sig: int) -> None:
 def _alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie counts as ended)."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
         return False
-    return state != "Z"

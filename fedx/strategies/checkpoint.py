@@ -25,10 +25,7 @@ and the metrics of the rounds done.
 """
 
 import json
-import os
 import random
-import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +34,7 @@ import numpy as np
 from flwr.app import MetricRecord
 from flwr.serverapp.strategy import Result, Strategy
 
+from fedx.files import write_atomically
 from fedx.strategies.base import to_arrayrecord, to_model
 from fedx.strategies.capabilities import Stateful
 
@@ -78,7 +76,7 @@ def save_checkpoint(directory: Path, checkpoint: Checkpoint) -> Path:
     arrays_file = f"checkpoint-round-{checkpoint.server_round:05d}.npz"
 
     # numpy's stub reads **arrays as its allow_pickle argument; they are arrays.
-    _write_atomically(directory / arrays_file, lambda handle: np.savez(handle, **arrays))  # type: ignore[arg-type]
+    write_atomically(directory / arrays_file, lambda handle: np.savez(handle, **arrays))  # type: ignore[arg-type]
     manifest = {
         "format": FORMAT_VERSION,
         "round": checkpoint.server_round,
@@ -87,7 +85,7 @@ def save_checkpoint(directory: Path, checkpoint: Checkpoint) -> Path:
         "state": tree,
     }
     path = directory / CHECKPOINT_FILE
-    _write_atomically(path, lambda handle: handle.write(json.dumps(manifest, indent=1).encode("utf-8")))
+    write_atomically(path, lambda handle: handle.write(json.dumps(manifest, indent=1).encode("utf-8")))
     for old in directory.glob("checkpoint-round-*.npz"):
         if old.name != arrays_file:
             old.unlink(missing_ok=True)
@@ -231,16 +229,3 @@ def _join_arrays(value: Any, arrays: dict[str, np.ndarray]) -> Any:
     if isinstance(value, list):
         return [_join_arrays(item, arrays) for item in value]
     return value
-
-
-def _write_atomically(path: Path, write: Callable[[Any], Any]) -> None:
-    """Write through a temporary file in the same directory, then rename."""
-    with tempfile.NamedTemporaryFile("wb", dir=path.parent, suffix=".tmp", delete=False) as tmp:
-        try:
-            write(tmp)
-            tmp.flush()
-            os.fsync(tmp.fileno())
-        except BaseException:
-            os.unlink(tmp.name)
-            raise
-    os.replace(tmp.name, path)
