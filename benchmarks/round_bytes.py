@@ -55,7 +55,6 @@ This script reports; it is not a test, and it always exits with status 0.
 import argparse
 import logging
 import random
-import sys
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -464,8 +463,6 @@ def _measure(arguments: argparse.Namespace) -> dict[str, list[Traffic]]:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except Exception:  # pylint: disable=broad-exception-caught
-        traceback.print_exc()
-    sys.exit(0)
+    from _report import run_reporting_errors  # this script's folder is first on sys.path
+
+    run_reporting_errors(main)

@@ -161,9 +161,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except Exception:  # pylint: disable=broad-exception-caught
-        import traceback
+    from _report import run_reporting_errors  # this script's folder is first on sys.path
 
-        traceback.print_exc()
+    run_reporting_errors(main)

@@ -433,8 +433,6 @@ def main(argv: Sequence[str] | None = None) -> Report:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except Exception:  # pylint: disable=broad-exception-caught
-        traceback.print_exc()
-    sys.exit(0)
+    from _report import run_reporting_errors  # this script's folder is first on sys.path
+
+    run_reporting_errors(main)
