@@ -196,7 +196,7 @@ def test_a_repetition_keeps_every_layer_exactly_once(models, grouping):
             for names in groups:
                 owners = [{k for k, t in enumerate(models) if np.array_equal(t[n], model[n])} for n in names]
                 assert set.intersection(*owners)
-    assert any(not np.array_equal(c["fc1.weight"], m["fc1.weight"]) for c, m in zip(current, models))
+    assert any(not np.array_equal(c["fc1.weight"], m["fc1.weight"]) for c, m in zip(current, models, strict=True))
 
 
 def test_rebuild_insists_on_a_return_or_an_abort_for_every_sent_layer(models):
@@ -250,7 +250,7 @@ def test_a_node_refuses_layers_sealed_for_someone_else(models):
         return ExchangeState(
             node_id=nodes[i], private_key=keys[i], server_round=1, grouping="tensor", min_layers=1,
             max_layers=1, model=models[i], metrics=MetricRecord({"num-examples": 1}),
-            peers={n: crypto.public_key(k) for n, k in zip(nodes, keys) if n != nodes[i]},
+            peers={n: crypto.public_key(k) for n, k in zip(nodes, keys, strict=True) if n != nodes[i]},
             committed=0, repeat=1,
         )
 

@@ -52,7 +52,7 @@ def parse_seeds(text: str) -> list[int]:
     try:
         seeds = [int(item) for item in comma_list(text)]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"seeds are comma-separated integers, got {text!r}")
+        raise argparse.ArgumentTypeError(f"seeds are comma-separated integers, got {text!r}") from None
     if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
         raise argparse.ArgumentTypeError(f"seeds must be distinct integers >= 0, got {text!r}")
     return seeds

@@ -108,7 +108,7 @@ def write_tls_certificates(directory: Path, hosts: list[str] | None = None) -> T
     """
     hosts = list(hosts or DEFAULT_HOSTS)
     directory.mkdir(parents=True, exist_ok=True)
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     not_before, not_after = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=VALID_DAYS)
 
     ca_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
