@@ -21,9 +21,10 @@ class FedMR(MultiModelStrategy):
     drawn and new model i takes that layer from trained model pi(i), so every
     uploaded layer is used exactly once (Sec. 4.2). With two-stage training
     (Sec. 4.3) the first ``first_stage_rounds`` rounds are plain FedAvg: every
-    slot gets the mean of the trained models. The reported global model is
-    the mean of the K trained models (Algorithm 1, line 11). Both means are
-    plain means, as in the authors' code, unless ``pool_mean="weighted"``.
+    slot gets the mean of the K models. The reported global model is the
+    mean of the K trained models (Algorithm 1, line 11). Both are plain
+    means, as in the authors' code, unless ``pool_mean="weighted"`` (see
+    :meth:`~fedx.strategies.MultiModelStrategy.round_mean`).
 
     Parameters
     ----------
@@ -95,7 +96,7 @@ class FedMR(MultiModelStrategy):
     def update_pool(self, trained: PoolRound) -> list[Model]:
         """Average in the first stage, recombine layers after it."""
         if trained.server_round <= self.first_stage_rounds:
-            return [self.mean_of_trained(trained)] * len(trained.models)
+            return [self.round_mean(trained)] * len(trained.models)
         return recombine(
             trained.models,
             self.rng,

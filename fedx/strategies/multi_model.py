@@ -38,8 +38,9 @@ POOL_MEAN_KEY = Key(
     "uniform",
     OneOf(POOL_MEANS),
     "how a round's models are averaged (the global model, and any mean the method takes: a "
-    "first stage, the centre of mutations): `uniform` (the authors' code) or `weighted` by "
-    "`num-examples`",
+    "first stage, the centre of mutations): the plain mean of the K models (`uniform`, the "
+    "authors' code) or the trained ones weighted by `num-examples` (`weighted`, not with "
+    "secure recombination)",
     argument="pool_mean",
 )
 
@@ -85,8 +86,8 @@ class MultiModelStrategy(FedxStrategy, FedAvg):
     replies are logged with the node id and never aggregated. A subclass then
     computes the next pool from the round's models (:meth:`update_pool`, given
     a :class:`PoolRound`), and the strategy reports a global model
-    (:meth:`global_model`, by default the mean of the models trained this
-    round, see ``pool_mean``) to Flower. The global model is what centralized
+    (:meth:`global_model`, by default the mean of the round's models, see
+    ``pool_mean``) to Flower. The global model is what centralized
     and federated evaluation see; the pool is what training uses.
 
     Federated evaluation works as in FedAvg, on the global model.
@@ -122,9 +123,9 @@ class MultiModelStrategy(FedxStrategy, FedAvg):
         Pool size K. ``None`` takes the number of nodes sampled in round 1.
     pool_mean : {"uniform", "weighted"} (default: "uniform")
         How the method averages the round's models (the global model, and
-        any mean the method takes, see :meth:`mean_of_trained`): their plain
-        mean, as the authors' code computes it, or weighted by
-        ``weighted_by_key``. With skewed partitions the weighted mean follows
+        any mean the method takes, see :meth:`round_mean`): the plain mean of
+        the K models, as the authors' code computes it, or the trained ones
+        weighted by ``weighted_by_key``. With skewed partitions the weighted mean follows
         a few large clients (docs/results.md: a mutation around it diverges
         where one around the plain mean does not).
     seed : int, optional
@@ -207,16 +208,27 @@ class MultiModelStrategy(FedxStrategy, FedAvg):
     def global_model(self, trained: PoolRound, pool: list[Model]) -> Model:
         """Return the deployment model of this round.
 
-        By default the mean of the models trained this round
-        (:meth:`mean_of_trained`); ``pool`` is the new pool.
+        By default :meth:`round_mean`; ``pool`` is the new pool.
         """
         del pool
-        return self.mean_of_trained(trained)
+        return self.round_mean(trained)
 
-    def mean_of_trained(self, trained: PoolRound) -> Model:
-        """The mean of the models trained this round, as ``pool_mean`` says."""
+    def round_mean(self, trained: PoolRound) -> Model:
+        """The mean of this round's models, as ``pool_mean`` says.
+
+        ``"uniform"``: the plain mean of the K slot models, each the trained
+        model where its node replied validly and the model it was sent where
+        not, as the authors' ``Aggregation(w_locals, None)`` averages their
+        list of K models. A slot that did not train thus pulls the mean
+        towards where it was, which keeps a mutation around the mean centred
+        when only some nodes reply. ``"weighted"``: FedAvg's rule, the models
+        trained this round weighted by ``weighted_by_key``, the others left
+        out.
+        """
+        if self.pool_mean == "uniform":
+            return average(trained.models)
         models, weights = trained.trained_models()
-        return average(models, weights if self.pool_mean == "weighted" else None)
+        return average(models, weights)
 
     def assign_slots(self, num_nodes: int) -> list[int]:
         """Return the pool slot of each of ``num_nodes`` sampled nodes.

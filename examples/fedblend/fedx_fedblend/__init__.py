@@ -45,7 +45,7 @@ class FedBlend(MultiModelStrategy):
 
     def update_pool(self, trained: PoolRound) -> list[Model]:
         """``w * v_i + (1 - w) * mean`` for every slot (untrained slots: the model they were sent)."""
-        mean = self.mean_of_trained(trained)
+        mean = self.round_mean(trained)
         weights = [self.own_weight, 1.0 - self.own_weight]
         return [average([model, mean], weights) for model in trained.models]
 
