@@ -11,6 +11,7 @@ import pytest
 
 from fedx.config import APP_KEYS, ConfigError, RunConfig
 from fedx.data import DATASET_NAMES
+from fedx.registry import method_names
 from fedx.server.building import build_strategy
 from tests.helpers import REPO
 
@@ -33,7 +34,7 @@ def test_the_defaults_are_valid_and_typed(defaults):
 @pytest.mark.parametrize(
     "key, value, allowed",
     [
-        ("strategy", "fedfoo", "one of fedavg, fedprox, fedavg-ft, fedcross, fedindep, fedme, fedmr, fedmut"),
+        ("strategy", "fedfoo", f"one of {', '.join(method_names())}"),
         ("model", "resnet99", "one of cnn, resnet20, vgg16, lstm, cnn-1, cnn-2, cnn-3, cnn-4, vgg11, vgg13, vgg19"),
         ("dataset", "mnist", "one of digits, cifar10, cifar100, femnist, shakespeare"),
         ("fraction-train", 0.0, "a number in (0, 1]"),

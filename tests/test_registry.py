@@ -13,12 +13,13 @@ from fedx.registry import Key, Method, UnknownMethod, builtin_methods
 from fedx.strategies import FedMR
 from tests.helpers import REPO
 
-BUILTIN = ["fedavg", "fedprox", "fedavg-ft", "fedcross", "fedindep", "fedme", "fedmr", "fedmut"]
+PAPERS_AND_BASELINES = {"fedavg", "fedprox", "fedavg-ft", "fedcross", "fedindep", "fedme", "fedmr", "fedmut"}
 
 
 def test_fedx_methods_are_declared_in_the_modules_of_their_strategies():
     methods = builtin_methods()
-    assert [m.name for m in methods] == BUILTIN
+    names = [m.name for m in methods]
+    assert PAPERS_AND_BASELINES <= set(names) and len(set(names)) == len(names)
     for method in methods:
         for key in method.keys:
             assert key.argument or method.components, f"{method.name}: {key.name} feeds nothing"
@@ -27,7 +28,7 @@ def test_fedx_methods_are_declared_in_the_modules_of_their_strategies():
             assert method.strategy.__module__.startswith("fedx.strategies.")
     # A key several methods use is one declaration.
     shared = [k for m in methods for k in m.keys if k.name == "pool-mean"]
-    assert len(shared) == 4 and all(k is shared[0] for k in shared)
+    assert len(shared) >= 4 and all(k is shared[0] for k in shared)  # fedx's four pool methods
 
 
 def test_two_declarations_of_one_key_are_refused():
