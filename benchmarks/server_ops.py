@@ -129,7 +129,7 @@ def vgg16_cifar_shapes(width: float = 1.0) -> Shapes:
         index += 2  # Conv2d, ReLU
     # Classifier: Linear, ReLU, Dropout repeated; the last Linear has no ReLU.
     widths = [in_channels] + [_scaled(w, width) for w in CLASSIFIER_WIDTHS[1:]] + [NUM_CLASSES]
-    for layer, (fan_in, fan_out) in enumerate(zip(widths[:-1], widths[1:])):
+    for layer, (fan_in, fan_out) in enumerate(zip(widths[:-1], widths[1:], strict=True)):
         shapes[f"classifier.{3 * layer}.weight"] = (fan_out, fan_in)
         shapes[f"classifier.{3 * layer}.bias"] = (fan_out,)
     return shapes

@@ -86,6 +86,6 @@ def test_finite_but_huge_replies_give_a_finite_global_model(strategy):
                             num_rounds=2, timeout=5)
     final = to_model(result.arrays)
     _assert_finite(final)
-    for name, array in final.items():
+    for array in final.values():
         if array.dtype.kind == "f":
             np.testing.assert_allclose(array, FLOAT32_LARGE, rtol=1e-6)

@@ -296,7 +296,7 @@ def test_inputs_are_not_modified_and_outputs_are_new_arrays(propeller):
     result = cross_aggregate(
         models, alpha=0.9, selection="lowest_similarity", round_index=2, propeller=propeller
     )
-    for original, kept in zip(models, before):
+    for original, kept in zip(models, before, strict=True):
         for name in SHAPES:
             np.testing.assert_array_equal(original[name], kept[name])
     for model in result:
@@ -339,7 +339,7 @@ def test_propeller_ignores_the_selection_rule():
         for s in SELECTIONS
     ]
     for other in results[1:]:
-        for a, b in zip(results[0], other):
+        for a, b in zip(results[0], other, strict=True):
             for name in SHAPES:
                 np.testing.assert_array_equal(a[name], b[name])
 

@@ -206,7 +206,7 @@ def test_same_seed_same_models(pair):
     current, previous = pair
     first = mutate(current, previous, np.random.default_rng(9), k=6, alpha=4.0)
     second = mutate(current, previous, np.random.default_rng(9), k=6, alpha=4.0)
-    for a, b in zip(first, second):
+    for a, b in zip(first, second, strict=True):
         for name in SHAPES:
             np.testing.assert_array_equal(a[name], b[name])
 

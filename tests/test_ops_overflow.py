@@ -10,8 +10,8 @@ value where it is not (a mutation beyond the range).
 import numpy as np
 import pytest
 
-from fedx.ops import average, cosine_similarity_matrix, cross_aggregate, fedme_aggregate, mutate
 from fedx.ops import aggregation as aggregation_module
+from fedx.ops import average, cosine_similarity_matrix, cross_aggregate, fedme_aggregate, mutate
 
 LARGE32 = np.float32(3e38)
 MAX32 = np.finfo(np.float32).max

@@ -46,7 +46,7 @@ def test_layers_are_actually_mixed(models):
 def test_inputs_are_not_modified_and_no_array_is_copied(models):
     snapshot = copy.deepcopy(models)
     recombined = recombine(models, np.random.default_rng(4))
-    for before, after in zip(snapshot, models):
+    for before, after in zip(snapshot, models, strict=True):
         for name in before:
             np.testing.assert_array_equal(before[name], after[name])
     ids_in = {id(a) for m in models for a in m.values()}
@@ -109,7 +109,7 @@ def test_segments_share_one_permutation(models):
     segments = segment_ids(len(groups), 0.5)
     recombined = recombine(models, np.random.default_rng(5), segment_fraction=0.5)
     by_segment: dict[int, list] = {}
-    for group, segment in zip(groups, segments):
+    for group, segment in zip(groups, segments, strict=True):
         by_segment.setdefault(segment, []).append(_source_of(models, recombined, group[0]))
     assert len(by_segment) == 2
     for sources in by_segment.values():

@@ -125,7 +125,7 @@ def test_cross_aggregate_uses_the_requested_measure():
     # dominate the layer-pair sum.
     names = ["a.weight", "a.bias", "b.weight", "b.bias", "c.weight", "c.bias"]
     shapes = [(400,), (1,), (3,), (1,), (3,), (1,)]
-    base = {n: rng.normal(size=s).astype(np.float32) for n, s in zip(names, shapes)}
+    base = {n: rng.normal(size=s).astype(np.float32) for n, s in zip(names, shapes, strict=True)}
     flipped = {n: (-a if n != "a.weight" else a.copy()) for n, a in base.items()}
     big_flipped = {n: (-a if n == "a.weight" else a.copy()) for n, a in base.items()}
     models = [base, flipped, big_flipped]

@@ -1,6 +1,7 @@
 """Weighted averaging of models, and the one blocked weighted sum behind every fusion."""
 
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 
@@ -116,7 +117,7 @@ def weighted_sums(
     # Outputs are independent: several go to several threads.
     work = sum(blocked.size * len(blocked.flats) for blocked in sums)
     run_tasks(_BlockedSum.fill, sums, threads=None if work >= _PARALLEL_WORK else 1)
-    return outputs
+    return cast(list[np.ndarray], outputs)  # every index was set above
 
 
 class _BlockedSum:

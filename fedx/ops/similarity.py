@@ -40,7 +40,7 @@ are parallel too (see :mod:`fedx.ops.parallel`).
 
 import threading
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, cast
 
 import numpy as np
 
@@ -114,7 +114,7 @@ def cosine_similarity_matrix(
         raise ValueError("models contain NaN or Inf: cosine similarity is undefined")
     similarity = np.zeros((len(models), len(models)))
     for term, multiplicity in terms:
-        similarity += multiplicity * _cosines(sum(grams[name] for name in term))
+        similarity += multiplicity * _cosines(cast(np.ndarray, sum(grams[name] for name in term)))
     return similarity
 
 
@@ -185,7 +185,7 @@ def _entry_grams(
     of the scaled models).
     """
     count = len(models)
-    tasks = []
+    tasks: list[tuple[str, list[np.ndarray], int, int]] = []
     for name in names:
         size = models[0][name].size
         flats = [np.ravel(model[name]) for model in models]
