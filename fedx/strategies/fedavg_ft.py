@@ -8,7 +8,7 @@ methods they compare with; only their own method matches it.
 from collections.abc import Iterable
 from typing import Any
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
@@ -16,10 +16,10 @@ from fedx.checks import Integer, check
 from fedx.protocol.personalized import FINETUNE_EPOCHS
 from fedx.registry import Method
 from fedx.strategies.base import FedxStrategy, RoundInFlight
-from fedx.strategies.personalized import FINETUNE_EPOCHS_KEY, ClientEvaluation, collect_evaluations
+from fedx.strategies.personalized import FINETUNE_EPOCHS_KEY, ClientEvaluation, PerClientEvaluation
 
 
-class FedAvgFT(FedxStrategy, FedAvg):
+class FedAvgFT(PerClientEvaluation, FedxStrategy, FedAvg):
     """FedAvg whose evaluation fine-tunes the global model on each client first.
 
     Training is Flower's FedAvg. Every ``evaluate_every`` rounds (and after
@@ -48,8 +48,8 @@ class FedAvgFT(FedxStrategy, FedAvg):
         self.finetune_epochs = check("finetune_epochs", finetune_epochs, Integer(0))
         self.evaluate_every = check("evaluate_every", evaluate_every, Integer(1))
         self.evaluations: dict[int, list[ClientEvaluation]] = {}
-        #: The evaluation in flight: the nodes asked (the reply says which client each is).
-        self.in_flight: RoundInFlight[None] | None = None
+        # The evaluation in flight: the nodes asked (each reply says which client it is).
+        self.evaluating: RoundInFlight[None] | None = None
 
     def summary(self) -> None:
         """Log summary configuration of the strategy."""
@@ -67,19 +67,11 @@ class FedAvgFT(FedxStrategy, FedAvg):
             return []
         config[FINETUNE_EPOCHS] = self.finetune_epochs
         messages = list(super().configure_evaluate(server_round, arrays, config, grid))
-        self.in_flight = RoundInFlight(
+        self.evaluating = RoundInFlight(
             server_round, {m.metadata.dst_node_id: None for m in messages}, messages,
             describe=lambda _: "evaluation",
         )
         return messages
-
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        """Keep every client's test result; report mean and std over clients."""
-        in_flight, self.in_flight = self.in_flight, None
-        if in_flight is None:
-            return None
-        # The node does not say which client it is until it replies.
-        return collect_evaluations(self.evaluations, in_flight, replies, lambda _: (None, ""))
 
 
 METHOD = Method(

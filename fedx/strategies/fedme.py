@@ -40,7 +40,7 @@ from fedx.strategies.base import (
     to_arrayrecord,
 )
 from fedx.strategies.client_identity import query_client_ids
-from fedx.strategies.personalized import FINETUNE_EPOCHS_KEY, ClientEvaluation, collect_evaluations
+from fedx.strategies.personalized import FINETUNE_EPOCHS_KEY, ClientEvaluation, PerClientEvaluation
 
 #: ``predict_fn(architecture, model)``: softmax outputs ``(U, M)`` on the unlabeled set.
 PredictFn = Callable[[str, Model], np.ndarray]
@@ -86,7 +86,7 @@ class _TrainReply:
 
 
 # pylint: disable=too-many-instance-attributes
-class FedMe(FedxStrategy):
+class FedMe(PerClientEvaluation, FedxStrategy):
     """FedMe: every client keeps a personalized model; clients exchange models each round.
 
     The server keeps one personalized model and its architecture per client
@@ -214,7 +214,7 @@ class FedMe(FedxStrategy):
         self.evaluations: dict[int, list[ClientEvaluation]] = {}
         self._node_clients: dict[int, int] = {}
         self._training: _ExchangeRound | None = None
-        self._evaluating: RoundInFlight[int] | None = None  # node id -> client id
+        self.evaluating: RoundInFlight[int] | None = None  # node id -> client id
 
     # ------------------------------------------------------------------
     # Public helpers
@@ -354,7 +354,7 @@ class FedMe(FedxStrategy):
     ) -> Iterable[Message]:
         """Send every connected client its personalized model for evaluation on its test split."""
         del arrays
-        self._evaluating = None
+        self.evaluating = None
         if not self.evaluation_due(server_round, self.evaluate_every):
             return []
         connected = set(grid.get_node_ids())
@@ -375,20 +375,13 @@ class FedMe(FedxStrategy):
             messages.append(Message(content=records, message_type=MessageType.EVALUATE,
                                     dst_node_id=client.node_id))
             targets[client.node_id] = cid
-        self._evaluating = RoundInFlight(server_round, targets, messages,
+        self.evaluating = RoundInFlight(server_round, targets, messages,
                                          describe=lambda cid: f"client {cid}")
         return messages
 
-    def aggregate_evaluate(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> MetricRecord | None:
-        """Keep every client's test result; report mean and std over clients."""
-        in_flight, self._evaluating = self._evaluating, None
-        if in_flight is None:
-            return None
-        return collect_evaluations(
-            self.evaluations, in_flight, replies, lambda cid: (cid, self.clients[cid].architecture)
-        )
+    def evaluated_client(self, target: int) -> tuple[int | None, str]:
+        """The client a node was asked to evaluate for, and its model's architecture."""
+        return target, self.clients[target].architecture
 
     # ------------------------------------------------------------------
     # Helpers

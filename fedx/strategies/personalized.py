@@ -9,6 +9,7 @@ deviation over clients.
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from flwr.app import Message, MetricRecord
@@ -146,3 +147,30 @@ def collect_evaluations(
         return None
     evaluations[in_flight.server_round] = [results[cid] for cid in sorted(results)]
     return summarize(evaluations[in_flight.server_round])
+
+
+class PerClientEvaluation:
+    """What a personalized strategy's evaluation keeps: every client's result, by round.
+
+    A strategy that mixes this in sets :attr:`evaluating` in its
+    ``configure_evaluate`` (the nodes asked, and what each stands for) and
+    says, if it knows, which client a node is (:meth:`evaluated_client`).
+    """
+
+    #: Every client's result, by round (the ServerApp writes them into metrics.json).
+    evaluations: dict[int, list[ClientEvaluation]]
+    #: The evaluation in flight.
+    evaluating: RoundInFlight[Any] | None
+
+    def evaluated_client(self, target: Any) -> tuple[int | None, str]:
+        """The client id and model architecture of an evaluated node; ``None``: its reply says."""
+        del target
+        return None, ""
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        """Keep every client's test result; report mean and std over clients."""
+        del server_round  # the evaluation in flight knows its round
+        in_flight, self.evaluating = self.evaluating, None
+        if in_flight is None:
+            return None
+        return collect_evaluations(self.evaluations, in_flight, replies, self.evaluated_client)
