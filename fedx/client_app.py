@@ -57,7 +57,9 @@ def _handler(path: str) -> Callable[[ClientTask], Message]:
 def identify(msg: Message, context: Context) -> Message:
     """Tell the server which client this node is: its ``partition-id``."""
     partition_id, _ = node_partition(context)
-    return Message(content=RecordDict({METRICS: MetricRecord({CLIENT_ID: partition_id})}), reply_to=msg)
+    return Message(
+        content=RecordDict({METRICS: MetricRecord({CLIENT_ID: partition_id})}), reply_to=msg
+    )
 
 
 @app.train()
@@ -100,7 +102,9 @@ def evaluate_model(msg: Message, context: Context) -> Message:
     local_test = task.test_share()
     model = task.model(task.config.model, msg.content.array_records[ARRAYS])
     loss, accuracy = evaluate(model, task.test_loader(local_test), task.device)
-    metrics = MetricRecord({NUM_EXAMPLES: len(local_test), EVAL_LOSS: loss, EVAL_ACCURACY: accuracy})
+    metrics = MetricRecord(
+        {NUM_EXAMPLES: len(local_test), EVAL_LOSS: loss, EVAL_ACCURACY: accuracy}
+    )
     return task.reply({METRICS: metrics})
 
 
@@ -113,7 +117,9 @@ def _evaluate_personalized(task: ClientTask) -> Message:
     splits = task.local_splits
     epochs = int(task.round_config.get(FINETUNE_EPOCHS, 0))
     if epochs > 0:
-        train(model, task.train_loader(splits.train), epochs=epochs, device=task.device, **task.sgd())
+        train(
+            model, task.train_loader(splits.train), epochs=epochs, device=task.device, **task.sgd()
+        )
     loss, accuracy = evaluate(model, task.test_loader(splits.test), task.device)
     metrics = MetricRecord(
         {

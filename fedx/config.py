@@ -100,11 +100,16 @@ class RunConfig:
         "seed",
     )
     fraction_train: float = _app(
-        1.0, FRACTION, "fraction of connected nodes sampled per round (fixes K in round 1)",
+        1.0,
+        FRACTION,
+        "fraction of connected nodes sampled per round (fixes K in round 1)",
         "fraction_train",
     )
     min_train_nodes: int = _app(
-        2, Integer(1), "at least this many nodes per round (a method may need more)", "min_train_nodes"
+        2,
+        Integer(1),
+        "at least this many nodes per round (a method may need more)",
+        "min_train_nodes",
     )
     min_available_nodes: int = _app(
         2, Integer(1), "nodes to wait for at start and before each round", "min_available_nodes"
@@ -125,7 +130,9 @@ class RunConfig:
     round_timeout: float = _app(600.0, POSITIVE, "seconds a round waits for replies")
     dataset: str = _app("digits", OneOf(_dataset_names), "data set")
     data_root: str = _app(
-        "data", Text(), "where torchvision data sets live, and LEAF's `<dataset>/data/{train,test}/`"
+        "data",
+        Text(),
+        "where torchvision data sets live, and LEAF's `<dataset>/data/{train,test}/`",
     )
     download: bool = _app(
         False, Flag(), "let torchvision download CIFAR (LEAF data is never downloaded)"
@@ -151,7 +158,11 @@ class RunConfig:
     )
     leaf_users: int = _app(
         0,
-        Rule(int, lambda v: v >= 0, "0 (every user with more than leaf-min-samples) or an integer >= 1"),
+        Rule(
+            int,
+            lambda v: v >= 0,
+            "0 (every user with more than leaf-min-samples) or an integer >= 1",
+        ),
         "LEAF: users drawn by `seed` (sorted ids, seeded sample); 0 = every eligible user",
     )
     leaf_min_samples: int = _app(
@@ -182,7 +193,9 @@ class RunConfig:
         "0 = 1000, 200 for digits",
     )
     local_test_fraction: float = _app(
-        0.2, PROPER_FRACTION, "personalized methods: share of each client's data that is its test split"
+        0.2,
+        PROPER_FRACTION,
+        "personalized methods: share of each client's data that is its test split",
     )
     local_validation_fraction: float = _app(
         0.2, PROPER_FRACTION, "personalized methods: share of the rest that is its validation split"
@@ -358,7 +371,9 @@ _LOCAL_SPLIT_ARGUMENTS = (
 
 def invalid(key: Key, value: Any, allowed: str | None = None) -> ConfigError:
     """The one-line error for a bad value of ``key``."""
-    return ConfigError(f"invalid run config {key.name}={value!r}: must be {allowed or key.allowed.text}")
+    return ConfigError(
+        f"invalid run config {key.name}={value!r}: must be {allowed or key.allowed.text}"
+    )
 
 
 def _fits_type(value: Any, kind: type) -> bool:

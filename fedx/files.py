@@ -26,4 +26,6 @@ def write_atomically(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
 
 def write_json_atomically(path: Path, payload: Any) -> None:
     """Write ``payload`` as indented JSON, atomically."""
-    write_atomically(path, lambda handle: handle.write(json.dumps(payload, indent=2).encode("utf-8")))
+    write_atomically(
+        path, lambda handle: handle.write(json.dumps(payload, indent=2).encode("utf-8"))
+    )

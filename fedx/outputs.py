@@ -104,15 +104,26 @@ class RunRecorder:
         ]
         figure, axes = plt.subplots(figsize=(6, 4))
         if points:
-            axes.plot([r for r, _ in points], [a for _, a in points], marker="o", markersize=3,
-                      label="global model")
+            axes.plot(
+                [r for r, _ in points],
+                [a for _, a in points],
+                marker="o",
+                markersize=3,
+                label="global model",
+            )
         if personal:
             rounds = [r for r, _, _ in personal]
             means = [m for _, m, _ in personal]
-            axes.plot(rounds, means, marker="s", markersize=3,
-                      label="personalized (mean ± std over clients)")
-            axes.fill_between(rounds, [m - s for _, m, s in personal],
-                              [m + s for _, m, s in personal], alpha=0.2)
+            axes.plot(
+                rounds,
+                means,
+                marker="s",
+                markersize=3,
+                label="personalized (mean ± std over clients)",
+            )
+            axes.fill_between(
+                rounds, [m - s for _, m, s in personal], [m + s for _, m, s in personal], alpha=0.2
+            )
             axes.legend(loc="lower right")
         axes.set_xlabel("round")
         axes.xaxis.set_major_locator(MaxNLocator(integer=True))

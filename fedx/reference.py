@@ -21,14 +21,16 @@ import tomli_w
 from fedx.config import APP_KEYS
 from fedx.registry import Key, Method, builtin_methods
 
-README_BEGIN = "<!-- run-config reference: written by `python -m fedx.reference` from the declarations -->"
+README_BEGIN = (
+    "<!-- run-config reference: written by `python -m fedx.reference` from the declarations -->"
+)
 README_END = "<!-- end of the run-config reference -->"
 PYPROJECT_TABLE = "[tool.flwr.app.config]"
 PYPROJECT_HEADER = (
     "# Every run-config key with its default, written by `python -m fedx.reference` from the\n"
     "# declarations (fedx/config.py, and each method's module in fedx/strategies/): change\n"
-    "# them there. README.md (\"Run configuration\") says what each key does. Override with\n"
-    "# `flwr run . --run-config configs/<file>.toml` or `--run-config \"key=value ...\"`.\n"
+    '# them there. README.md ("Run configuration") says what each key does. Override with\n'
+    '# `flwr run . --run-config configs/<file>.toml` or `--run-config "key=value ..."`.\n'
 )
 REPO = Path(__file__).resolve().parents[1]
 
@@ -72,7 +74,7 @@ def _sections(methods: tuple[Method, ...]) -> list[tuple[str, str, list[Key]]]:
                 sections.append(("shared", ", ".join(group), keys))
         own = [key for key in method.keys if len(users[key.name]) == 1]
         shared = [key for key in method.keys if len(users[key.name]) > 1]
-        title = f"`strategy = \"{method.name}\"`: {method.description}."
+        title = f'`strategy = "{method.name}"`: {method.description}.'
         if shared:
             title += " Also " + ", ".join(f"`{key.name}`" for key in shared) + "."
         sections.append(("method", title, own))
@@ -81,7 +83,12 @@ def _sections(methods: tuple[Method, ...]) -> list[tuple[str, str, list[Key]]]:
 
 def readme_reference() -> str:
     """README.md's run-config tables: the app's keys, then the methods'."""
-    lines = [README_BEGIN, "", "The run, the data, the model, local training and outputs (every method):", ""]
+    lines = [
+        README_BEGIN,
+        "",
+        "The run, the data, the model, local training and outputs (every method):",
+        "",
+    ]
     lines += _table(list(APP_KEYS))
     for kind, title, keys in _sections(builtin_methods()):
         if kind == "shared":
@@ -116,7 +123,7 @@ def replace_between(text: str, begin: str, end: str, body: str) -> str:
     start, stop = text.find(begin), text.find(end)
     if start < 0 or stop < start:
         raise ValueError(f"the markers {begin!r} ... {end!r} are missing")
-    return text[:start] + body + text[stop + len(end):]
+    return text[:start] + body + text[stop + len(end) :]
 
 
 def replace_config_table(text: str, body: str) -> str:
@@ -126,9 +133,7 @@ def replace_config_table(text: str, body: str) -> str:
     start = table
     while start > 0 and lines[start - 1].startswith("#"):
         start -= 1
-    stop = next(
-        (i for i in range(table + 1, len(lines)) if lines[i].startswith("[")), len(lines)
-    )
+    stop = next((i for i in range(table + 1, len(lines)) if lines[i].startswith("[")), len(lines))
     while stop > table + 1 and not lines[stop - 1].strip():
         stop -= 1
     return "".join(lines[:start]) + body + "".join(lines[stop:])
@@ -145,7 +150,9 @@ def updated(repo: Path = REPO) -> dict[Path, str]:
 
 def main(argv: list[str] | None = None) -> int:
     """Rewrite (or, with ``--check``, compare) README.md and pyproject.toml."""
-    parser = argparse.ArgumentParser(prog="python -m fedx.reference", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m fedx.reference", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--check", action="store_true", help="exit 1 if a file is out of date")
     args = parser.parse_args(argv)
     stale = [path for path, text in updated().items() if path.read_text() != text]

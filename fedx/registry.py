@@ -236,14 +236,14 @@ class _Registry:
         try:
             method = point.load()
             if not isinstance(method, Method) or method.name != point.name:
-                raise TypeError(
-                    f"{point.value} is not a fedx.registry.Method named {point.name!r}"
-                )
+                raise TypeError(f"{point.value} is not a fedx.registry.Method named {point.name!r}")
         except Exception as err:  # pylint: disable=broad-exception-caught
             # A broken plug-in must not stop runs of other methods.
             reason = f"{type(err).__name__}: {err}"
             if point.name not in self._failed:
-                _LOG.log(WARNING, "fedx: cannot load method %r (%s): %s", point.name, point.value, reason)
+                _LOG.log(
+                    WARNING, "fedx: cannot load method %r (%s): %s", point.name, point.value, reason
+                )
             self._failed[point.name] = reason
             return None
         self._plugins[point.name] = method

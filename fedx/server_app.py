@@ -62,9 +62,18 @@ def main(grid: Grid, context: Context) -> None:
         model = build_model(cfg.model, info.input_shape, info.num_classes)
     directory = checkpointer.directory
     recorder = RunRecorder(directory, cfg.to_dict(), resumed.rows)
-    log(INFO, "fedx: %s on %s/%s, %d nodes connected (%d identified), rounds %d-%d; outputs in %s",
-        cfg.strategy, cfg.dataset, model_label(cfg), connected, len(client_ids), resumed.first_round,
-        cfg.num_server_rounds, directory)
+    log(
+        INFO,
+        "fedx: %s on %s/%s, %d nodes connected (%d identified), rounds %d-%d; outputs in %s",
+        cfg.strategy,
+        cfg.dataset,
+        model_label(cfg),
+        connected,
+        len(client_ids),
+        resumed.first_round,
+        cfg.num_server_rounds,
+        directory,
+    )
     if resumed.arrays is not None:
         initial = resumed.arrays
     else:
@@ -73,7 +82,10 @@ def main(grid: Grid, context: Context) -> None:
     def after_round(server_round: int, arrays: ArrayRecord, result: Result) -> None:
         del arrays  # result.arrays is the same global model
         train_metrics: dict[str, Any] = dict(result.train_metrics_clientapp.get(server_round, {}))
-        recorder.record(server_round, **{k: float(v) for k, v in train_metrics.items() if not isinstance(v, list)})
+        recorder.record(
+            server_round,
+            **{k: float(v) for k, v in train_metrics.items() if not isinstance(v, list)},
+        )
         seconds = checkpointer.save(server_round, strategy, result, recorder.rounds)
         recorder.record(server_round, **{"checkpoint-seconds": seconds})
 

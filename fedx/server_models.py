@@ -32,7 +32,9 @@ def load_run_unlabeled(cfg: "RunConfig") -> Dataset:
 
 def to_numpy_model(module: nn.Module) -> Model:
     """A module's state dict as ``{name: np.ndarray}`` (copies, in state-dict order)."""
-    return {name: tensor.detach().cpu().numpy().copy() for name, tensor in module.state_dict().items()}
+    return {
+        name: tensor.detach().cpu().numpy().copy() for name, tensor in module.state_dict().items()
+    }
 
 
 class ServerModels:

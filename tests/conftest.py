@@ -69,5 +69,9 @@ def plain_fedmr_run(superlink, tmp_path_factory):
     from tests.simulation import run_app  # pylint: disable=import-outside-toplevel
 
     outputs = tmp_path_factory.mktemp("plain-fedmr")
-    settings = f'num-server-rounds={PLAIN_FEDMR["rounds"]} seed={PLAIN_FEDMR["seed"]} round-timeout=120.0'
-    return outputs / "plain", run_app(superlink, f'{settings} run-name="plain" output-dir="{outputs}"')
+    settings = (
+        f"num-server-rounds={PLAIN_FEDMR['rounds']} seed={PLAIN_FEDMR['seed']} round-timeout=120.0"
+    )
+    return outputs / "plain", run_app(
+        superlink, f'{settings} run-name="plain" output-dir="{outputs}"'
+    )

@@ -37,13 +37,21 @@ def running(spec: FederationSpec, timeout: float = 180):
 def run_app(federation: LocalFederation, app: Path, run_config: str, timeout: float = 300) -> str:
     """``flwr run --stream`` of ``app`` on ``federation`` to the end; everything it printed."""
     spec = federation.spec
-    return flwr_run(spec.environment(), app, run_config, spec.connection, timeout=timeout, bin_dir=spec.bin_dir)
+    return flwr_run(
+        spec.environment(), app, run_config, spec.connection, timeout=timeout, bin_dir=spec.bin_dir
+    )
 
 
 def flwr_submit(federation: LocalFederation, app: Path, run_config: str) -> int:
     """``flwr run`` without waiting; returns the run id."""
     done = federation.flwr(
-        "run", str(app), federation.spec.connection, "--format", "json", "--run-config", run_config,
+        "run",
+        str(app),
+        federation.spec.connection,
+        "--format",
+        "json",
+        "--run-config",
+        run_config,
         timeout=120,
     )
     try:

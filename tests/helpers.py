@@ -14,7 +14,9 @@ from fedx.ops import Model
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 #: ``[tool.flwr.app.config]`` of the app's pyproject.toml: what Flower gives the apps.
-DEFAULTS: dict[str, Any] = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+DEFAULTS: dict[str, Any] = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["flwr"][
+    "app"
+]["config"]
 # The tests that go through `flwr run` share one simulation SuperLink and one
 # plain FedMR run: each Flower simulation costs a Ray start-up.
 PLAIN_FEDMR = {"rounds": 3, "seed": 3}
@@ -62,7 +64,19 @@ def flwr_run(
     ``options`` are a connection name or ``--federation-config ...``.
     """
     done = subprocess.run(
-        [str(bin_dir / "flwr"), "run", str(app), *options, "--stream", "--run-config", run_config_text],
-        env=env, capture_output=True, text=True, timeout=timeout, check=False,
+        [
+            str(bin_dir / "flwr"),
+            "run",
+            str(app),
+            *options,
+            "--stream",
+            "--run-config",
+            run_config_text,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
     return done.stdout + done.stderr

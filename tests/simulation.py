@@ -18,7 +18,9 @@ FEDERATION = "num-supernodes=4 client-resources-num-cpus=1"
 @contextmanager
 def simulation_superlink(home: Path, **environment: str):
     """A simulation SuperLink of our own (``environment`` added to its processes'); yields ``flwr``'s environment."""
-    spec = FederationSpec(0, home, port=free_port(), insecure=True, simulation=True, extra_environment=environment)
+    spec = FederationSpec(
+        0, home, port=free_port(), insecure=True, simulation=True, extra_environment=environment
+    )
     with LocalFederation(spec) as federation:
         federation.start_superlink(timeout=60)
         yield spec.environment()

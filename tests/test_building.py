@@ -21,19 +21,38 @@ def test_every_method_builds_with_its_keys(defaults, method):
 
 
 def test_the_methods_own_values_reach_the_constructor(defaults):
-    cross = build_strategy(RunConfig.from_mapping(
-        {**defaults, "strategy": "fedcross", "fedcross-alpha": 0.9, "fedcross-selection": "in_order",
-         "fedcross-propeller-rounds": 3, "pool-mean": "weighted", "seed": 7}
-    ))
+    cross = build_strategy(
+        RunConfig.from_mapping(
+            {
+                **defaults,
+                "strategy": "fedcross",
+                "fedcross-alpha": 0.9,
+                "fedcross-selection": "in_order",
+                "fedcross-propeller-rounds": 3,
+                "pool-mean": "weighted",
+                "seed": 7,
+            }
+        )
+    )
     assert isinstance(cross, FedCross)
     assert (cross.alpha, cross.selection, cross.propeller_rounds, cross.pool_mean, cross.seed) == (
-        0.9, "in_order", 3, "weighted", 7
+        0.9,
+        "in_order",
+        3,
+        "weighted",
+        7,
     )
-    secure = build_strategy(RunConfig.from_mapping(
-        {**defaults, "secure-recombination": True, "secure-repeats": 2, "grouping": "module"}
-    ))
+    secure = build_strategy(
+        RunConfig.from_mapping(
+            {**defaults, "secure-recombination": True, "secure-repeats": 2, "grouping": "module"}
+        )
+    )
     assert isinstance(secure, FedMR) and secure.secure is not None
-    assert (secure.secure.repeats, secure.secure.min_layers, secure.secure.grouping) == (2, 2, "module")
+    assert (secure.secure.repeats, secure.secure.min_layers, secure.secure.grouping) == (
+        2,
+        2,
+        "module",
+    )
     assert build_strategy(RunConfig.from_mapping(defaults)).secure is None
 
 
@@ -43,7 +62,10 @@ def test_combinations_the_strategy_rejects_are_config_errors(defaults):
     )
     with pytest.raises(ConfigError) as error:
         build_strategy(cfg)
-    assert str(error.value) == "invalid run config fedcross-alpha-start=0.95: must be a number in [0.5, 0.9]"
+    assert (
+        str(error.value)
+        == "invalid run config fedcross-alpha-start=0.95: must be a number in [0.5, 0.9]"
+    )
     few = RunConfig.from_mapping({**defaults, "secure-recombination": True, "secure-repeats": 0})
     with pytest.raises(ConfigError) as error:
         build_strategy(few)
@@ -54,15 +76,26 @@ def test_combinations_the_strategy_rejects_are_config_errors(defaults):
     with pytest.raises(ConfigError) as error:
         build_strategy(crossed)
     assert str(error.value) == "invalid run config secure-max-layers=2: must be an integer >= 3"
-    weighted = RunConfig.from_mapping({**defaults, "secure-recombination": True, "pool-mean": "weighted"})
-    with pytest.raises(ConfigError, match=r"^invalid run config pool-mean='weighted': must be 'uniform' with secure"):
+    weighted = RunConfig.from_mapping(
+        {**defaults, "secure-recombination": True, "pool-mean": "weighted"}
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"^invalid run config pool-mean='weighted': must be 'uniform' with secure",
+    ):
         build_strategy(weighted)
 
 
 def test_fedme_settings_reach_the_strategy(defaults):
     cfg = RunConfig.from_mapping(
-        {**defaults, "strategy": "fedme", "fedme-architectures": "cnn-3, cnn-1",
-         "fedme-cluster-rounds": "", "fedme-mutual-learning": False, "finetune-epochs": 2}
+        {
+            **defaults,
+            "strategy": "fedme",
+            "fedme-architectures": "cnn-3, cnn-1",
+            "fedme-cluster-rounds": "",
+            "fedme-mutual-learning": False,
+            "finetune-epochs": 2,
+        }
     )
     strategy = build_strategy(cfg)
     assert isinstance(strategy, FedMe)
@@ -78,23 +111,33 @@ def test_fedme_settings_reach_the_strategy(defaults):
 
 
 def test_models_that_do_not_fit_the_data_are_config_errors(defaults):
-    cfg = RunConfig.from_mapping({**defaults, "strategy": "fedme", "fedme-architectures": "cnn-2,vgg11"})
+    cfg = RunConfig.from_mapping(
+        {**defaults, "strategy": "fedme", "fedme-architectures": "cnn-2,vgg11"}
+    )
     with pytest.raises(ConfigError) as error:
         build_strategy(cfg)
     assert str(error.value).startswith(
         "invalid run config fedme-architectures='cnn-2,vgg11' for dataset='digits': vgg11 needs inputs of at least 32x32"
     )
-    unknown = RunConfig.from_mapping({**defaults, "strategy": "fedme", "fedme-architectures": "cnn-1,resnet99"})
-    with pytest.raises(ConfigError, match=r"fedme-architectures='cnn-1,resnet99' .*'resnet99' is not one of"):
+    unknown = RunConfig.from_mapping(
+        {**defaults, "strategy": "fedme", "fedme-architectures": "cnn-1,resnet99"}
+    )
+    with pytest.raises(
+        ConfigError, match=r"fedme-architectures='cnn-1,resnet99' .*'resnet99' is not one of"
+    ):
         build_strategy(unknown)
     # The model key of another method is not built: FedMe ignores `model`.
-    assert build_strategy(RunConfig.from_mapping({**defaults, "strategy": "fedme", "model": "lstm"}))
+    assert build_strategy(
+        RunConfig.from_mapping({**defaults, "strategy": "fedme", "model": "lstm"})
+    )
     cfg = RunConfig.from_mapping({**defaults, "strategy": "fedme", "min-train-nodes": 1})
     with pytest.raises(ConfigError) as error:
         build_strategy(cfg)
     assert str(error.value) == "invalid run config min-train-nodes=1: must be an integer >= 2"
     cfg = RunConfig.from_mapping({**defaults, "strategy": "fedavg-ft", "min-partition-size": 2})
-    with pytest.raises(ConfigError, match=r"^invalid run config min-partition-size=2: must be an integer >= 3"):
+    with pytest.raises(
+        ConfigError, match=r"^invalid run config min-partition-size=2: must be an integer >= 3"
+    ):
         build_strategy(cfg)
 
 

@@ -28,10 +28,18 @@ CRASH_AFTER = 3
 
 
 STRATEGIES = {
-    "fedmr": lambda: FedMR(seed=3, fraction_train=0.6, min_available_nodes=1, fraction_evaluate=0.0),
-    "fedindep": lambda: FedIndep(seed=3, fraction_train=0.6, min_available_nodes=1, fraction_evaluate=0.0),
-    "fedmut": lambda: FedMut(seed=3, fraction_train=0.6, min_available_nodes=1, fraction_evaluate=0.0, alpha=1.5),
-    "fedcross": lambda: FedCross(seed=3, fraction_train=0.6, min_available_nodes=1, fraction_evaluate=0.0),
+    "fedmr": lambda: FedMR(
+        seed=3, fraction_train=0.6, min_available_nodes=1, fraction_evaluate=0.0
+    ),
+    "fedindep": lambda: FedIndep(
+        seed=3, fraction_train=0.6, min_available_nodes=1, fraction_evaluate=0.0
+    ),
+    "fedmut": lambda: FedMut(
+        seed=3, fraction_train=0.6, min_available_nodes=1, fraction_evaluate=0.0, alpha=1.5
+    ),
+    "fedcross": lambda: FedCross(
+        seed=3, fraction_train=0.6, min_available_nodes=1, fraction_evaluate=0.0
+    ),
     "fedavg": lambda: FedAvg(fraction_train=0.6, min_available_nodes=1, fraction_evaluate=0.0),
 }
 
@@ -43,7 +51,9 @@ def checkpointing_run(strategy, grid, directory, initial, first_round=1, result=
         del arrays
         checkpoints.save_checkpoint(
             directory,
-            checkpoints.Checkpoint(server_round, type(strategy).__name__, checkpoints.capture_run(strategy, result)),
+            checkpoints.Checkpoint(
+                server_round, type(strategy).__name__, checkpoints.capture_run(strategy, result)
+            ),
         )
 
     return run_rounds(
@@ -63,7 +73,9 @@ def checkpointing_run(strategy, grid, directory, initial, first_round=1, result=
 def test_a_resumed_run_ends_with_the_same_pool_as_an_uninterrupted_one(name, initial, tmp_path):
     random.seed(0)
     whole = STRATEGIES[name]()
-    whole_result = checkpointing_run(whole, CrashingGrid(NODE_IDS, None), tmp_path / "whole", to_arrayrecord(initial))
+    whole_result = checkpointing_run(
+        whole, CrashingGrid(NODE_IDS, None), tmp_path / "whole", to_arrayrecord(initial)
+    )
 
     random.seed(0)
     crashed = STRATEGIES[name]()
@@ -76,14 +88,22 @@ def test_a_resumed_run_ends_with_the_same_pool_as_an_uninterrupted_one(name, ini
     restored = checkpoints.restore_run(resumed, checkpoint.state)
     assert sorted(restored.train_metrics_clientapp) == list(range(1, CRASH_AFTER + 1))
     resumed_result = checkpointing_run(
-        resumed, CrashingGrid(NODE_IDS, None), tmp_path / "crashed", restored.arrays,
-        first_round=CRASH_AFTER + 1, result=restored,
+        resumed,
+        CrashingGrid(NODE_IDS, None),
+        tmp_path / "crashed",
+        restored.arrays,
+        first_round=CRASH_AFTER + 1,
+        result=restored,
     )
 
     assert sorted(resumed_result.train_metrics_clientapp) == list(range(1, NUM_ROUNDS + 1))
     for server_round in range(1, NUM_ROUNDS + 1):
         mine, theirs = (
-            {k: v for k, v in run.train_metrics_clientapp[server_round].items() if k != "pool-update-seconds"}
+            {
+                k: v
+                for k, v in run.train_metrics_clientapp[server_round].items()
+                if k != "pool-update-seconds"
+            }
             for run in (resumed_result, whole_result)
         )
         assert mine == theirs
@@ -100,11 +120,13 @@ def test_a_resumed_run_ends_with_the_same_pool_as_an_uninterrupted_one(name, ini
     assert_same_models(final_whole.state["arrays"], final_resumed.state["arrays"])
 
 
-
 def crash(strategy, directory, initial) -> None:
     """Run until the server dies in round CRASH_AFTER + 1, checkpointing every round before."""
     with pytest.raises(RuntimeError, match="died"):
-        checkpointing_run(strategy, CrashingGrid(NODE_IDS, CRASH_AFTER + 1), directory, to_arrayrecord(initial))
+        checkpointing_run(
+            strategy, CrashingGrid(NODE_IDS, CRASH_AFTER + 1), directory, to_arrayrecord(initial)
+        )
+
 
 def test_without_the_restored_state_the_run_would_differ(initial, tmp_path):
     """The resume test above can fail: skipping the restore changes the pool."""
@@ -116,11 +138,15 @@ def test_without_the_restored_state_the_run_would_differ(initial, tmp_path):
     fresh = STRATEGIES["fedmr"]()
     fresh.load_state_dict({**checkpoint.state["strategy"], "rng": fresh.state_dict()["rng"]})
     checkpointing_run(
-        fresh, CrashingGrid(NODE_IDS, None), tmp_path / "b", to_arrayrecord(checkpoint.state["arrays"]),
+        fresh,
+        CrashingGrid(NODE_IDS, None),
+        tmp_path / "b",
+        to_arrayrecord(checkpoint.state["arrays"]),
         first_round=CRASH_AFTER + 1,
     )
     assert any(
-        not np.array_equal(a["fc1.weight"], b["fc1.weight"]) for a, b in zip(fresh.pool, whole.pool, strict=True)
+        not np.array_equal(a["fc1.weight"], b["fc1.weight"])
+        for a, b in zip(fresh.pool, whole.pool, strict=True)
     )
 
 
@@ -168,8 +194,13 @@ def test_format_keeps_dtypes_order_and_big_integers(tmp_path):
 
 def test_a_crash_while_saving_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
     checkpoints.save_checkpoint(tmp_path, checkpoints.Checkpoint(1, "FedMR", {"w": np.ones(3)}))
-    checkpoints.save_checkpoint(tmp_path, checkpoints.Checkpoint(2, "FedMR", {"w": np.full(3, 2.0)}))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-round-00002.npz", "checkpoint.json"]
+    checkpoints.save_checkpoint(
+        tmp_path, checkpoints.Checkpoint(2, "FedMR", {"w": np.full(3, 2.0)})
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "checkpoint-round-00002.npz",
+        "checkpoint.json",
+    ]
 
     def dies_half_way(handle, **arrays):
         handle.write(b"PK\x03\x04 half a zip")
@@ -177,7 +208,9 @@ def test_a_crash_while_saving_leaves_the_previous_checkpoint(tmp_path, monkeypat
 
     monkeypatch.setattr(checkpoints.np, "savez", dies_half_way)
     with pytest.raises(KeyboardInterrupt):
-        checkpoints.save_checkpoint(tmp_path, checkpoints.Checkpoint(3, "FedMR", {"w": np.full(3, 3.0)}))
+        checkpoints.save_checkpoint(
+            tmp_path, checkpoints.Checkpoint(3, "FedMR", {"w": np.full(3, 3.0)})
+        )
     monkeypatch.undo()
     loaded = checkpoints.load_checkpoint(tmp_path)
     assert loaded.server_round == 2
@@ -192,7 +225,9 @@ def test_missing_or_foreign_checkpoints_are_clear_errors(tmp_path):
     with pytest.raises(checkpoints.CheckpointError, match="format 99"):
         checkpoints.load_checkpoint(tmp_path)
     (tmp_path / "checkpoint.json").write_text(
-        json.dumps({"format": 1, "round": 1, "strategy": "FedMR", "arrays-file": "gone.npz", "state": {}})
+        json.dumps(
+            {"format": 1, "round": 1, "strategy": "FedMR", "arrays-file": "gone.npz", "state": {}}
+        )
     )
     with pytest.raises(checkpoints.CheckpointError, match="cannot read"):
         checkpoints.load_checkpoint(tmp_path)

@@ -7,8 +7,12 @@ from tests.helpers import BIN, REPO
 
 def run(*command: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [str(BIN / command[0]), *command[1:]], cwd=REPO, capture_output=True, text=True,
-        timeout=600, check=False,
+        [str(BIN / command[0]), *command[1:]],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
 
 

@@ -25,7 +25,9 @@ def config_error(defaults: dict, overrides: dict) -> str:
 
 def test_the_defaults_are_valid_and_typed(defaults):
     cfg = RunConfig.from_mapping(defaults)
-    assert cfg.to_dict() == {k: (float(v) if isinstance(cfg[k], float) else v) for k, v in defaults.items()}
+    assert cfg.to_dict() == {
+        k: (float(v) if isinstance(cfg[k], float) else v) for k, v in defaults.items()
+    }
     assert cfg == RunConfig.from_mapping({})  # a key the run config lacks takes its default
     assert isinstance(cfg.learning_rate, float) and isinstance(cfg.batch_size, int)
     assert list(cfg.to_dict())[: len(APP_KEYS)] == [key.name for key in APP_KEYS]
@@ -35,7 +37,11 @@ def test_the_defaults_are_valid_and_typed(defaults):
     "key, value, allowed",
     [
         ("strategy", "fedfoo", f"one of {', '.join(method_names())}"),
-        ("model", "resnet99", "one of cnn, resnet20, vgg16, lstm, cnn-1, cnn-2, cnn-3, cnn-4, vgg11, vgg13, vgg19"),
+        (
+            "model",
+            "resnet99",
+            "one of cnn, resnet20, vgg16, lstm, cnn-1, cnn-2, cnn-3, cnn-4, vgg11, vgg13, vgg19",
+        ),
         ("dataset", "mnist", "one of digits, cifar10, cifar100, femnist, shakespeare"),
         ("fraction-train", 0.0, "a number in (0, 1]"),
         ("fraction-train", 1.5, "a number in (0, 1]"),
@@ -68,20 +74,50 @@ def test_bad_values_name_key_value_and_allowed_range(defaults, key, value, allow
     [
         ("fedcross", "fedcross-alpha", 1.0, "a number in [0.5, 1)"),
         ("fedcross", "fedcross-alpha", 0.4, "a number in [0.5, 1)"),
-        ("fedcross", "fedcross-selection", "random", "one of in_order, highest_similarity, lowest_similarity"),
+        (
+            "fedcross",
+            "fedcross-selection",
+            "random",
+            "one of in_order, highest_similarity, lowest_similarity",
+        ),
         ("fedmut", "fedmut-alpha", -1.0, "a number in [0, inf)"),
         ("fedmut", "fedmut-beta0", 1.2, "a number in [0, 1]"),
-        ("fedmr", "segment-fraction", -0.5, "0 (off: layer-wise recombination) or a number in (0, 1]"),
-        ("fedmr", "segment-fraction", 2.0, "0 (off: layer-wise recombination) or a number in (0, 1]"),
+        (
+            "fedmr",
+            "segment-fraction",
+            -0.5,
+            "0 (off: layer-wise recombination) or a number in (0, 1]",
+        ),
+        (
+            "fedmr",
+            "segment-fraction",
+            2.0,
+            "0 (off: layer-wise recombination) or a number in (0, 1]",
+        ),
         ("fedmr", "grouping", "layer", "one of tensor, module"),
         ("fedmut", "pool-mean", "median", "one of uniform, weighted"),
         ("fedprox", "proximal-mu", -0.5, "a number in [0, inf)"),
         ("fedavg-ft", "finetune-epochs", -1, "an integer >= 0"),
         ("fedme", "finetune-epochs", -1, "an integer >= 0"),
         ("fedme", "fedme-architectures", " , ", "comma-separated `model` names"),
-        ("fedme", "fedme-cluster-rounds", "10,5", "comma-separated increasing rounds >= 2 (empty: always one cluster)"),
-        ("fedme", "fedme-cluster-rounds", "1,5", "comma-separated increasing rounds >= 2 (empty: always one cluster)"),
-        ("fedme", "fedme-cluster-rounds", "ten", "comma-separated increasing rounds >= 2 (empty: always one cluster)"),
+        (
+            "fedme",
+            "fedme-cluster-rounds",
+            "10,5",
+            "comma-separated increasing rounds >= 2 (empty: always one cluster)",
+        ),
+        (
+            "fedme",
+            "fedme-cluster-rounds",
+            "1,5",
+            "comma-separated increasing rounds >= 2 (empty: always one cluster)",
+        ),
+        (
+            "fedme",
+            "fedme-cluster-rounds",
+            "ten",
+            "comma-separated increasing rounds >= 2 (empty: always one cluster)",
+        ),
     ],
 )
 def test_a_methods_bad_values_are_named_when_it_runs(defaults, strategy, key, value, allowed):
@@ -99,7 +135,10 @@ def test_unknown_keys_and_keys_of_another_method(defaults):
         RunConfig.from_mapping({**defaults, "lr": 0.1})
     with pytest.raises(ConfigError) as error:
         RunConfig.from_mapping({**defaults, "strategy": "fedmut", "secure-recombination": True})
-    assert str(error.value) == "secure-recombination=true needs strategy='fedmr', got strategy='fedmut'"
+    assert (
+        str(error.value)
+        == "secure-recombination=true needs strategy='fedmr', got strategy='fedmut'"
+    )
 
 
 def test_integers_are_accepted_for_numbers(defaults):
@@ -145,7 +184,11 @@ def test_every_config_file_validates_and_builds(defaults, path):
     assert text.startswith("# ") and "flwr run . " in text
     assert f"--run-config configs/{path.name}" in text
     if path not in SETTING_FILES:
-        assert path.stem.startswith(cfg.strategy) and cfg.dataset in path.stem and cfg.model in path.stem
+        assert (
+            path.stem.startswith(cfg.strategy)
+            and cfg.dataset in path.stem
+            and cfg.model in path.stem
+        )
 
 
 @pytest.mark.parametrize("path", SETTING_FILES, ids=lambda p: p.name)
@@ -174,12 +217,20 @@ def test_paper_setting_files_hold_every_methods_paper_values(defaults, path):
     model, partition = path.stem.split("-")[1], path.stem.split("-")[-1]
     for key, value in PAPER_VALUES.items():
         assert overrides.get(key) == value, f"{path.name}: {key}"
-    for key in ("num-server-rounds", "proximal-mu", "first-stage-rounds", "fedmut-beta0",
-                "min-train-nodes", "min-available-nodes"):
+    for key in (
+        "num-server-rounds",
+        "proximal-mu",
+        "first-stage-rounds",
+        "fedmut-beta0",
+        "min-train-nodes",
+        "min-available-nodes",
+    ):
         assert key in overrides, f"{path.name} leaves {key} to pyproject's default"
     assert cfg["proximal-mu"] > 0
     # The two-stage FedMR's first stage (fedx-compare's fedmr sets 0).
-    assert cfg["first-stage-rounds"] == {"resnet20": 100, "vgg16": 100, "cnn": 50, "lstm": 50}[model]
+    assert (
+        cfg["first-stage-rounds"] == {"resnet20": 100, "vgg16": 100, "cnn": 50, "lstm": 50}[model]
+    )
     assert cfg["fedmut-beta0"] == (0.5 if model == "resnet20" else 0.3)
     clients = cfg.leaf_users if partition == "natural" else 100
     assert cfg.min_available_nodes == clients

@@ -35,7 +35,11 @@ def test_a_supernode_killed_mid_round_is_dropped_and_a_returning_one_used(plain,
     with open(log, "w", encoding="utf-8") as out:
         run = subprocess.Popen(  # pylint: disable=consider-using-with
             [
-                str(spec.bin_dir / "flwr"), "run", str(WIRE_APP), spec.connection, "--stream",
+                str(spec.bin_dir / "flwr"),
+                "run",
+                str(WIRE_APP),
+                spec.connection,
+                "--stream",
                 "--run-config",
                 # The round with the dead node waits round-timeout (the
                 # SuperLink declares a silent node gone only after two missed
@@ -43,13 +47,18 @@ def test_a_supernode_killed_mid_round_is_dropped_and_a_returning_one_used(plain,
                 # even on a busy 2-core machine.
                 f'num-server-rounds=3 train-delay=1.0 round-timeout=30.0 result-file="{tmp_path / "result.json"}"',
             ],
-            env=spec.environment(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            env=spec.environment(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     try:
         # Round 2's ClientApp runs on SuperNode 2 (it waits 1 s before replying): kill it.
         wait_for(
             lambda: count_in_log(plain, "supernode-2", CLIENTAPP_STARTED) >= started_before + 2,
-            240, "round 2 on SuperNode 2", interval=0.2,
+            240,
+            "round 2 on SuperNode 2",
+            interval=0.2,
         )
         plain.kill_supernode(2, signal.SIGKILL)
         back = plain.rejoin_supernode(2, timeout=180)  # self-registered: a new node id

@@ -38,9 +38,22 @@ def installed(tmp_path_factory):
     shutil.copytree(EXAMPLE, source, ignore=shutil.ignore_patterns("__pycache__"))
     target = tmp_path_factory.mktemp("site")
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--no-index", "--target", str(target), str(source)],
-        check=True, capture_output=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--target",
+            str(target),
+            str(source),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
     )
     return target
 
@@ -76,13 +89,19 @@ def test_its_entry_point_registers_it_by_name(installed):
         "print(type(strategy).__name__, strategy.own_weight, [m.name for m in all_methods()][-1])"
     )
     done = subprocess.run(
-        [sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(installed)},
-        capture_output=True, text=True, timeout=300, check=False,
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": str(installed)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["FedBlend", "0.25", "fedblend"]
     # Without the installed package, fedx does not know the name.
-    with pytest.raises(ConfigError, match=r"invalid run config strategy='fedblend': must be one of"):
+    with pytest.raises(
+        ConfigError, match=r"invalid run config strategy='fedblend': must be one of"
+    ):
         RunConfig.from_mapping({"strategy": "fedblend"})
 
 
@@ -93,14 +112,23 @@ def test_register_in_process_and_its_own_app_config(monkeypatch):
     register(unregistered)
     with pytest.raises(ValueError, match="two methods are called 'fedblend-test'"):
         register(Method("fedblend-test", FedBlend, "another"))
-    config = tomllib.loads((EXAMPLE / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
-    cfg = RunConfig.from_mapping({**config, "strategy": "fedblend-test", "fedblend-own-weight": 0.25})
+    config = tomllib.loads((EXAMPLE / "pyproject.toml").read_text())["tool"]["flwr"]["app"][
+        "config"
+    ]
+    cfg = RunConfig.from_mapping(
+        {**config, "strategy": "fedblend-test", "fedblend-own-weight": 0.25}
+    )
     strategy = build_strategy(cfg)
     assert isinstance(strategy, FedBlend) and strategy.own_weight == 0.25
     assert cfg.num_server_rounds == config["num-server-rounds"] and cfg.seed == 0  # fedx's default
     with pytest.raises(ConfigError) as error:
-        build_strategy(RunConfig.from_mapping({"strategy": "fedblend-test", "fedblend-own-weight": -1.0}))
-    assert str(error.value) == "invalid run config fedblend-own-weight=-1.0: must be a number in [0, 1]"
+        build_strategy(
+            RunConfig.from_mapping({"strategy": "fedblend-test", "fedblend-own-weight": -1.0})
+        )
+    assert (
+        str(error.value)
+        == "invalid run config fedblend-own-weight=-1.0: must be a number in [0, 1]"
+    )
 
 
 def test_fedx_runs_it_by_name_in_simulation(installed, tmp_path):

@@ -45,8 +45,12 @@ def test_fedme_clients_adopt_other_architectures_and_report_personalized_accurac
     # Each of the four clients started with its own architecture (round-robin
     # from the seeded offset); a client that adopted an exchanged model of
     # another architecture now reports that architecture.
-    same_seed = FedMe(architectures=ARCHITECTURES, initial_model_fn=lambda arch, cid: {},
-                      predict_fn=lambda arch, model: np.empty((0, 0)), seed=0)
+    same_seed = FedMe(
+        architectures=ARCHITECTURES,
+        initial_model_fn=lambda arch, cid: {},
+        predict_fn=lambda arch, model: np.empty((0, 0)),
+        seed=0,
+    )
     initial = {str(c): same_seed.architecture_for(c) for c in range(4)}
     assert sorted(initial.values()) == sorted(ARCHITECTURES)
     assert sum(rounds[r]["adopted-other-architecture"] for r in (1, 2, 3)) >= 1

@@ -31,7 +31,9 @@ def test_weighted_mean_matches_formula_and_keeps_inputs(models):
     result = average(models, weights)
     total = sum(weights)
     for name in models[0]:
-        expected = sum(w / total * m[name].astype(np.float64) for w, m in zip(weights, models, strict=True))
+        expected = sum(
+            w / total * m[name].astype(np.float64) for w, m in zip(weights, models, strict=True)
+        )
         if np.issubdtype(models[0][name].dtype, np.integer):
             assert result[name] == np.rint(expected).astype(np.int64)
         else:

@@ -37,8 +37,7 @@ def test_sum_and_squared_distances_per_layer_are_unchanged(models):
 def test_layers_are_actually_mixed(models):
     recombined = recombine(models, np.random.default_rng(3))
     mixed = [
-        len(set(_source_of(models, [new], name)[0] for name in models[0])) > 1
-        for new in recombined
+        len(set(_source_of(models, [new], name)[0] for name in models[0])) > 1 for new in recombined
     ]
     assert any(mixed), "with 11 tensors and 6 models some model must take layers from several"
 
@@ -70,7 +69,14 @@ def test_module_grouping_keeps_a_modules_tensors_together(models):
 
 
 def test_layer_groups_by_module():
-    names = ["conv1.weight", "conv1.bias", "bn1.weight", "bn1.num_batches_tracked", "fc.weight", "scale"]
+    names = [
+        "conv1.weight",
+        "conv1.bias",
+        "bn1.weight",
+        "bn1.num_batches_tracked",
+        "fc.weight",
+        "scale",
+    ]
     assert layer_groups(names, "module") == [
         ["conv1.weight", "conv1.bias"],
         ["bn1.weight", "bn1.num_batches_tracked"],

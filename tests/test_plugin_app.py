@@ -71,10 +71,16 @@ def plugin_runs():
         for name, strategy_class in STRATEGIES.items():
             strategy = strategy_class(fraction_train=1.0, fraction_evaluate=1.0, seed=0)
             initial = ArrayRecord({n: Array(a) for n, a in initial_model().items()})
-            outcomes[name] = (strategy, strategy.start(
-                grid=grid, initial_arrays=initial, num_rounds=NUM_ROUNDS, timeout=120,
-                train_config=ConfigRecord(),
-            ))
+            outcomes[name] = (
+                strategy,
+                strategy.start(
+                    grid=grid,
+                    initial_arrays=initial,
+                    num_rounds=NUM_ROUNDS,
+                    timeout=120,
+                    train_config=ConfigRecord(),
+                ),
+            )
 
     try:
         run_simulation(
@@ -146,5 +152,7 @@ def test_the_plugin_app_imports_no_torch_and_no_scikit_learn():
         "assert not bad, bad"
     )
     env = {**os.environ, "PYTHONPATH": str(PLUGIN_DIR)}
-    completed = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    completed = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True
+    )
     assert completed.returncode == 0, completed.stderr

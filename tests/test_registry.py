@@ -13,7 +13,16 @@ from fedx.registry import Key, Method, UnknownMethod, builtin_methods
 from fedx.strategies import FedMR
 from tests.helpers import REPO
 
-PAPERS_AND_BASELINES = {"fedavg", "fedprox", "fedavg-ft", "fedcross", "fedindep", "fedme", "fedmr", "fedmut"}
+PAPERS_AND_BASELINES = {
+    "fedavg",
+    "fedprox",
+    "fedavg-ft",
+    "fedcross",
+    "fedindep",
+    "fedme",
+    "fedmr",
+    "fedmut",
+}
 
 
 def test_fedx_methods_are_declared_in_the_modules_of_their_strategies():
@@ -51,7 +60,9 @@ def test_a_broken_plugin_names_itself_and_stops_no_other_method(tmp_path, monkey
     assert fresh.get("fedmr").strategy is FedMR
     assert "broken" not in fresh.names()
     assert "cannot load method 'broken' (no_such_module:METHOD): ModuleNotFoundError" in caplog.text
-    with pytest.raises(UnknownMethod, match="method 'broken' cannot be loaded: ModuleNotFoundError"):
+    with pytest.raises(
+        UnknownMethod, match="method 'broken' cannot be loaded: ModuleNotFoundError"
+    ):
         fresh.get("broken")
     with pytest.raises(UnknownMethod, match="no method 'fedfoo'; known methods: fedavg, fedprox"):
         fresh.get("fedfoo")
@@ -65,8 +76,12 @@ def test_the_run_config_reference_is_up_to_date(tmp_path):
     pyproject = tmp_path / "pyproject.toml"
     pyproject.write_text(pyproject.read_text().replace("fedmut-alpha = 1.0", "fedmut-alpha = 2.0"))
     readme = tmp_path / "README.md"
-    readme.write_text(readme.read_text().replace("| `fedmut-beta0` | `0.3` |", "| `fedmut-beta0` | `0.5` |"))
-    stale = {path.name for path, text in reference.updated(tmp_path).items() if path.read_text() != text}
+    readme.write_text(
+        readme.read_text().replace("| `fedmut-beta0` | `0.3` |", "| `fedmut-beta0` | `0.5` |")
+    )
+    stale = {
+        path.name for path, text in reference.updated(tmp_path).items() if path.read_text() != text
+    }
     assert stale == {"README.md", "pyproject.toml"}
 
 
@@ -100,6 +115,7 @@ def test_the_config_and_registry_import_without_torch_or_datasets():
         "heavy = {m.split('.')[0] for m in sys.modules} & {'torch', 'torchvision', 'sklearn', 'datasets'}; "
         "assert not heavy, heavy"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
     assert done.returncode == 0, done.stderr[-2000:]
-

@@ -27,7 +27,10 @@ def test_secure_recombination_learns_as_well_as_plain_fedmr(superlink, plain_fed
     # (rarely) every layer it sent came back, when it refuses to hand the
     # server its own trained model and says so.
     refusals = output.count("does not upload its own model")
-    assert sum(with_exchange[r]["trained-slots"] for r in range(1, ROUNDS + 1)) + refusals == 4 * ROUNDS
+    assert (
+        sum(with_exchange[r]["trained-slots"] for r in range(1, ROUNDS + 1)) + refusals
+        == 4 * ROUNDS
+    )
     assert refusals <= 1
     for r in range(1, ROUNDS + 1):
         assert with_exchange[r]["secure-exchanges"] == 7  # (send, return) x r_s=3, upload

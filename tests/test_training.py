@@ -17,7 +17,6 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 CPU = torch.device("cpu")
 
 
-
 def _digits_loaders(num_train: int = 400) -> tuple[DataLoader, DataLoader]:
     train_split = load_split("digits", "train")
     subset = Subset(train_split, np.arange(num_train))

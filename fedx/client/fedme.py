@@ -37,8 +37,10 @@ def train(task: ClientTask) -> Message:
         **task.sgd(),
     )
     validation = task.test_loader(splits.validation)
-    validation_losses = (evaluate(personalized, validation, task.device)[0],
-                         evaluate(exchanged, validation, task.device)[0])
+    validation_losses = (
+        evaluate(personalized, validation, task.device)[0],
+        evaluate(exchanged, validation, task.device)[0],
+    )
     chose_exchanged = bool(config.get(MODEL_TUNING, True)) and prefers_exchanged(*validation_losses)
     metrics = MetricRecord(
         {

@@ -99,7 +99,9 @@ class ClientTask:
     def local_splits(self) -> LocalSplits:
         """This node's train/validation/test splits in the personalized layout."""
         return load_local_splits(
-            self.config.dataset, self.partition_id, self.num_partitions,
+            self.config.dataset,
+            self.partition_id,
+            self.num_partitions,
             **self.config.local_split_settings(),
         )
 
@@ -108,7 +110,9 @@ class ClientTask:
         if self.config.personalized:
             return self.local_splits.train
         return load_partition(
-            self.config.dataset, self.partition_id, self.num_partitions,
+            self.config.dataset,
+            self.partition_id,
+            self.num_partitions,
             **self.config.partition_settings(),
         )
 
@@ -116,7 +120,9 @@ class ClientTask:
         """This node's IID share of the held-out test split (it has the distribution of the whole)."""
         test_set = load_split(self.config.dataset, "test", **self.config.data_settings())
         targets = np.asarray(test_set.targets, dtype=np.int64)
-        shares = partition_indices(targets, self.num_partitions, partitioning="iid", seed=self.config.seed)
+        shares = partition_indices(
+            targets, self.num_partitions, partitioning="iid", seed=self.config.seed
+        )
         return Subset(test_set, shares[self.partition_id].tolist())
 
     def train_loader(self, dataset: Dataset) -> DataLoader:
@@ -149,7 +155,9 @@ class ClientTask:
 
     def seed_torch(self) -> None:
         """Reproducible shuffling and dropout: one stream per (seed, round, node)."""
-        torch.manual_seed(self.config.seed * 1_000_003 + self.server_round * 1009 + self.partition_id)
+        torch.manual_seed(
+            self.config.seed * 1_000_003 + self.server_round * 1009 + self.partition_id
+        )
 
     def reply(self, records: Mapping[str, Any]) -> Message:
         """The reply to the message, holding ``records``."""

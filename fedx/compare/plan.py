@@ -37,6 +37,7 @@ def default_methods() -> list[str]:
         for variant in method.comparison_variants
     ]
 
+
 #: The run-config keys the comparison owns: where a run writes, and its seed.
 OWNED_KEYS = ("seed", "output-dir", "run-name", "resume-from")
 RUN_RECORD = "run.json"
@@ -167,14 +168,23 @@ def plan_runs(
                 try:
                     base = RunConfig.from_mapping({**defaults, **keys})
                     keys.update(method_keys(method, base))
-                    keys.update(seed=seed, **{"output-dir": str(directory.parent),
-                                              "run-name": directory.name})
+                    keys.update(
+                        seed=seed,
+                        **{"output-dir": str(directory.parent), "run-name": directory.name},
+                    )
                     config = RunConfig.from_mapping({**defaults, **keys})
                     build_strategy(config)  # the method's own checks, before anything runs
                 except ConfigError as error:
                     raise ConfigError(f"setting {setting.name}, method {method}: {error}") from None
-                runs.append(PlannedRun(
-                    setting.name, method, seed, directory, keys, config.num_server_rounds,
-                    num_supernodes or config.min_available_nodes,
-                ))
+                runs.append(
+                    PlannedRun(
+                        setting.name,
+                        method,
+                        seed,
+                        directory,
+                        keys,
+                        config.num_server_rounds,
+                        num_supernodes or config.min_available_nodes,
+                    )
+                )
     return runs

@@ -67,7 +67,11 @@ def load_result(run: PlannedRun) -> RunResult | None:
     metric = "accuracy" if any("accuracy" in row for row in rows) else "personalized-accuracy"
     curve = tuple((row["round"], float(row[metric])) for row in rows if metric in row)
     return RunResult(
-        run.setting, run.method, run.seed, metric, curve,
+        run.setting,
+        run.method,
+        run.seed,
+        metric,
+        curve,
         wall_seconds=float(record["wall-seconds"]),
         round_seconds=float(metrics["timings"]["mean-round-seconds"] or 0.0),
     )
@@ -120,16 +124,23 @@ def summarize_runs(results: list[RunResult], target: float | None) -> list[Metho
     rows = []
     for (setting, method), group in groups.items():
         finals = [r.final_accuracy for r in group]
-        setting_target = target if target is not None else round(
-            DEFAULT_TARGET_SHARE * best[setting], 3
+        setting_target = (
+            target if target is not None else round(DEFAULT_TARGET_SHARE * best[setting], 3)
         )
-        rows.append(MethodSummary(
-            setting, method, group[0].metric, tuple(r.seed for r in group),
-            statistics.fmean(finals), _std(finals), setting_target,
-            tuple(r.rounds_to(setting_target) for r in group),
-            statistics.fmean(r.wall_seconds for r in group),
-            statistics.fmean(r.round_seconds for r in group),
-        ))
+        rows.append(
+            MethodSummary(
+                setting,
+                method,
+                group[0].metric,
+                tuple(r.seed for r in group),
+                statistics.fmean(finals),
+                _std(finals),
+                setting_target,
+                tuple(r.rounds_to(setting_target) for r in group),
+                statistics.fmean(r.wall_seconds for r in group),
+                statistics.fmean(r.round_seconds for r in group),
+            )
+        )
     return rows
 
 
@@ -196,10 +207,13 @@ def write_markdown(path: Path, rows: list[MethodSummary], results: list[RunResul
         rounds = max(r.curve[-1][0] for r in results if r.setting == setting)
         seeds = sorted({s for row in setting_rows for s in row.seeds})
         sections += [
-            f"## {setting}", "",
+            f"## {setting}",
+            "",
             f"Seeds {', '.join(map(str, seeds))}; {rounds} rounds; target accuracy "
-            f"{setting_rows[0].target:.3f}; plot: `{setting}.png`.", "",
-            markdown_table(setting_rows), "",
+            f"{setting_rows[0].target:.3f}; plot: `{setting}.png`.",
+            "",
+            markdown_table(setting_rows),
+            "",
         ]
     path.write_text("\n".join(sections))
 

@@ -121,9 +121,7 @@ class ComparisonRunner:
         self.app_dir = app_dir
         self.client_resources = client_resources
         self.run_timeout = run_timeout
-        self._spec = FederationSpec(
-            0, state_dir, port=free_port(), insecure=True, simulation=True
-        )
+        self._spec = FederationSpec(0, state_dir, port=free_port(), insecure=True, simulation=True)
         self._federation: LocalFederation | None = None
 
     def __enter__(self) -> "ComparisonRunner":
@@ -162,17 +160,26 @@ class ComparisonRunner:
         config_file = run.directory / RUN_CONFIG_FILE
         write_run_config(config_file, run.run_config)
         command = [
-            str(self._spec.bin_dir / "flwr"), "run", str(self.app_dir), "--stream",
-            "--federation-config", f"num-supernodes={run.num_supernodes} {self.client_resources}",
-            "--run-config", str(config_file),
+            str(self._spec.bin_dir / "flwr"),
+            "run",
+            str(self.app_dir),
+            "--stream",
+            "--federation-config",
+            f"num-supernodes={run.num_supernodes} {self.client_resources}",
+            "--run-config",
+            str(config_file),
         ]
         federation = self._superlink()
         started = time.perf_counter()
         with (run.directory / RUN_LOG).open("w") as log:
             try:
                 subprocess.run(
-                    command, env=self._spec.environment(), stdout=log, stderr=subprocess.STDOUT,
-                    timeout=self.run_timeout, check=False,
+                    command,
+                    env=self._spec.environment(),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    timeout=self.run_timeout,
+                    check=False,
                 )
                 timed_out = False
             except subprocess.TimeoutExpired:
@@ -188,8 +195,12 @@ class ComparisonRunner:
         else:
             write_json_atomically(
                 run.directory / RUN_RECORD,
-                {"status": "finished", "wall-seconds": wall, "command": command,
-                 "run-config": run.run_config},
+                {
+                    "status": "finished",
+                    "wall-seconds": wall,
+                    "command": command,
+                    "run-config": run.run_config,
+                },
             )
             return RunOutcome(run, "finished", wall)
         return RunOutcome(run, "failed", wall, detail)

@@ -384,8 +384,14 @@ def _train_partitions(
     leaf_min_samples: int,
 ) -> tuple[np.ndarray, ...]:
     train = load_split(
-        name, "train", root=root, download=download, seed=seed, test_fraction=test_fraction,
-        leaf_users=leaf_users, leaf_min_samples=leaf_min_samples,
+        name,
+        "train",
+        root=root,
+        download=download,
+        seed=seed,
+        test_fraction=test_fraction,
+        leaf_users=leaf_users,
+        leaf_min_samples=leaf_min_samples,
     )
     partitions = partition_indices(
         dataset_labels(train),

@@ -129,7 +129,9 @@ class FederationSpec:
 
     def __post_init__(self) -> None:
         if self.simulation and self.num_supernodes != 0:
-            raise ValueError("a simulation SuperLink simulates its SuperNodes: num_supernodes must be 0")
+            raise ValueError(
+                "a simulation SuperLink simulates its SuperNodes: num_supernodes must be 0"
+            )
         if not self.simulation and self.num_supernodes < 1:
             raise ValueError(f"num_supernodes must be >= 1, got {self.num_supernodes}")
         if (self.tls is None) != self.insecure:
@@ -204,9 +206,12 @@ class FederationSpec:
         if self.tls is None:
             return ["--insecure"]
         return [
-            "--ssl-certfile", str(self.tls.server_cert),
-            "--ssl-keyfile", str(self.tls.server_key),
-            "--ssl-ca-certfile", str(self.tls.ca_cert),
+            "--ssl-certfile",
+            str(self.tls.server_cert),
+            "--ssl-keyfile",
+            str(self.tls.server_key),
+            "--ssl-ca-certfile",
+            str(self.tls.ca_cert),
         ]
 
     def superlink_command(self) -> list[str]:
@@ -215,15 +220,22 @@ class FederationSpec:
         if self.simulation:
             # The legacy Control API would take its default port 9093 and
             # collide with any other SuperLink on the machine: give it a free one.
-            command += ["--simulation", "--isolation", "subprocess",
-                        "--control-api-address", f"{self.host}:{free_port(self.host)}"]
+            command += [
+                "--simulation",
+                "--isolation",
+                "subprocess",
+                "--control-api-address",
+                f"{self.host}:{free_port(self.host)}",
+            ]
         if self.auth_keys is not None:
             command.append("--enable-supernode-auth")
         command += ["--host", self.host, "--port", str(self.port)]
         if self.transport == "grpc":
             command += [
-                "--fleet-api-address", self.fleet_address,
-                "--control-api-address", self.control_address,
+                "--fleet-api-address",
+                self.fleet_address,
+                "--control-api-address",
+                self.control_address,
             ]
         command += ["--database", str((self.state_dir / "superlink.db").resolve())]
         if not self.install_app_dependencies:
@@ -241,9 +253,12 @@ class FederationSpec:
             private, _ = supernode_key_paths(self.auth_keys, index + 1)
             command += ["--auth-supernode-private-key", str(private)]
         command += [
-            "--superlink", self.fleet_address,
-            "--port", str(self.supernode_ports[index]),
-            "--node-config", f"partition-id={index} num-partitions={self.num_supernodes}",
+            "--superlink",
+            self.fleet_address,
+            "--port",
+            str(self.supernode_ports[index]),
+            "--node-config",
+            f"partition-id={index} num-partitions={self.num_supernodes}",
         ]
         return command
 
@@ -369,14 +384,20 @@ class LocalFederation:
         log = self.spec.log_dir / f"supernode-{index}.log"
 
         def connections() -> int:
-            return len(NODE_ID_PATTERN.findall(log.read_text(errors="replace"))) if log.exists() else 0
+            return (
+                len(NODE_ID_PATTERN.findall(log.read_text(errors="replace"))) if log.exists() else 0
+            )
 
         before = connections()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             process = self.start_supernode(index)
             attempt_ends = min(deadline, time.monotonic() + 30.0)
-            while time.monotonic() < attempt_ends and process.poll() is None and connections() == before:
+            while (
+                time.monotonic() < attempt_ends
+                and process.poll() is None
+                and connections() == before
+            ):
                 time.sleep(0.5)
             if connections() > before:
                 return self.node_id(index)

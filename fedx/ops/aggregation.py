@@ -42,8 +42,7 @@ def average(models: Sequence[Model], weights: Sequence[float] | None = None) -> 
         raise ValueError("average() needs at least one model")
     factors = normalised_weights(len(models), weights)
     return {
-        name: weighted_sums([[model[name] for model in models]], [factors])[0]
-        for name in models[0]
+        name: weighted_sums([[model[name] for model in models]], [factors])[0] for name in models[0]
     }
 
 

@@ -160,8 +160,10 @@ def _unit_scales(models: Sequence[Model], terms: list[tuple[tuple[str, ...], int
         term_scales = np.ones(len(models))
         for index, model in enumerate(models):
             largest = max(
-                (float(np.max(np.abs(model[name].astype(np.float64)), initial=0.0))
-                 for name in term),
+                (
+                    float(np.max(np.abs(model[name].astype(np.float64)), initial=0.0))
+                    for name in term
+                ),
                 default=0.0,
             )
             if largest > 0.0:
@@ -189,7 +191,9 @@ def _entry_grams(
     for name in names:
         size = models[0][name].size
         flats = [np.ravel(model[name]) for model in models]
-        tasks.extend((name, flats, start, min(start + _CHUNK, size)) for start in range(0, size, _CHUNK))
+        tasks.extend(
+            (name, flats, start, min(start + _CHUNK, size)) for start in range(0, size, _CHUNK)
+        )
 
     def run(task: tuple) -> np.ndarray:
         name, flats, start, stop = task

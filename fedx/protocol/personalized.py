@@ -13,4 +13,11 @@ from fedx.protocol.common import CLIENT_ID, EVAL_ACCURACY, EVAL_LOSS, NUM_EXAMPL
 FINETUNE_EPOCHS = "finetune-epochs"
 ARCHITECTURE = "personalized-architecture"
 
-__all__ = ["ARCHITECTURE", "CLIENT_ID", "EVAL_ACCURACY", "EVAL_LOSS", "FINETUNE_EPOCHS", "NUM_EXAMPLES"]
+__all__ = [
+    "ARCHITECTURE",
+    "CLIENT_ID",
+    "EVAL_ACCURACY",
+    "EVAL_LOSS",
+    "FINETUNE_EPOCHS",
+    "NUM_EXAMPLES",
+]

@@ -151,5 +151,9 @@ def check_natural_clients(cfg: RunConfig, connected: int) -> None:
     if connected > users:
         raise ConfigError(f"{message}: run {users} SuperNodes (num-supernodes={users})")
     if connected < users:
-        log(WARNING, "fedx: %s; nodes need num-partitions=%d, and the other users never train",
-            message, users)
+        log(
+            WARNING,
+            "fedx: %s; nodes need num-partitions=%d, and the other users never train",
+            message,
+            users,
+        )

@@ -54,7 +54,9 @@ class Checkpointer:
     back, and :meth:`save` writes the checkpoint of every round.
     """
 
-    def __init__(self, config: RunConfig, directory: Path, checkpoint: checkpoints.Checkpoint | None = None) -> None:
+    def __init__(
+        self, config: RunConfig, directory: Path, checkpoint: checkpoints.Checkpoint | None = None
+    ) -> None:
         self.config = config
         self.directory = directory
         self.checkpoint = checkpoint
@@ -83,7 +85,9 @@ class Checkpointer:
             added = {key: value for key, value in cfg.to_dict().items() if key not in stored}
             resumed = RunConfig.from_mapping({**added, **stored, "resume-from": cfg.resume_from})
         except (checkpoints.CheckpointError, KeyError, TypeError) as err:
-            raise ConfigError(f"invalid run config resume-from={cfg.resume_from!r}: {err}") from None
+            raise ConfigError(
+                f"invalid run config resume-from={cfg.resume_from!r}: {err}"
+            ) from None
         if checkpoint.server_round >= resumed.num_server_rounds:
             raise ConfigError(
                 f"invalid run config resume-from={cfg.resume_from!r}: that run already did "
@@ -95,11 +99,17 @@ class Checkpointer:
             if key != "resume-from" and key not in added and value != stored[key]
         }
         if added:
-            log(WARNING, "fedx: the checkpoint predates run-config keys %s; using this run's values",
-                ", ".join(f"{key}={value!r}" for key, value in added.items()))
+            log(
+                WARNING,
+                "fedx: the checkpoint predates run-config keys %s; using this run's values",
+                ", ".join(f"{key}={value!r}" for key, value in added.items()),
+            )
         if ignored:
-            log(WARNING, "fedx: resuming with the checkpoint's run config; ignoring %s",
-                ", ".join(f"{key}={value!r}" for key, value in ignored.items()))
+            log(
+                WARNING,
+                "fedx: resuming with the checkpoint's run config; ignoring %s",
+                ", ".join(f"{key}={value!r}" for key, value in ignored.items()),
+            )
         directory = Path(cfg.resume_from).resolve()
         if directory.suffix == ".json":  # resume-from named the checkpoint file itself
             directory = directory.parent
@@ -117,7 +127,9 @@ class Checkpointer:
             return Resumed()
         name = type(strategy).__name__
         if self.checkpoint.strategy != name:
-            raise ConfigError(f"the checkpoint was written by {self.checkpoint.strategy}, not {name}")
+            raise ConfigError(
+                f"the checkpoint was written by {self.checkpoint.strategy}, not {name}"
+            )
         try:
             result = checkpoints.restore_run(strategy, self.checkpoint.state)
             rows = {int(r): dict(row) for r, row in self.checkpoint.state["recorder"].items()}
@@ -135,6 +147,8 @@ class Checkpointer:
             "config": self.config.to_dict(),
             "recorder": {str(r): row for r, row in rows.items()},
         }
-        checkpoints.save_checkpoint(self.directory, checkpoints.Checkpoint(server_round, type(strategy).__name__, state))
+        checkpoints.save_checkpoint(
+            self.directory, checkpoints.Checkpoint(server_round, type(strategy).__name__, state)
+        )
         log(INFO, "fedx: checkpoint of round %d in %s", server_round, self.directory)
         return time.perf_counter() - started

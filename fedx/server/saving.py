@@ -15,7 +15,9 @@ from fedx.strategies.capabilities import KeepsPersonalizedModels
 PERSONALIZED_MODELS_FILE = "personalized-models.pt"
 
 
-def save_models(strategy: object, model: torch.nn.Module | None, result: Result, directory: Path) -> Path:
+def save_models(
+    strategy: object, model: torch.nn.Module | None, result: Result, directory: Path
+) -> Path:
     """Save the global model (``model.pt``), or the clients' models; return the file."""
     if isinstance(strategy, KeepsPersonalizedModels):
         personalized = {
@@ -40,12 +42,22 @@ def log_final(recorder: RunRecorder, directory: Path) -> None:
     """One line with the final accuracy (global and/or personalized)."""
     final = recorder.summary()["final"]
     if "personalized-accuracy" in final:
-        log(INFO, "fedx: final personalized test accuracy %.4f ± %.4f over %d clients (round %s); "
+        log(
+            INFO,
+            "fedx: final personalized test accuracy %.4f ± %.4f over %d clients (round %s); "
             "global %s; outputs in %s",
-            final["personalized-accuracy"], final["personalized-accuracy-std"],
-            len(final.get("clients", {})), final.get("round"),
+            final["personalized-accuracy"],
+            final["personalized-accuracy-std"],
+            len(final.get("clients", {})),
+            final.get("round"),
             f"{final['accuracy']:.4f}" if "accuracy" in final else "none (personalized models)",
-            directory)
+            directory,
+        )
         return
-    log(INFO, "fedx: final global test accuracy %.4f (round %s); outputs in %s",
-        final.get("accuracy", float("nan")), final.get("round"), directory)
+    log(
+        INFO,
+        "fedx: final global test accuracy %.4f (round %s); outputs in %s",
+        final.get("accuracy", float("nan")),
+        final.get("round"),
+        directory,
+    )

@@ -137,33 +137,61 @@ class RoundInFlight(Generic[Target]):
         an error from the node itself is returned like any reply.
         """
         node_of_message = {
-            m.metadata.message_id: m.metadata.dst_node_id for m in self.messages if m.metadata.message_id
+            m.metadata.message_id: m.metadata.dst_node_id
+            for m in self.messages
+            if m.metadata.message_id
         }
         waiting = dict(self.targets)
         answered: list[Answered[Target]] = []
         for message in replies:
-            node_id = node_of_message.get(message.metadata.reply_to_message_id, message.metadata.src_node_id)
+            node_id = node_of_message.get(
+                message.metadata.reply_to_message_id, message.metadata.src_node_id
+            )
             if node_id not in waiting:
-                log(WARNING, "Round %s: ignored a reply from node %s, which was not sent a message",
-                    self.server_round, node_id)
+                log(
+                    WARNING,
+                    "Round %s: ignored a reply from node %s, which was not sent a message",
+                    self.server_round,
+                    node_id,
+                )
                 continue
             target = waiting.pop(node_id)
             if message.has_error() and message.metadata.src_node_id != node_id:
-                log(WARNING, "Round %s: node %s (%s) is lost: %s%s", self.server_round, node_id,
-                    self.describe(target), message.error.reason, self._then())
+                log(
+                    WARNING,
+                    "Round %s: node %s (%s) is lost: %s%s",
+                    self.server_round,
+                    node_id,
+                    self.describe(target),
+                    message.error.reason,
+                    self._then(),
+                )
                 self.unanswered[node_id] = target
                 continue
             answered.append(Answered(node_id, target, message))
         for node_id, target in waiting.items():
-            log(WARNING, "Round %s: no reply from node %s (%s) within the round timeout%s",
-                self.server_round, node_id, self.describe(target), self._then())
+            log(
+                WARNING,
+                "Round %s: no reply from node %s (%s) within the round timeout%s",
+                self.server_round,
+                node_id,
+                self.describe(target),
+                self._then(),
+            )
             self.unanswered[node_id] = target
         return answered
 
     def dropped(self, answer: Answered[Target], reason: str) -> None:
         """Log that ``answer`` cannot be used, and why."""
-        log(WARNING, "Round %s: dropped the reply of node %s (%s): %s%s", self.server_round,
-            answer.node_id, self.describe(answer.target), reason, self._then())
+        log(
+            WARNING,
+            "Round %s: dropped the reply of node %s (%s): %s%s",
+            self.server_round,
+            answer.node_id,
+            self.describe(answer.target),
+            reason,
+            self._then(),
+        )
 
     def _then(self) -> str:
         return f"; {self.consequence}" if self.consequence else ""
@@ -173,7 +201,12 @@ def read_weight(content: RecordDict, key: str) -> float | str:
     """The positive ``key`` metric of a reply's single MetricRecord, or why there is none."""
     records = list(content.metric_records.values())
     weight = records[0].get(key) if len(records) == 1 else None
-    if not isinstance(weight, (int, float)) or isinstance(weight, bool) or not np.isfinite(weight) or weight <= 0:
+    if (
+        not isinstance(weight, (int, float))
+        or isinstance(weight, bool)
+        or not np.isfinite(weight)
+        or weight <= 0
+    ):
         return f"expected one MetricRecord with a positive '{key}', got {weight!r}"
     return float(weight)
 
@@ -213,7 +246,9 @@ class FedxStrategy(Strategy):
     #: Set by the strategy's constructor (Flower's ``FedAvg`` sets it for its subclasses).
     min_available_nodes: int
 
-    def __init__(self, *, seed: int | None = None, node_wait_timeout: float = 60.0, **kwargs: Any) -> None:
+    def __init__(
+        self, *, seed: int | None = None, node_wait_timeout: float = 60.0, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.seed = seed
         self.node_wait_timeout = check("node_wait_timeout", node_wait_timeout, NON_NEGATIVE)
@@ -319,8 +354,13 @@ class FedxStrategy(Strategy):
         """The connected nodes, after waiting at most ``node_wait_timeout`` for ``min_available_nodes``."""
         node_ids = wait_for_nodes(grid, self.min_available_nodes, self.node_wait_timeout)
         if len(node_ids) < self.min_available_nodes:
-            log(WARNING, "Only %d of min_available_nodes=%d nodes connected after %.0fs; sampling among them",
-                len(node_ids), self.min_available_nodes, self.node_wait_timeout)
+            log(
+                WARNING,
+                "Only %d of min_available_nodes=%d nodes connected after %.0fs; sampling among them",
+                len(node_ids),
+                self.min_available_nodes,
+                self.node_wait_timeout,
+            )
         return node_ids
 
     def evaluation_due(self, server_round: int, every: int) -> bool:

@@ -31,8 +31,13 @@ FEDPROX = Method(
     strategy=FedProx,
     description="Flower's FedProx: FedAvg whose clients add a proximal term",
     keys=(
-        Key("proximal-mu", 0.0, NON_NEGATIVE, "FedProx's mu, the weight of the proximal term",
-            argument="proximal_mu"),
+        Key(
+            "proximal-mu",
+            0.0,
+            NON_NEGATIVE,
+            "FedProx's mu, the weight of the proximal term",
+            argument="proximal_mu",
+        ),
     ),
     takes=SAMPLING,
     checks_arguments=False,

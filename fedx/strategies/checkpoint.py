@@ -85,7 +85,9 @@ def save_checkpoint(directory: Path, checkpoint: Checkpoint) -> Path:
         "state": tree,
     }
     path = directory / CHECKPOINT_FILE
-    write_atomically(path, lambda handle: handle.write(json.dumps(manifest, indent=1).encode("utf-8")))
+    write_atomically(
+        path, lambda handle: handle.write(json.dumps(manifest, indent=1).encode("utf-8"))
+    )
     for old in directory.glob("checkpoint-round-*.npz"):
         if old.name != arrays_file:
             old.unlink(missing_ok=True)
@@ -177,7 +179,9 @@ def restore_run(strategy: Strategy, state: dict[str, Any]) -> Result:
         try:
             strategy.load_state_dict(strategy_state)
         except ValueError as err:
-            raise CheckpointError(f"the checkpoint does not fit {type(strategy).__name__}: {err}") from None
+            raise CheckpointError(
+                f"the checkpoint does not fit {type(strategy).__name__}: {err}"
+            ) from None
     try:
         version, internal, gauss = state["python-random"]
         random.setstate((version, tuple(internal), gauss))

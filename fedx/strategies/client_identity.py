@@ -75,9 +75,7 @@ class ClientOrderedGrid:
     def get_node_ids(self) -> list[int]:
         """Connected node ids, ordered by (client id, node id)."""
         unknown = float("inf")
-        return sorted(
-            self._grid.get_node_ids(), key=lambda n: (self.client_ids.get(n, unknown), n)
-        )
+        return sorted(self._grid.get_node_ids(), key=lambda n: (self.client_ids.get(n, unknown), n))
 
     def __getattr__(self, name: str):
         return getattr(self._grid, name)

@@ -53,10 +53,13 @@ class FedAvgFT(PerClientEvaluation, FedxStrategy, FedAvg):
 
     def summary(self) -> None:
         """Log summary configuration of the strategy."""
-        self.log_settings("Personalized evaluation", {
-            "Fine-tuning": f"{self.finetune_epochs} epoch(s)",
-            "Every": f"{self.evaluate_every} round(s), and the last",
-        })
+        self.log_settings(
+            "Personalized evaluation",
+            {
+                "Fine-tuning": f"{self.finetune_epochs} epoch(s)",
+                "Every": f"{self.evaluate_every} round(s), and the last",
+            },
+        )
         super().summary()
 
     def configure_evaluate(
@@ -68,7 +71,9 @@ class FedAvgFT(PerClientEvaluation, FedxStrategy, FedAvg):
         config[FINETUNE_EPOCHS] = self.finetune_epochs
         messages = list(super().configure_evaluate(server_round, arrays, config, grid))
         self.evaluating = RoundInFlight(
-            server_round, {m.metadata.dst_node_id: None for m in messages}, messages,
+            server_round,
+            {m.metadata.dst_node_id: None for m in messages},
+            messages,
             describe=lambda _: "evaluation",
         )
         return messages
@@ -80,6 +85,12 @@ METHOD = Method(
     description="FedAvg evaluated per client after local fine-tuning (Matsuda et al.'s baseline)",
     keys=(FINETUNE_EPOCHS_KEY,),
     # Personalized evaluation covers every client, whatever fraction-evaluate says.
-    takes=("fraction-train", "min-train-nodes", "min-evaluate-nodes", "min-available-nodes", "eval-every"),
+    takes=(
+        "fraction-train",
+        "min-train-nodes",
+        "min-evaluate-nodes",
+        "min-available-nodes",
+        "eval-every",
+    ),
     personalized=True,
 )

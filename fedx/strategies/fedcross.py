@@ -67,12 +67,15 @@ class FedCross(MultiModelStrategy):
 
     def summary(self) -> None:
         """Log summary configuration of the strategy."""
-        self.log_settings("FedCross settings", {
-            "alpha": self.alpha,
-            "Collaborator selection": self.selection,
-            "Propeller rounds": self.propeller_rounds,
-            "Dynamic alpha": f"from {self.alpha_start} over {self.dynamic_alpha_rounds} rounds",
-        })
+        self.log_settings(
+            "FedCross settings",
+            {
+                "alpha": self.alpha,
+                "Collaborator selection": self.selection,
+                "Propeller rounds": self.propeller_rounds,
+                "Dynamic alpha": f"from {self.alpha_start} over {self.dynamic_alpha_rounds} rounds",
+            },
+        )
         super().summary()
 
     def alpha_at(self, server_round: int) -> float:
@@ -112,13 +115,33 @@ METHOD = Method(
     keys=(
         POOL_MEAN_KEY,
         Key("fedcross-alpha", 0.99, ALPHA, "weight of a model's own parameters", argument="alpha"),
-        Key("fedcross-selection", "lowest_similarity", OneOf(SELECTIONS), "collaborator rule",
-            argument="selection"),
-        Key("fedcross-propeller-rounds", 0, Integer(0), "rounds with two propeller models",
-            argument="propeller_rounds"),
-        Key("fedcross-dynamic-alpha-rounds", 0, Integer(0), "rounds over which alpha rises",
-            argument="dynamic_alpha_rounds"),
-        Key("fedcross-alpha-start", 0.5, ALPHA,
-            "starting alpha of the dynamic schedule (at most `fedcross-alpha`)", argument="alpha_start"),
+        Key(
+            "fedcross-selection",
+            "lowest_similarity",
+            OneOf(SELECTIONS),
+            "collaborator rule",
+            argument="selection",
+        ),
+        Key(
+            "fedcross-propeller-rounds",
+            0,
+            Integer(0),
+            "rounds with two propeller models",
+            argument="propeller_rounds",
+        ),
+        Key(
+            "fedcross-dynamic-alpha-rounds",
+            0,
+            Integer(0),
+            "rounds over which alpha rises",
+            argument="dynamic_alpha_rounds",
+        ),
+        Key(
+            "fedcross-alpha-start",
+            0.5,
+            ALPHA,
+            "starting alpha of the dynamic schedule (at most `fedcross-alpha`)",
+            argument="alpha_start",
+        ),
     ),
 )

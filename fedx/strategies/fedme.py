@@ -195,7 +195,9 @@ class FedMe(PerClientEvaluation, FedxStrategy):
         if not self.architectures:
             raise ArgumentError("architectures", architectures, "at least one architecture name")
         self.cluster_rounds = tuple(cluster_rounds)
-        if any(r < 2 for r in self.cluster_rounds) or list(self.cluster_rounds) != sorted(set(self.cluster_rounds)):
+        if any(r < 2 for r in self.cluster_rounds) or list(self.cluster_rounds) != sorted(
+            set(self.cluster_rounds)
+        ):
             raise ArgumentError("cluster_rounds", cluster_rounds, "increasing rounds >= 2")
         self.initial_model_fn = initial_model_fn
         self.predict_fn = predict_fn
@@ -234,15 +236,17 @@ class FedMe(PerClientEvaluation, FedxStrategy):
 
     def summary(self) -> None:
         """Log summary configuration of the strategy."""
-        self.log_settings("FedMe settings", {
-            "Architectures": ", ".join(self.architectures),
-            "Cluster count +1 at rounds": list(self.cluster_rounds) or "never",
-            "Model tuning / mutual learning / clustering":
-                f"{self.model_tuning} / {self.mutual_learning} / {self.clustering}",
-            "Fraction train": f"{self.fraction_train} (min {self.min_train_nodes} nodes)",
-            "Evaluate every": f"{self.evaluate_every} round(s), fine-tuning {self.finetune_epochs} epoch(s)",
-            "Seed": self.seed,
-        })
+        self.log_settings(
+            "FedMe settings",
+            {
+                "Architectures": ", ".join(self.architectures),
+                "Cluster count +1 at rounds": list(self.cluster_rounds) or "never",
+                "Model tuning / mutual learning / clustering": f"{self.model_tuning} / {self.mutual_learning} / {self.clustering}",
+                "Fraction train": f"{self.fraction_train} (min {self.min_train_nodes} nodes)",
+                "Evaluate every": f"{self.evaluate_every} round(s), fine-tuning {self.finetune_epochs} epoch(s)",
+                "Seed": self.seed,
+            },
+        )
 
     def checkpoint_state(self) -> dict[str, Any]:
         """Every client's architecture and personalized model (besides the random streams).
@@ -292,14 +296,24 @@ class FedMe(PerClientEvaluation, FedxStrategy):
         self._register(grid, node_ids, server_round)
         clients = self._sample_clients(node_ids)
         if len(clients) < 2:
-            log(WARNING, "Round %s: %d registered client(s) connected; FedMe needs two to exchange "
-                "models, skipping the round", server_round, len(clients))
+            log(
+                WARNING,
+                "Round %s: %d registered client(s) connected; FedMe needs two to exchange "
+                "models, skipping the round",
+                server_round,
+                len(clients),
+            )
             return []
         labels, num_clusters, seconds = self._cluster(server_round, clients)
         partners = assign_exchanges(labels, self.random["exchange"])
-        log(INFO, "configure_train: %d clients in %d cluster(s) (%.2fs), exchanges %s",
-            len(clients), num_clusters, seconds,
-            {cid: clients[p] for cid, p in zip(clients, partners, strict=True)})
+        log(
+            INFO,
+            "configure_train: %d clients in %d cluster(s) (%.2fs), exchanges %s",
+            len(clients),
+            num_clusters,
+            seconds,
+            {cid: clients[p] for cid, p in zip(clients, partners, strict=True)},
+        )
         messages = [
             self._train_message(server_round, config, cid, clients[partner])
             for cid, partner in zip(clients, partners, strict=True)
@@ -312,7 +326,9 @@ class FedMe(PerClientEvaluation, FedxStrategy):
             consequence="its model is aggregated untrained",
         )
         self._training = _ExchangeRound(
-            tuple(clients), tuple(partners), in_flight,
+            tuple(clients),
+            tuple(partners),
+            in_flight,
             {"num-clusters": num_clusters, "clustering-seconds": seconds},
         )
         return messages
@@ -335,7 +351,9 @@ class FedMe(PerClientEvaluation, FedxStrategy):
             list(exchange.partners),
         )
         adopted, other_architecture = self._adopt(exchange, aggregated, parsed)
-        metrics = aggregate_metricrecords([r.content for r in parsed.values()], self.weighted_by_key)
+        metrics = aggregate_metricrecords(
+            [r.content for r in parsed.values()], self.weighted_by_key
+        )
         if CHOSE_EXCHANGED in metrics:
             del metrics[CHOSE_EXCHANGED]  # a weighted mean of choices means little; counts follow
         metrics.update(
@@ -372,11 +390,15 @@ class FedMe(PerClientEvaluation, FedxStrategy):
                 }
             )
             records = RecordDict({PERSONALIZED: to_arrayrecord(client.model), CONFIG: content})
-            messages.append(Message(content=records, message_type=MessageType.EVALUATE,
-                                    dst_node_id=client.node_id))
+            messages.append(
+                Message(
+                    content=records, message_type=MessageType.EVALUATE, dst_node_id=client.node_id
+                )
+            )
             targets[client.node_id] = cid
-        self.evaluating = RoundInFlight(server_round, targets, messages,
-                                         describe=lambda cid: f"client {cid}")
+        self.evaluating = RoundInFlight(
+            server_round, targets, messages, describe=lambda cid: f"client {cid}"
+        )
         return messages
 
     def evaluated_client(self, target: int) -> tuple[int | None, str]:
@@ -392,7 +414,9 @@ class FedMe(PerClientEvaluation, FedxStrategy):
         unknown = [n for n in node_ids if n not in self._node_clients]
         if not unknown:
             return
-        for node_id, client_id in query_client_ids(grid, unknown, self.round_timeout, server_round).items():
+        for node_id, client_id in query_client_ids(
+            grid, unknown, self.round_timeout, server_round
+        ).items():
             self._attach(node_id, client_id)
 
     def _attach(self, node_id: int, client_id: int) -> None:
@@ -401,8 +425,13 @@ class FedMe(PerClientEvaluation, FedxStrategy):
             architecture = self.architecture_for(client_id)
             model = self.initial_model_fn(architecture, client_id)
             self.clients[client_id] = ClientState(node_id, architecture, model)
-            log(INFO, "Client %s (node %s) joined with architecture %s",
-                client_id, node_id, architecture)
+            log(
+                INFO,
+                "Client %s (node %s) joined with architecture %s",
+                client_id,
+                node_id,
+                architecture,
+            )
         elif known.node_id != node_id:
             # A SuperNode restarted under a new node id: same client, same model.
             log(INFO, "Client %s moved from node %s to node %s", client_id, known.node_id, node_id)
@@ -414,10 +443,13 @@ class FedMe(PerClientEvaluation, FedxStrategy):
         """Sample registered, connected clients; ids in ascending order (not node order)."""
         connected = set(node_ids)
         available = sorted(
-            cid for node, cid in self._node_clients.items()
+            cid
+            for node, cid in self._node_clients.items()
             if node in connected and self.clients[cid].node_id == node
         )
-        size = min(max(int(len(available) * self.fraction_train), self.min_train_nodes), len(available))
+        size = min(
+            max(int(len(available) * self.fraction_train), self.min_train_nodes), len(available)
+        )
         positions = self.random["sampling"].choice(len(available), size=size, replace=False)
         return sorted(available[int(p)] for p in positions)
 
@@ -435,13 +467,18 @@ class FedMe(PerClientEvaluation, FedxStrategy):
         start = time.perf_counter()
         outputs = np.stack(
             [
-                np.asarray(self.predict_fn(self.clients[c].architecture, self.clients[c].model),
-                           dtype=np.float64).reshape(-1)
+                np.asarray(
+                    self.predict_fn(self.clients[c].architecture, self.clients[c].model),
+                    dtype=np.float64,
+                ).reshape(-1)
                 for c in clients
             ]
         )
-        kmeans = KMeans(n_clusters=num_clusters, n_init=10,
-                        random_state=int(self.random["kmeans"].integers(2**31 - 1)))
+        kmeans = KMeans(
+            n_clusters=num_clusters,
+            n_init=10,
+            random_state=int(self.random["kmeans"].integers(2**31 - 1)),
+        )
         with warnings.catch_warnings():
             # Clients that adopted the same model have identical outputs; fewer
             # distinct points than clusters is expected then, not an error.
@@ -449,7 +486,9 @@ class FedMe(PerClientEvaluation, FedxStrategy):
             labels = kmeans.fit_predict(outputs)
         return labels, num_clusters, time.perf_counter() - start
 
-    def _train_message(self, server_round: int, config: ConfigRecord, client_id: int, partner_id: int) -> Message:
+    def _train_message(
+        self, server_round: int, config: ConfigRecord, client_id: int, partner_id: int
+    ) -> Message:
         client, partner = self.clients[client_id], self.clients[partner_id]
         content = ConfigRecord(
             {
@@ -479,15 +518,21 @@ class FedMe(PerClientEvaluation, FedxStrategy):
         parsed: dict[int, _TrainReply] = {}
         for answer in exchange.in_flight.match(replies):
             pos = answer.target
-            sent = (self.clients[exchange.clients[pos]].model,
-                    self.clients[exchange.clients[exchange.partners[pos]]].model)
+            sent = (
+                self.clients[exchange.clients[pos]].model,
+                self.clients[exchange.clients[exchange.partners[pos]]].model,
+            )
             result = self._parse_train_reply(answer.message, *sent)
             if isinstance(result, str):
                 exchange.in_flight.dropped(answer, result)
                 continue
             parsed[pos] = result
-        log(INFO, "aggregate_train: %d of %d clients trained this round",
-            len(parsed), len(exchange.clients))
+        log(
+            INFO,
+            "aggregate_train: %d of %d clients trained this round",
+            len(parsed),
+            len(exchange.clients),
+        )
         return parsed
 
     def _parse_train_reply(
@@ -500,8 +545,10 @@ class FedMe(PerClientEvaluation, FedxStrategy):
         missing = [k for k in (PERSONALIZED, EXCHANGED) if k not in content.array_records]
         metric_records = list(content.metric_records.values())
         if missing or len(metric_records) != 1:
-            return (f"expected ArrayRecords '{PERSONALIZED}' and '{EXCHANGED}' and one "
-                    f"MetricRecord, got {list(content.array_records)} and {len(metric_records)}")
+            return (
+                f"expected ArrayRecords '{PERSONALIZED}' and '{EXCHANGED}' and one "
+                f"MetricRecord, got {list(content.array_records)} and {len(metric_records)}"
+            )
         weight = read_weight(content, self.weighted_by_key)
         if isinstance(weight, str):
             return weight
@@ -573,23 +620,56 @@ METHOD = Method(
     "exchanged within clusters",
     keys=(
         FINETUNE_EPOCHS_KEY,
-        Key("fedme-architectures", "cnn-1,cnn-2,cnn-3,cnn-4",
+        Key(
+            "fedme-architectures",
+            "cnn-1,cnn-2,cnn-3,cnn-4",
             Rule(str, lambda v: bool(comma_list(v)), "comma-separated `model` names"),
             "architectures assigned round-robin by client id (VGGs need 32x32 images)",
-            argument="architectures", parse=comma_list),
-        Key("fedme-cluster-rounds", "10,15,18",
-            Rule(str, _increasing_rounds, "comma-separated increasing rounds >= 2 (empty: always one cluster)"),
-            "the cluster count (1 at first) grows by one at each", argument="cluster_rounds",
-            parse=_cluster_rounds),
-        Key("fedme-model-tuning", True, Flag(),
-            "clients may adopt the exchanged model (false: ablation)", argument="model_tuning"),
-        Key("fedme-mutual-learning", True, Flag(),
-            "KL terms in the local losses (false: ablation)", argument="mutual_learning"),
-        Key("fedme-clustering", True, Flag(),
-            "cluster by outputs (false: random partners, ablation)", argument="clustering"),
+            argument="architectures",
+            parse=comma_list,
+        ),
+        Key(
+            "fedme-cluster-rounds",
+            "10,15,18",
+            Rule(
+                str,
+                _increasing_rounds,
+                "comma-separated increasing rounds >= 2 (empty: always one cluster)",
+            ),
+            "the cluster count (1 at first) grows by one at each",
+            argument="cluster_rounds",
+            parse=_cluster_rounds,
+        ),
+        Key(
+            "fedme-model-tuning",
+            True,
+            Flag(),
+            "clients may adopt the exchanged model (false: ablation)",
+            argument="model_tuning",
+        ),
+        Key(
+            "fedme-mutual-learning",
+            True,
+            Flag(),
+            "KL terms in the local losses (false: ablation)",
+            argument="mutual_learning",
+        ),
+        Key(
+            "fedme-clustering",
+            True,
+            Flag(),
+            "cluster by outputs (false: random partners, ablation)",
+            argument="clustering",
+        ),
     ),
-    takes=("fraction-train", "min-train-nodes", "min-available-nodes", "eval-every", "seed",
-           "node-wait-timeout"),
+    takes=(
+        "fraction-train",
+        "min-train-nodes",
+        "min-available-nodes",
+        "eval-every",
+        "seed",
+        "node-wait-timeout",
+    ),
     personalized=True,
     model_key="fedme-architectures",
     components=_server_models,

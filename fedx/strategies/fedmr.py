@@ -76,21 +76,28 @@ class FedMR(MultiModelStrategy):
         self.first_stage_rounds = check("first_stage_rounds", first_stage_rounds, Integer(0))
         self.grouping = check("grouping", grouping, OneOf(GROUPINGS))
         self.segment_fraction = (
-            None if segment_fraction is None else check("segment_fraction", segment_fraction, FRACTION)
+            None
+            if segment_fraction is None
+            else check("segment_fraction", segment_fraction, FRACTION)
         )
         secure = None
         if check("secure_recombination", secure_recombination, Flag()):
             with renamed("secure_"):
-                secure = SecureRecombination(secure_repeats, secure_min_layers, secure_max_layers, grouping)
+                secure = SecureRecombination(
+                    secure_repeats, secure_min_layers, secure_max_layers, grouping
+                )
         super().__init__(secure=secure, **kwargs)
 
     def summary(self) -> None:
         """Log summary configuration of the strategy."""
-        self.log_settings("FedMR settings", {
-            "First-stage (FedAvg) rounds": self.first_stage_rounds,
-            "Layer grouping": self.grouping,
-            "Segment fraction": self.segment_fraction or "off (layer-wise)",
-        })
+        self.log_settings(
+            "FedMR settings",
+            {
+                "First-stage (FedAvg) rounds": self.first_stage_rounds,
+                "Layer grouping": self.grouping,
+                "Segment fraction": self.segment_fraction or "off (layer-wise)",
+            },
+        )
         super().summary()
 
     def update_pool(self, trained: PoolRound) -> list[Model]:
@@ -122,15 +129,33 @@ METHOD = Method(
     description="FedMR (Hu et al., KDD'24): layer-wise recombination of the K trained models",
     keys=(
         POOL_MEAN_KEY,
-        Key("first-stage-rounds", 0, Integer(0), "FedAvg rounds before recombination (two-stage FedMR)",
-            argument="first_stage_rounds"),
-        Key("grouping", "tensor", OneOf(GROUPINGS), "what one layer is: a state-dict tensor, or a "
-            "module's tensors together", argument="grouping"),
+        Key(
+            "first-stage-rounds",
+            0,
+            Integer(0),
+            "FedAvg rounds before recombination (two-stage FedMR)",
+            argument="first_stage_rounds",
+        ),
+        Key(
+            "grouping",
+            "tensor",
+            OneOf(GROUPINGS),
+            "what one layer is: a state-dict tensor, or a module's tensors together",
+            argument="grouping",
+        ),
         # 0 switches segments off (every layer recombined on its own).
-        Key("segment-fraction", 0.0,
-            Rule(float, lambda v: 0.0 <= v <= 1.0, "0 (off: layer-wise recombination) or a number in (0, 1]"),
+        Key(
+            "segment-fraction",
+            0.0,
+            Rule(
+                float,
+                lambda v: 0.0 <= v <= 1.0,
+                "0 (off: layer-wise recombination) or a number in (0, 1]",
+            ),
             "the FedMR-px ablation: layer j of N belongs to segment ceil(j / (x N)); 0 = off",
-            argument="segment_fraction", parse=lambda value: value or None),
+            argument="segment_fraction",
+            parse=lambda value: value or None,
+        ),
         *SECURE_KEYS,
     ),
     variants=(

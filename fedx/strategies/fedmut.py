@@ -49,10 +49,13 @@ class FedMut(MultiModelStrategy):
 
     def summary(self) -> None:
         """Log summary configuration of the strategy."""
-        self.log_settings("FedMut settings", {
-            "Mutation range alpha": self.alpha,
-            "Dynamic preference": f"beta0={self.beta0} over {self.beta_rounds} rounds",
-        })
+        self.log_settings(
+            "FedMut settings",
+            {
+                "Mutation range alpha": self.alpha,
+                "Dynamic preference": f"beta0={self.beta0} over {self.beta_rounds} rounds",
+            },
+        )
         super().summary()
 
     def checkpoint_state(self) -> dict[str, Any]:
@@ -75,7 +78,9 @@ class FedMut(MultiModelStrategy):
         previous = self.previous_global if self.previous_global is not None else self.pool[0]
         beta = dynamic_beta(self.beta0, trained.server_round, self.beta_rounds)
         self.previous_global = aggregated
-        return mutate(aggregated, previous, self.rng, k=len(trained.models), alpha=self.alpha, beta=beta)
+        return mutate(
+            aggregated, previous, self.rng, k=len(trained.models), alpha=self.alpha, beta=beta
+        )
 
     def global_model(self, trained: PoolRound, pool: list[Model]) -> Model:
         """The aggregated model ``w_glb`` the mutations are centred on."""
@@ -89,10 +94,22 @@ METHOD = Method(
     description="FedMut (Hu et al., AAAI'24): K mutations of the global model along its last update",
     keys=(
         POOL_MEAN_KEY,
-        Key("fedmut-alpha", 1.0, NON_NEGATIVE,
-            "mutation range alpha (paper: 4.0, with lr 0.01; see below)", argument="alpha"),
-        Key("fedmut-beta0", 0.3, UNIT_INTERVAL, "initial dynamic preference beta0", argument="beta0"),
-        Key("fedmut-beta-rounds", 100, Integer(1), "T_b: rounds until beta_t = 0",
-            argument="beta_rounds"),
+        Key(
+            "fedmut-alpha",
+            1.0,
+            NON_NEGATIVE,
+            "mutation range alpha (paper: 4.0, with lr 0.01; see below)",
+            argument="alpha",
+        ),
+        Key(
+            "fedmut-beta0", 0.3, UNIT_INTERVAL, "initial dynamic preference beta0", argument="beta0"
+        ),
+        Key(
+            "fedmut-beta-rounds",
+            100,
+            Integer(1),
+            "T_b: rounds until beta_t = 0",
+            argument="beta_rounds",
+        ),
     ),
 )

@@ -69,7 +69,9 @@ class PoolRound:
 
     def trained_models(self) -> tuple[list[Model], list[float]]:
         """The models trained this round and their weights."""
-        pairs = [(m, w) for m, w, ok in zip(self.models, self.weights, self.trained, strict=True) if ok]
+        pairs = [
+            (m, w) for m, w, ok in zip(self.models, self.weights, self.trained, strict=True) if ok
+        ]
         return [m for m, _ in pairs], [w for _, w in pairs]
 
 
@@ -167,13 +169,19 @@ class MultiModelStrategy(FedxStrategy, FedAvg):
         if "fraction_train" in kwargs:
             check("fraction_train", kwargs["fraction_train"], FRACTION)
         super().__init__(seed=seed, node_wait_timeout=node_wait_timeout, **kwargs)
-        self.num_models = None if num_models is None else check("num_models", num_models, Integer(1))
+        self.num_models = (
+            None if num_models is None else check("num_models", num_models, Integer(1))
+        )
         self.pool_mean = check("pool_mean", pool_mean, OneOf(POOL_MEANS))
-        self.unresponsive_cooldown = check("unresponsive_cooldown", unresponsive_cooldown, NON_NEGATIVE)
+        self.unresponsive_cooldown = check(
+            "unresponsive_cooldown", unresponsive_cooldown, NON_NEGATIVE
+        )
         if secure is not None and pool_mean == "weighted":
             raise ArgumentError(
-                "pool_mean", pool_mean, "'uniform' with secure recombination (an uploaded model "
-                "mixes several clients' layers)"
+                "pool_mean",
+                pool_mean,
+                "'uniform' with secure recombination (an uploaded model "
+                "mixes several clients' layers)",
             )
         self.secure = secure
         #: What the last round's secure exchange cost (None before the first, or without it).
@@ -269,17 +277,21 @@ class MultiModelStrategy(FedxStrategy, FedAvg):
     def summary(self) -> None:
         """Log summary configuration of the strategy."""
         secure = self.secure
-        self.log_settings("Multi-model pool", {
-            "Models (K)": self.num_models or "nodes sampled in round 1",
-            "Mean of a round's models": self.pool_mean,
-            "Seed": self.seed,
-            "Node wait timeout": f"{self.node_wait_timeout:.0f}s",
-            "Unresponsive-node cooldown": f"{self.unresponsive_cooldown:.0f}s",
-            "Secure recombination": (
-                f"r_s={secure.repeats}, n in [{secure.min_layers}, {secure.max_layers}]"
-                if secure else "off"
-            ),
-        })
+        self.log_settings(
+            "Multi-model pool",
+            {
+                "Models (K)": self.num_models or "nodes sampled in round 1",
+                "Mean of a round's models": self.pool_mean,
+                "Seed": self.seed,
+                "Node wait timeout": f"{self.node_wait_timeout:.0f}s",
+                "Unresponsive-node cooldown": f"{self.unresponsive_cooldown:.0f}s",
+                "Secure recombination": (
+                    f"r_s={secure.repeats}, n in [{secure.min_layers}, {secure.max_layers}]"
+                    if secure
+                    else "off"
+                ),
+            },
+        )
         super().summary()
 
     def configure_train(
@@ -302,13 +314,21 @@ class MultiModelStrategy(FedxStrategy, FedAvg):
         if self.secure is not None:
             self._grid = grid
             self.secure.ask(config)
-        log(INFO, "configure_train: %d nodes get %d different pool models (K=%d)",
-            len(node_ids), len(set(slots)), len(self.pool))
+        log(
+            INFO,
+            "configure_train: %d nodes get %d different pool models (K=%d)",
+            len(node_ids),
+            len(set(slots)),
+            len(self.pool),
+        )
         targets = dict(zip(node_ids, slots, strict=True))
         messages = [
             Message(
                 content=RecordDict(
-                    {self.arrayrecord_key: to_arrayrecord(self.pool[slot]), self.configrecord_key: config}
+                    {
+                        self.arrayrecord_key: to_arrayrecord(self.pool[slot]),
+                        self.configrecord_key: config,
+                    }
                 ),
                 message_type=MessageType.TRAIN,
                 dst_node_id=node_id,
@@ -316,7 +336,10 @@ class MultiModelStrategy(FedxStrategy, FedAvg):
             for node_id, slot in targets.items()
         ]
         self.in_flight = RoundInFlight(
-            server_round, targets, messages, describe=lambda slot: f"slot {slot}",
+            server_round,
+            targets,
+            messages,
+            describe=lambda slot: f"slot {slot}",
             consequence="the slot keeps the model it was sent",
         )
         return list(messages)
@@ -361,7 +384,9 @@ class MultiModelStrategy(FedxStrategy, FedAvg):
         this_round = PoolRound(server_round, models, weights, trained)
         pool = self.update_pool(this_round)
         if len(pool) != len(self.pool):
-            raise RuntimeError(f"update_pool returned {len(pool)} models for {len(self.pool)} slots")
+            raise RuntimeError(
+                f"update_pool returned {len(pool)} models for {len(self.pool)} slots"
+            )
         deployment = self.global_model(this_round, pool)
         self.pool = pool
         metrics = self.train_metrics_aggr_fn(accepted, self.weighted_by_key)
@@ -426,8 +451,12 @@ class MultiModelStrategy(FedxStrategy, FedAvg):
         if not self._unresponsive or len(responsive) < max(min_nodes, 1):
             return node_ids
         for node, (missed, _) in self._unresponsive.items():
-            log(INFO, "Leaving out node %s: no reply in round %s, though still listed as connected",
-                node, missed)
+            log(
+                INFO,
+                "Leaving out node %s: no reply in round %s, though still listed as connected",
+                node,
+                missed,
+            )
         return responsive
 
     def _parse_reply(self, message: Message, sent: Model) -> tuple[Model, float] | str:

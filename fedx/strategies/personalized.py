@@ -87,7 +87,9 @@ def parse_evaluation(
     metrics = records[0]
     keys = (EVAL_ACCURACY, EVAL_LOSS, NUM_EXAMPLES) + ((CLIENT_ID,) if client_id is None else ())
     given = {key: metrics.get(key) for key in keys}
-    values = {k: float(v) for k, v in given.items() if isinstance(v, (int, float)) and np.isfinite(v)}
+    values = {
+        k: float(v) for k, v in given.items() if isinstance(v, (int, float)) and np.isfinite(v)
+    }
     if len(values) != len(keys):
         return f"expected finite {', '.join(keys)} metrics, got {given}"
     if values[NUM_EXAMPLES] <= 0 or not 0.0 <= values[EVAL_ACCURACY] <= 1.0:
@@ -167,7 +169,9 @@ class PerClientEvaluation:
         del target
         return None, ""
 
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
         """Keep every client's test result; report mean and std over clients."""
         del server_round  # the evaluation in flight knows its round
         in_flight, self.evaluating = self.evaluating, None

@@ -118,7 +118,11 @@ def run_rounds(
         replies = send_and_collect(
             grid, strategy.configure_evaluate(server_round, arrays, evaluate_config, grid), timeout
         )
-        _keep(result.evaluate_metrics_clientapp, server_round, strategy.aggregate_evaluate(server_round, replies))
+        _keep(
+            result.evaluate_metrics_clientapp,
+            server_round,
+            strategy.aggregate_evaluate(server_round, replies),
+        )
         if evaluate_fn is not None:
             log(INFO, "Global evaluation")
             metrics = evaluate_fn(server_round, arrays)
@@ -139,7 +143,9 @@ def run_rounds(
     return result
 
 
-def _keep(by_round: dict[int, MetricRecord], server_round: int, metrics: MetricRecord | None) -> None:
+def _keep(
+    by_round: dict[int, MetricRecord], server_round: int, metrics: MetricRecord | None
+) -> None:
     """Log a round's aggregated metrics and keep them in the result."""
     if metrics is not None:
         log(INFO, "\t└──> Aggregated MetricRecord: %s", metrics)

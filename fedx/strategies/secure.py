@@ -90,11 +90,26 @@ KEYS = (
         argument="secure_recombination",
         exclusive=True,
     ),
-    Key("secure-repeats", 3, AT_LEAST_ONE, "r_s, repetitions of the exchange per round",
-        argument="secure_repeats"),
-    Key("secure-min-layers", 2, AT_LEAST_ONE, "n_l, fewest layers a client sends per repetition",
-        argument="secure_min_layers"),
-    Key("secure-max-layers", 4, Integer(1),
+    Key(
+        "secure-repeats",
+        3,
+        AT_LEAST_ONE,
+        "r_s, repetitions of the exchange per round",
+        argument="secure_repeats",
+    ),
+    Key(
+        "secure-min-layers",
+        2,
+        AT_LEAST_ONE,
+        "n_l, fewest layers a client sends per repetition",
+        argument="secure_min_layers",
+    ),
+    Key(
+        "secure-max-layers",
+        4,
+        Integer(1),
         "n_u, most layers a client sends per repetition (at least `secure-min-layers`; capped "
-        "at the model's number of layers)", argument="secure_max_layers"),
+        "at the model's number of layers)",
+        argument="secure_max_layers",
+    ),
 )

@@ -57,7 +57,12 @@ METHOD = Method(
     description="FedBlend (an example from outside fedx): each pool model blended with the round's mean",
     keys=(
         POOL_MEAN_KEY,
-        Key("fedblend-own-weight", 0.5, UNIT_INTERVAL, "weight w of a model's own parameters",
-            argument="own_weight"),
+        Key(
+            "fedblend-own-weight",
+            0.5,
+            UNIT_INTERVAL,
+            "weight w of a model's own parameters",
+            argument="own_weight",
+        ),
     ),
 )
