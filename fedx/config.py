@@ -11,9 +11,10 @@ Two kinds of keys:
 * the app's own (data, model, local training, sampling, evaluation, outputs),
   declared below as the fields of :class:`RunConfig` and checked here;
 * a method's own (``<method>-alpha``), declared by the method
-  (:mod:`fedx.registry`) and checked by its strategy's constructor when the
-  strategy is built (:func:`fedx.server.building.build_strategy`, which turns
-  the constructor's error into the same one-line message).
+  (:mod:`fedx.registry`). Its value is checked here whichever method runs,
+  and again by the strategy's constructor when the strategy is built
+  (:func:`fedx.server.building.build_strategy`, which turns the
+  constructor's error into the same one-line message).
 
 Importing this module imports neither torch nor the data sets: the lists of
 models and data sets are read from :mod:`fedx.models` and :mod:`fedx.data`
@@ -223,9 +224,10 @@ class RunConfig:
     def from_mapping(cls, run_config: Mapping[str, Any]) -> "RunConfig":
         """Check a Flower run config and return it typed.
 
-        A key the run config lacks takes its declared default. Method keys
-        are checked for their type here and for their range by the method's
-        constructor (see :func:`fedx.server.building.build_strategy`).
+        A key the run config lacks takes its declared default. Every key is
+        checked against what it allows, whichever method runs; the method's
+        constructor checks its own arguments again (and how they combine, see
+        :func:`fedx.server.building.build_strategy`).
 
         Raises
         ------
@@ -257,8 +259,10 @@ class RunConfig:
             if name not in options and name not in APP_BY_NAME:
                 options[name] = value  # a key of another installed method, as given
         for name, value in options.items():
+            # Every method's keys, not only the running method's: a value
+            # that would stop the run after a switch of strategy stops it now.
             key = known[name]
-            if not _fits_type(value, key.allowed.kind):
+            if not key.allowed.accepts(value):
                 raise invalid(key, value)
             options[name] = _typed(key, value)
             if key.exclusive and value != key.default and key not in method.keys:
@@ -374,14 +378,6 @@ def invalid(key: Key, value: Any, allowed: str | None = None) -> ConfigError:
     return ConfigError(
         f"invalid run config {key.name}={value!r}: must be {allowed or key.allowed.text}"
     )
-
-
-def _fits_type(value: Any, kind: type) -> bool:
-    if isinstance(value, bool):
-        return kind is bool
-    if kind is float:
-        return isinstance(value, (int, float))
-    return isinstance(value, kind)
 
 
 def _typed(key: Key, value: Any) -> Any:
