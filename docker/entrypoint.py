@@ -94,7 +94,10 @@ def certificate_names(certificate) -> list[str]:
         names = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except x509.ExtensionNotFound:
         return []
-    return [*names.get_values_for_type(x509.DNSName), *map(str, names.get_values_for_type(x509.IPAddress))]
+    return [
+        *names.get_values_for_type(x509.DNSName),
+        *map(str, names.get_values_for_type(x509.IPAddress)),
+    ]
 
 
 def names_host(names: list[str], host: str) -> bool:
@@ -123,7 +126,9 @@ def check_server_certificate(ca_file: str, address: str) -> None:
         ca = x509.load_pem_x509_certificate(Path(ca_file).read_bytes())
         server = x509.load_pem_x509_certificate(server_file.read_bytes())
     except (OSError, ValueError) as err:
-        raise CheckFailed(f"cannot read {ca_file} or {server_file} as PEM certificates ({err}); {README}") from None
+        raise CheckFailed(
+            f"cannot read {ca_file} or {server_file} as PEM certificates ({err}); {README}"
+        ) from None
     try:
         server.verify_directly_issued_by(ca)
     except (ValueError, TypeError, InvalidSignature) as err:
@@ -131,7 +136,7 @@ def check_server_certificate(ca_file: str, address: str) -> None:
             f"{server_file} is not signed by {ca_file} ({type(err).__name__}): "
             f"make both with one `fedx-deploy certs`; {README}"
         ) from None
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     if not server.not_valid_before_utc <= now <= server.not_valid_after_utc:
         raise CheckFailed(
             f"{server_file} is valid from {server.not_valid_before_utc:%Y-%m-%d} to "
@@ -170,7 +175,11 @@ def flwr_connection(args: list[str]) -> tuple[str, str] | None:
         connection = superlink[positional[1] if len(positional) > 1 else superlink["default"]]
     except (OSError, KeyError, tomllib.TOMLDecodeError):
         return None  # flwr reports its own configuration errors
-    if connection.get("insecure") or "root-certificates" not in connection or "address" not in connection:
+    if (
+        connection.get("insecure")
+        or "root-certificates" not in connection
+        or "address" not in connection
+    ):
         return None
     return connection["address"], connection["root-certificates"]
 

@@ -38,7 +38,11 @@ PROJECT_FILES = [
 LOCAL_BASE = "localhost/fedx-base:bookworm"
 APP_UID = 49999  # Flower's user "app" in every image
 NODE_ID = re.compile(r"SuperNode ID: (\d+)")
-STAMP = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "fedx" / "container-images.json"
+STAMP = (
+    Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    / "fedx"
+    / "container-images.json"
+)
 
 
 def podman_compose() -> list[str]:
@@ -54,8 +58,13 @@ def engine_problem() -> str | None:
         return "podman is not installed (.ci/run installs it with apt-get)"
     if not podman_compose():
         return "podman-compose is not installed (pip install -e '.[dev]')"
-    done = subprocess.run(["podman", "info", "--format", "{{.Host.OCIRuntime.Name}}"],
-                          capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        ["podman", "info", "--format", "{{.Host.OCIRuntime.Name}}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     if done.returncode != 0:
         return f"podman cannot run here: {(done.stderr.strip().splitlines() or ['podman info failed'])[-1]}"
     return None
@@ -82,8 +91,13 @@ def built_images() -> list[str]:
 
 
 def _image_id(image: str) -> str | None:
-    done = subprocess.run(["podman", "image", "inspect", "--format", "{{.Id}}", image],
-                          capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run(
+        ["podman", "image", "inspect", "--format", "{{.Id}}", image],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     return done.stdout.strip() if done.returncode == 0 else None
 
 
@@ -111,15 +125,21 @@ def ensure_images(project: "ComposeProject", timeout: float = 3600) -> str:
     """
     environment = build_environment()
     if environment["FEDX_BASE_IMAGE"] == LOCAL_BASE and _image_id(LOCAL_BASE) is None:
-        subprocess.run([str(REPO / "docker" / "build-local-base.sh")], check=True, timeout=timeout,
-                       capture_output=True)
+        subprocess.run(
+            [str(REPO / "docker" / "build-local-base.sh")],
+            check=True,
+            timeout=timeout,
+            capture_output=True,
+        )
     key = inputs_key(environment)
     try:
         stamp = json.loads(STAMP.read_text())
     except (OSError, ValueError):
         stamp = {}
     images = built_images()
-    if stamp.get("key") == key and all(stamp.get("images", {}).get(i) == _image_id(i) is not None for i in images):
+    if stamp.get("key") == key and all(
+        stamp.get("images", {}).get(i) == _image_id(i) is not None for i in images
+    ):
         return "cached"
     started = time.monotonic()
     # One image at a time: they share their first layers.
@@ -127,6 +147,58 @@ def ensure_images(project: "ComposeProject", timeout: float = 3600) -> str:
     STAMP.parent.mkdir(parents=True, exist_ok=True)
     STAMP.write_text(json.dumps({"key": key, "images": {i: _image_id(i) for i in images}}))
     return f"built in {time.monotonic() - started:.0f} s"
+
+
+def remove_project(name: str) -> None:
+    """Remove the containers (dependents with them) and the network of compose project ``name``."""
+    containers = subprocess.run(
+        ["podman", "ps", "-a", "-q", "--filter", f"label=io.podman.compose.project={name}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    ).stdout.split()
+    if (
+        containers
+    ):  # --depend: a SuperLink goes after the containers started with a dependency on it
+        subprocess.run(
+            ["podman", "rm", "-f", "--depend", "-t", "2", *containers],
+            capture_output=True,
+            timeout=300,
+            check=False,
+        )
+    subprocess.run(
+        ["podman", "network", "rm", "-f", f"{name}_default"],
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+
+
+# Project names of these tests: a prefix and the pid of the pytest that made them.
+PROJECT_NAME = re.compile(r"^fedx(?:test|auth|bad|build)(\d+)$")
+
+
+def remove_stale_projects() -> list[str]:
+    """Remove the projects of earlier runs of these tests whose pytest is gone (killed, timed out).
+
+    Only projects named by :data:`PROJECT_NAME` whose pid no longer runs: a
+    project of a test running beside this one is left alone.
+    """
+    listed = subprocess.run(
+        ["podman", "ps", "-a", "--format", '{{index .Labels "io.podman.compose.project"}}'],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    ).stdout.split()
+    stale = []
+    for name in sorted(set(listed)):
+        match = PROJECT_NAME.match(name)
+        if match and not Path(f"/proc/{match.group(1)}").exists():
+            remove_project(name)
+            stale.append(name)
+    return stale
 
 
 class ComposeProject:
@@ -160,8 +232,12 @@ class ComposeProject:
         for name in PROJECT_FILES:
             source, target = REPO / name, self.directory / name
             if source.is_dir():
-                shutil.copytree(source, target, dirs_exist_ok=True,
-                                ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+                shutil.copytree(
+                    source,
+                    target,
+                    dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+                )
             else:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(source, target)
@@ -178,24 +254,43 @@ class ComposeProject:
             command += ["-f", file]
         return command
 
-    def compose(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
+    def compose(
+        self, *args: str, timeout: float = 300, check: bool = True
+    ) -> subprocess.CompletedProcess:
         """``podman-compose -p NAME -f ... ARGS`` in the project folder."""
-        done = subprocess.run([*self.compose_command(), *args], cwd=self.directory, env=self.environment,
-                              capture_output=True, text=True, timeout=timeout, check=False)
+        done = subprocess.run(
+            [*self.compose_command(), *args],
+            cwd=self.directory,
+            env=self.environment,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
         if check and done.returncode != 0:
-            raise AssertionError(f"podman-compose {' '.join(args)} failed ({done.returncode}):\n"
-                                 f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+            raise AssertionError(
+                f"podman-compose {' '.join(args)} failed ({done.returncode}):\n"
+                f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+            )
         return done
 
-    def run_tool(self, service: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    def run_tool(
+        self, service: str, *args: str, timeout: float = 300
+    ) -> subprocess.CompletedProcess:
         """``compose run --rm`` a tool service (``flwr``, ``fedx-deploy``); returns what it did."""
-        return self.compose("--profile", "tools", "run", "--rm", "-T", service, *args, timeout=timeout, check=False)
+        return self.compose(
+            "--profile", "tools", "run", "--rm", "-T", service, *args, timeout=timeout, check=False
+        )
 
     def container(self, service: str) -> str:
         return f"{self.name}_{service}_1"
 
-    def podman(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
-        done = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, check=False)
+    def podman(
+        self, *args: str, timeout: float = 120, check: bool = True
+    ) -> subprocess.CompletedProcess:
+        done = subprocess.run(
+            ["podman", *args], capture_output=True, text=True, timeout=timeout, check=False
+        )
         if check and done.returncode != 0:
             raise AssertionError(f"podman {' '.join(args)} failed: {done.stderr[-2000:]}")
         return done
@@ -213,13 +308,19 @@ class ComposeProject:
         return int(found[-1]) if found else None
 
     def state(self, service: str) -> str:
-        done = self.podman("inspect", "--format", "{{.State.Status}}", self.container(service), check=False)
+        done = self.podman(
+            "inspect", "--format", "{{.State.Status}}", self.container(service), check=False
+        )
         return done.stdout.strip()
 
     def addresses(self, service: str) -> list[str]:
         """The container's IP addresses on its networks."""
-        done = self.podman("inspect", "--format",
-                           "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}", self.container(service))
+        done = self.podman(
+            "inspect",
+            "--format",
+            "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}",
+            self.container(service),
+        )
         return done.stdout.split()
 
     @property
@@ -227,16 +328,20 @@ class ComposeProject:
         return f"{self.name}_default"
 
     def leftovers(self) -> list[str]:
-        """Containers of this project that still exist."""
-        done = self.podman("ps", "-a", "--format", "{{.Names}}",
-                           "--filter", f"label=io.podman.compose.project={self.name}", check=False)
-        return done.stdout.split()
+        """Containers and the network of this project that still exist."""
+        done = self.podman(
+            "ps",
+            "-a",
+            "--format",
+            "{{.Names}}",
+            "--filter",
+            f"label=io.podman.compose.project={self.name}",
+            check=False,
+        )
+        network = self.podman("network", "exists", self.network, check=False).returncode == 0
+        return done.stdout.split() + ([self.network] if network else [])
 
     def down(self) -> None:
         """Stop and remove every container and the network of the project."""
         self.compose("--profile", "tools", "down", "-t", "5", timeout=300, check=False)
-        for name in self.leftovers():
-            self.podman("rm", "-f", name, check=False)
-        if self.podman("network", "exists", self.network, check=False).returncode == 0:
-            self.podman("network", "rm", "-f", self.network, check=False)
-
+        remove_project(self.name)

@@ -29,22 +29,28 @@ import shutil
 import subprocess
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from fedx.deploy.credentials import write_tls_certificates
-from tests.containers import ComposeProject, engine_problem, ensure_images
+from tests.containers import ComposeProject, engine_problem, ensure_images, remove_stale_projects
 from tests.deployment import wait_for
 
 _PROBLEM = engine_problem()
 pytestmark = pytest.mark.skipif(_PROBLEM is not None, reason=f"no container engine: {_PROBLEM}")
 
 SUPERNODES = ["supernode-1", "supernode-2", "supernode-3"]
-SERVICES = ["superlink", "superexec-serverapp", *SUPERNODES,
-            "superexec-clientapp-1", "superexec-clientapp-2", "superexec-clientapp-3"]
+SERVICES = [
+    "superlink",
+    "superexec-serverapp",
+    *SUPERNODES,
+    "superexec-clientapp-1",
+    "superexec-clientapp-2",
+    "superexec-clientapp-3",
+]
 HOSTS = ["superlink", *SUPERNODES]
 RECEIVED = "Receiving: train message"
 # The default job, short: 2 rounds, all 3 SuperNodes (the time goes to process start-up, not training).
@@ -72,7 +78,12 @@ def workdir():
 
 @pytest.fixture(scope="module")
 def images(workdir) -> str:
-    """The images, built unless the last build from the same files still exists."""
+    """The images, built unless the last build from the same files still exists.
+
+    First, whatever an earlier run of these tests left behind when it was
+    killed (its pytest is gone) is removed: its containers hold ports and memory.
+    """
+    remove_stale_projects()
     project = ComposeProject(workdir / "build", f"fedxbuild{os.getpid()}")
     project.prepare()
     return ensure_images(project)
@@ -86,7 +97,9 @@ def federation(images, workdir):
     try:
         make_certificates(project)
         project.compose("up", "-d", timeout=600)
-        wait_for(lambda: all(project.node_id(n) for n in SUPERNODES), 300, "three SuperNodes to connect")
+        wait_for(
+            lambda: all(project.node_id(n) for n in SUPERNODES), 300, "three SuperNodes to connect"
+        )
         yield project
     finally:
         project.down()
@@ -122,14 +135,22 @@ def test_the_default_job_runs_in_containers_and_writes_outputs_on_the_host(feder
     # The ServerApp ran in superexec-serverapp: /app/outputs is that container's mount.
     assert "outputs in /app/outputs/reference" in reference, reference[-4000:]
     for index in (1, 2, 3):  # the ClientApps ran beside their SuperNode, not in it
-        assert federation.count_in_log(f"superexec-clientapp-{index}", r"Start `flwr-clientapp` process") >= 2
+        assert (
+            federation.count_in_log(
+                f"superexec-clientapp-{index}", r"Start `flwr-clientapp` process"
+            )
+            >= 2
+        )
         assert "Start `flwr-clientapp` process" not in federation.logs(f"supernode-{index}")
 
 
-def test_a_killed_serverapp_container_resumes_with_resume_from_to_the_same_pool(federation, reference):
+def test_a_killed_serverapp_container_resumes_with_resume_from_to_the_same_pool(
+    federation, reference
+):
     outputs = federation.directory / "outputs"
-    done = federation.run_tool("flwr", "run", ".", "--format", "json",
-                               "--run-config", f'{JOB} run-name="interrupted"')
+    done = federation.run_tool(
+        "flwr", "run", ".", "--format", "json", "--run-config", f'{JOB} run-name="interrupted"'
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     checkpoint = outputs / "interrupted" / "checkpoint.json"
 
@@ -143,13 +164,20 @@ def test_a_killed_serverapp_container_resumes_with_resume_from_to_the_same_pool(
     server = federation.container("superexec-serverapp")
     federation.podman("kill", "--signal", "KILL", server)
     assert checkpointed_round() == 1, "the ServerApp must die before finishing the run"
-    wait_for(lambda: federation.state("superexec-serverapp") != "running", 60, "the container to stop")
+    wait_for(
+        lambda: federation.state("superexec-serverapp") != "running", 60, "the container to stop"
+    )
     federation.podman("start", server)
 
-    resumed = flwr_run(federation, ".", "--stream", "--run-config", 'resume-from="outputs/interrupted"')
+    resumed = flwr_run(
+        federation, ".", "--stream", "--run-config", 'resume-from="outputs/interrupted"'
+    )
     assert checkpointed_round() == 2, resumed[-4000:]
     assert "[ROUND 2/2]" in resumed and "[ROUND 1/2]" not in resumed, resumed[-4000:]
-    final = [np.load(outputs / run / "checkpoint-round-00002.npz") for run in ("reference", "interrupted")]
+    final = [
+        np.load(outputs / run / "checkpoint-round-00002.npz")
+        for run in ("reference", "interrupted")
+    ]
     assert sorted(final[0].files) == sorted(final[1].files) and len(final[0].files) > 8
     for name in final[0].files:  # the pool of 3 models and the global model, bit for bit
         np.testing.assert_array_equal(final[0][name], final[1][name], err_msg=name)
@@ -168,30 +196,55 @@ def test_supernode_containers_cut_off_or_killed_are_dropped_and_sampled_again(fe
     """
     cut, killed = federation.container("supernode-2"), federation.container("supernode-3")
     cut_id, killed_id = federation.node_id("supernode-2"), federation.node_id("supernode-3")
-    start = datetime.now(timezone.utc)
+    start = datetime.now(UTC)
 
     def received(service: str) -> int:
-        done = federation.podman("logs", "--since", since(start), federation.container(service), check=False)
+        done = federation.podman(
+            "logs", "--since", since(start), federation.container(service), check=False
+        )
         return (done.stdout + done.stderr).count(RECEIVED)
 
     log = federation.directory / "faults.log"
-    settings = ("num-server-rounds=5 min-nodes=3 round-timeout=40.0 unresponsive-cooldown=3.0 "
-                'train-delay=2.0 result-file="/app/outputs/faults.json"')
-    command = [*federation.compose_command(), "--profile", "tools", "run", "--rm", "-T", "flwr",
-               "run", "tests/wire_app", "--stream", "--run-config", settings]
+    settings = (
+        "num-server-rounds=5 min-nodes=3 round-timeout=40.0 unresponsive-cooldown=3.0 "
+        'train-delay=2.0 result-file="/app/outputs/faults.json"'
+    )
+    command = [
+        *federation.compose_command(),
+        "--profile",
+        "tools",
+        "run",
+        "--rm",
+        "-T",
+        "flwr",
+        "run",
+        "tests/wire_app",
+        "--stream",
+        "--run-config",
+        settings,
+    ]
     with open(log, "w", encoding="utf-8") as out:
-        run = subprocess.Popen(command, cwd=federation.directory, env=federation.environment,  # pylint: disable=consider-using-with
-                               stdout=out, stderr=subprocess.STDOUT)
+        run = subprocess.Popen(
+            command,
+            cwd=federation.directory,
+            env=federation.environment,  # pylint: disable=consider-using-with
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         wait_for(lambda: received("supernode-2") >= 2, 300, "round 2 on supernode-2", interval=0.3)
         federation.podman("network", "disconnect", federation.network, cut)
-        wait_for(lambda: f"no reply from node {cut_id}" in log.read_text(), 120, "round 2 to give up on it")
+        wait_for(
+            lambda: f"no reply from node {cut_id}" in log.read_text(),
+            120,
+            "round 2 to give up on it",
+        )
         federation.podman("network", "connect", "--alias", "supernode-2", federation.network, cut)
 
         wait_for(lambda: received("supernode-3") >= 4, 300, "round 4 on supernode-3", interval=0.3)
         federation.podman("kill", "--signal", "KILL", killed)
         wait_for(lambda: federation.state("supernode-3") != "running", 60, "supernode-3 to stop")
-        restarted_at = datetime.now(timezone.utc)
+        restarted_at = datetime.now(UTC)
         federation.podman("start", killed)
         run.wait(timeout=600)
     finally:
@@ -205,7 +258,10 @@ def test_supernode_containers_cut_off_or_killed_are_dropped_and_sampled_again(fe
     assert result["rounds"] == [1, 2, 3, 4, 5], output[-4000:]
     # Round 2 lost the cut-off node and round 4 the killed one; the log names them.
     assert f"Round 2: no reply from node {cut_id} " in output, output[-4000:]
-    assert f"Round 4: no reply from node {killed_id} " in output or f"Round 4: node {killed_id} (slot" in output
+    assert (
+        f"Round 4: no reply from node {killed_id} " in output
+        or f"Round 4: node {killed_id} (slot" in output
+    )
     assert f"Leaving out node {cut_id}: no reply in round 2" in output
     # Reconnected, supernode-2 kept its id and was sampled again (rounds 1, 2 and 4).
     assert federation.node_id("supernode-2") == cut_id
@@ -231,8 +287,11 @@ def register(project: ComposeProject, public_key: str):
 
 def test_auth_variant_lets_registered_supernode_containers_in_and_refuses_others(images, workdir):
     del images
-    project = ComposeProject(workdir / "auth", f"fedxauth{os.getpid()}",
-                             files=("docker-compose.yml", "docker-compose.auth.yml"))
+    project = ComposeProject(
+        workdir / "auth",
+        f"fedxauth{os.getpid()}",
+        files=("docker-compose.yml", "docker-compose.auth.yml"),
+    )
     project.prepare()
     try:
         make_certificates(project)
@@ -240,12 +299,18 @@ def test_auth_variant_lets_registered_supernode_containers_in_and_refuses_others
         assert keys.returncode == 0, keys.stderr
         project.compose("up", "-d", "superlink", timeout=300)
         # Only supernode-1's key is registered; supernode-2's never is.
-        registered = wait_for(lambda: register(project, "/app/keys/supernode-1.pub"), 180,
-                              "the SuperLink to register a key", interval=3.0)
+        registered = wait_for(
+            lambda: register(project, "/app/keys/supernode-1.pub"),
+            180,
+            "the SuperLink to register a key",
+            interval=3.0,
+        )
         assert "registered" in registered.stdout + registered.stderr
         project.compose("up", "-d", "--no-deps", "supernode-1", timeout=300)
         wait_for(lambda: project.node_id("supernode-1"), 180, "the registered SuperNode to connect")
-        refused = project.compose("run", "--rm", "-T", "--no-deps", "supernode-2", timeout=300, check=False)
+        refused = project.compose(
+            "run", "--rm", "-T", "--no-deps", "supernode-2", timeout=300, check=False
+        )
         output = refused.stdout + refused.stderr
         assert refused.returncode != 0, output[-3000:]
         assert "Failed to activate SuperNode" in output, output[-3000:]
@@ -274,9 +339,23 @@ def unprepared(images, workdir):
 def one_line_error(project: ComposeProject, service: str, *args: str) -> str:
     """Start ``service`` alone as compose would; it must exit at once with status 78 and one line."""
     started = time.monotonic()
-    done = project.compose("run", "--rm", "-T", "--no-deps", "-e", "FEDX_FAILURE_DELAY=0", service, *args,
-                           timeout=120, check=False)
-    lines = [line for line in done.stderr.splitlines() + done.stdout.splitlines() if line.startswith("fedx: ")]
+    done = project.compose(
+        "run",
+        "--rm",
+        "-T",
+        "--no-deps",
+        "-e",
+        "FEDX_FAILURE_DELAY=0",
+        service,
+        *args,
+        timeout=120,
+        check=False,
+    )
+    lines = [
+        line
+        for line in done.stderr.splitlines() + done.stdout.splitlines()
+        if line.startswith("fedx: ")
+    ]
     assert done.returncode == EX_CONFIG, done.stdout + done.stderr
     assert len(lines) == 1, done.stdout + done.stderr
     assert time.monotonic() - started < 60
@@ -286,7 +365,10 @@ def one_line_error(project: ComposeProject, service: str, *args: str) -> str:
 def test_bad_certificates_and_folders_stop_the_containers_with_one_line(unprepared):
     certificates = unprepared.directory / "certificates"
     line = one_line_error(unprepared, "superlink")
-    assert "--ssl-ca-certfile /app/certificates/ca.crt does not exist: make the certificates first" in line
+    assert (
+        "--ssl-ca-certfile /app/certificates/ca.crt does not exist: make the certificates first"
+        in line
+    )
     assert "does not exist" in one_line_error(unprepared, "supernode-1")
 
     # Certificates for processes on one machine: they do not name the service hosts.
@@ -294,7 +376,9 @@ def test_bad_certificates_and_folders_stop_the_containers_with_one_line(unprepar
     for path in certificates.iterdir():
         os.chown(path, 49999, 49999)
     line = one_line_error(unprepared, "supernode-1")
-    assert "server.pem does not name 'superlink'" in line and "it names localhost, 127.0.0.1" in line
+    assert (
+        "server.pem does not name 'superlink'" in line and "it names localhost, 127.0.0.1" in line
+    )
     assert "does not name 'supernode-2'" in one_line_error(unprepared, "superexec-clientapp-2")
     flwr = unprepared.run_tool("flwr", "run", ".", "--stream", timeout=120)
     assert flwr.returncode == EX_CONFIG and "does not name 'superlink'" in flwr.stderr, flwr.stderr
@@ -305,4 +389,6 @@ def test_bad_certificates_and_folders_stop_the_containers_with_one_line(unprepar
     line = one_line_error(unprepared, "superexec-serverapp")
     assert "/app/outputs (written by this container) is not writable by uid 49999" in line
     flwr = unprepared.run_tool("flwr", "run", ".", "--stream", timeout=120)
-    assert flwr.returncode == EX_CONFIG and "is not writable by uid 49999" in flwr.stderr, flwr.stderr
+    assert flwr.returncode == EX_CONFIG and "is not writable by uid 49999" in flwr.stderr, (
+        flwr.stderr
+    )

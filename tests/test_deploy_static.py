@@ -8,7 +8,6 @@ the installed Flower (whose version the image tags must match).
 
 import functools
 import importlib.util
-import os
 import re
 import stat
 import subprocess
@@ -31,13 +30,20 @@ from fedx.deploy.local import FederationSpec
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 FLWR_VERSION = version("flwr")
-COMPOSE_FILES = ["docker-compose.yml", "docker-compose.auth.yml", "docker-compose.gpu.yml", "docker-compose.insecure.yml"]
+COMPOSE_FILES = [
+    "docker-compose.yml",
+    "docker-compose.auth.yml",
+    "docker-compose.gpu.yml",
+    "docker-compose.insecure.yml",
+]
 
 
 @functools.cache
 def help_flags(executable: str) -> frozenset[str]:
     """The ``--flags`` an installed Flower executable documents in ``--help``."""
-    done = subprocess.run([str(BIN / executable), "--help"], capture_output=True, text=True, timeout=120, check=True)
+    done = subprocess.run(
+        [str(BIN / executable), "--help"], capture_output=True, text=True, timeout=120, check=True
+    )
     return frozenset(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", done.stdout))
 
 
@@ -71,7 +77,10 @@ def test_certificates_chain_to_the_ca_and_name_the_hosts(tmp_path):
 def test_supernode_keys_are_p384_pairs_that_flwr_accepts(tmp_path):
     pairs = write_supernode_keys(tmp_path, 2)
     assert [p.name for pair in pairs for p in pair] == [
-        "supernode-1.key", "supernode-1.pub", "supernode-2.key", "supernode-2.pub",
+        "supernode-1.key",
+        "supernode-1.pub",
+        "supernode-2.key",
+        "supernode-2.pub",
     ]
     private = load_ssh_private_key(pairs[0][0].read_bytes(), None)
     public = load_ssh_public_key(pairs[0][1].read_bytes())
@@ -84,7 +93,12 @@ def test_supernode_keys_are_p384_pairs_that_flwr_accepts(tmp_path):
 def test_the_deploy_command_writes_credentials_and_refuses_to_guess(tmp_path, capsys):
     assert deploy_main(["certs", "--out", str(tmp_path / "c"), "--host", "example.org"]) == 0
     assert deploy_main(["keys", "--out", str(tmp_path / "k"), "--supernodes", "2"]) == 0
-    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["ca.crt", "ca.key", "server.key", "server.pem"]
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == [
+        "ca.crt",
+        "ca.key",
+        "server.key",
+        "server.pem",
+    ]
     assert len(list((tmp_path / "k").iterdir())) == 4
     with pytest.raises(SystemExit):  # neither --certificates nor --insecure
         deploy_main(["up", "--supernodes", "2"])
@@ -118,7 +132,14 @@ def test_local_commands_use_only_flags_the_installed_flwr_has(tmp_path, tls):
 
 
 def test_local_commands_wire_addresses_partitions_and_security(tmp_path, tls):
-    spec = FederationSpec(3, tmp_path, port=8123, supernode_ports=[9101, 9102, 9103], tls=tls, auth_keys=tmp_path / "keys")
+    spec = FederationSpec(
+        3,
+        tmp_path,
+        port=8123,
+        supernode_ports=[9101, 9102, 9103],
+        tls=tls,
+        auth_keys=tmp_path / "keys",
+    )
     superlink = spec.superlink_command()
     assert "--enable-supernode-auth" in superlink and "--insecure" not in superlink
     assert superlink[superlink.index("--port") + 1] == "8123"
@@ -130,21 +151,31 @@ def test_local_commands_wire_addresses_partitions_and_security(tmp_path, tls):
         assert node[node.index("--port") + 1] == str(9101 + index)
         assert node[node.index("--node-config") + 1] == f"partition-id={index} num-partitions=3"
         assert node[node.index("--root-certificates") + 1] == str(tls.ca_cert)
-        assert node[node.index("--auth-supernode-private-key") + 1].endswith(f"supernode-{index + 1}.key")
+        assert node[node.index("--auth-supernode-private-key") + 1].endswith(
+            f"supernode-{index + 1}.key"
+        )
     connection = tomllib.loads(spec.config_toml())["superlink"]
     assert connection["default"] == "fedx-local"
-    assert connection["fedx-local"] == {"address": "127.0.0.1:8123", "root-certificates": str(tls.ca_cert.resolve())}
+    assert connection["fedx-local"] == {
+        "address": "127.0.0.1:8123",
+        "root-certificates": str(tls.ca_cert.resolve()),
+    }
     assert spec.environment()["FLWR_HOME"] == str(spec.flwr_home.resolve())
 
 
 def test_grpc_transport_commands_for_flower_136(tmp_path):
-    spec = FederationSpec(2, tmp_path, insecure=True, transport="grpc", fleet_port=9192, control_port=9193, port=9191)
+    spec = FederationSpec(
+        2, tmp_path, insecure=True, transport="grpc", fleet_port=9192, control_port=9193, port=9191
+    )
     superlink = spec.superlink_command()
     assert superlink[superlink.index("--fleet-api-address") + 1] == "127.0.0.1:9192"
     assert superlink[superlink.index("--control-api-address") + 1] == "127.0.0.1:9193"
     node = spec.supernode_command(1)
     assert node[node.index("--superlink") + 1] == "127.0.0.1:9192"
-    assert tomllib.loads(spec.config_toml())["superlink"]["fedx-local"] == {"address": "127.0.0.1:9193", "insecure": True}
+    assert tomllib.loads(spec.config_toml())["superlink"]["fedx-local"] == {
+        "address": "127.0.0.1:9193",
+        "insecure": True,
+    }
 
 
 @pytest.mark.parametrize(
@@ -182,7 +213,11 @@ def load_compose(*names: str) -> dict:
     return merged["services"]
 
 
-ENTRYPOINTS = {"superlink": "flower-superlink", "supernode": "flower-supernode", "superexec": "flower-superexec"}
+ENTRYPOINTS = {
+    "superlink": "flower-superlink",
+    "supernode": "flower-supernode",
+    "superexec": "flower-superexec",
+}
 TOOLS = ["flwr", "fedx-deploy"]
 
 
@@ -202,7 +237,15 @@ CLIENT_EXECS = [f"superexec-clientapp-{i}" for i in range(1, NUM_NODES + 1)]
 FEDERATION = ["superlink", "superexec-serverapp", *SUPERNODES, *CLIENT_EXECS]
 
 
-@pytest.mark.parametrize("variant", [(), ("docker-compose.auth.yml",), ("docker-compose.gpu.yml",), ("docker-compose.insecure.yml",)])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        (),
+        ("docker-compose.auth.yml",),
+        ("docker-compose.gpu.yml",),
+        ("docker-compose.insecure.yml",),
+    ],
+)
 def test_compose_services_use_flags_the_installed_flwr_has(variant):
     services = load_compose("docker-compose.yml", *variant)
     assert set(services) == {*FEDERATION, *TOOLS}
@@ -220,7 +263,11 @@ def test_compose_builds_each_image_once_from_the_dockerfile_for_the_installed_fl
     services = load_compose("docker-compose.yml")
     builders = {name: s for name, s in services.items() if "build" in s}
     targets = {name: build_of(s)["target"] for name, s in builders.items()}
-    assert targets == {"superlink": "superlink", "supernode-1": "supernode", "superexec-serverapp": "superexec"}
+    assert targets == {
+        "superlink": "superlink",
+        "supernode-1": "supernode",
+        "superexec-serverapp": "superexec",
+    }
     images = {build_of(s)["target"]: s["image"] for s in builders.values()}
     assert images == {
         "superlink": f"fedx/superlink:{FLWR_VERSION}",
@@ -234,11 +281,16 @@ def test_compose_builds_each_image_once_from_the_dockerfile_for_the_installed_fl
         build = build_of(service)
         assert (build["context"], build["dockerfile"]) == (".", "docker/Dockerfile")
         assert build["args"]["FLWR_VERSION"] == FLWR_VERSION
-        assert build["args"]["BASE_IMAGE"] == "${FEDX_BASE_IMAGE:-docker.io/library/python:3.11-slim}"
+        assert (
+            build["args"]["BASE_IMAGE"] == "${FEDX_BASE_IMAGE:-docker.io/library/python:3.11-slim}"
+        )
     dockerfile = (REPO / "docker" / "Dockerfile").read_text()
     assert re.findall(r"^FROM (\S+) AS (\S+)", dockerfile, re.M) == [
-        ("${BASE_IMAGE}", "flower"), ("flower", "superlink"), ("flower", "supernode"),
-        ("flower", "requirements"), ("flower", "superexec"),
+        ("${BASE_IMAGE}", "flower"),
+        ("flower", "superlink"),
+        ("flower", "supernode"),
+        ("flower", "requirements"),
+        ("flower", "superexec"),
     ]
     assert f"ARG FLWR_VERSION={FLWR_VERSION}" in dockerfile
     assert "ARG BASE_IMAGE=docker.io/library/python:3.11-slim" in dockerfile
@@ -248,7 +300,10 @@ def test_compose_builds_each_image_once_from_the_dockerfile_for_the_installed_fl
     runs = re.findall(r"^RUN (.*?)(?<!\\)$", dockerfile, re.M | re.S)
     installs = [run for run in runs if "pip install" in run]
     assert len(installs) == 3
-    assert all(r.startswith("--mount=type=cache,target=/var/cache/fedx-wheels") and "--no-index" in r for r in installs)
+    assert all(
+        r.startswith("--mount=type=cache,target=/var/cache/fedx-wheels") and "--no-index" in r
+        for r in installs
+    )
 
 
 def test_the_superexec_image_gets_every_fedx_dependency_but_flwr():
@@ -257,19 +312,36 @@ def test_the_superexec_image_gets_every_fedx_dependency_but_flwr():
     script = re.search(r'RUN python3 -c "(.*?)" > /tmp/requirements.txt', dockerfile).group(1)
     pyproject = (REPO / "pyproject.toml").read_text()
     dependencies = tomllib.loads(pyproject)["project"]["dependencies"]
-    done = subprocess.run([sys.executable, "-c", script.replace("/tmp/pyproject.toml", str(REPO / "pyproject.toml"))],
-                          capture_output=True, text=True, timeout=60, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", script.replace("/tmp/pyproject.toml", str(REPO / "pyproject.toml"))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     listed = done.stdout.split()
     assert listed == [d for d in dependencies if not d.startswith("flwr[")]
     assert len(listed) == len(dependencies) - 1 and any(d.startswith("torch") for d in listed)
 
 
 def test_the_build_context_holds_only_what_the_images_copy():
-    ignore = [line for line in (REPO / ".dockerignore").read_text().splitlines() if line and not line.startswith("#")]
+    ignore = [
+        line
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line and not line.startswith("#")
+    ]
     assert ignore[0] == "*"
     kept = sorted(line[1:].rstrip("/") for line in ignore if line.startswith("!"))
     copies = re.findall(r"^COPY (.+) \S+$", (REPO / "docker" / "Dockerfile").read_text(), re.M)
-    sources = sorted({s for line in copies if "--from=" not in line for s in line.split() if not s.startswith("--")})
+    sources = sorted(
+        {
+            s
+            for line in copies
+            if "--from=" not in line
+            for s in line.split()
+            if not s.startswith("--")
+        }
+    )
     assert kept == sources == ["README.md", "docker/entrypoint.py", "fedx", "pyproject.toml"]
 
 
@@ -277,16 +349,26 @@ def test_compose_wires_addresses_partitions_and_volumes():
     services = load_compose("docker-compose.yml")
     superlink = services["superlink"]["command"]
     port = option(superlink, "--port")
-    assert services["superlink"]["ports"] == [f"${{FEDX_SUPERLINK_PUBLISH:-127.0.0.1:{port}}}:{port}"]
-    assert option(superlink, "--isolation") == "process"  # the ServerApp runs in superexec-serverapp
-    assert option(services["superexec-serverapp"]["command"], "--runtime-api-address") == f"superlink:{port}"
+    assert services["superlink"]["ports"] == [
+        f"${{FEDX_SUPERLINK_PUBLISH:-127.0.0.1:{port}}}:{port}"
+    ]
+    assert (
+        option(superlink, "--isolation") == "process"
+    )  # the ServerApp runs in superexec-serverapp
+    assert (
+        option(services["superexec-serverapp"]["command"], "--runtime-api-address")
+        == f"superlink:{port}"
+    )
     partitions = set()
     for node, executor in zip(SUPERNODES, CLIENT_EXECS, strict=True):
         command = services[node]["command"]
         assert option(command, "--superlink") == f"superlink:{port}"
         assert option(command, "--isolation") == "process"
         assert option(command, "--host") == "0.0.0.0"
-        assert option(services[executor]["command"], "--runtime-api-address") == f"{node}:{option(command, '--port')}"
+        assert (
+            option(services[executor]["command"], "--runtime-api-address")
+            == f"{node}:{option(command, '--port')}"
+        )
         config = dict(item.split("=") for item in option(command, "--node-config").split())
         assert config["num-partitions"] == str(NUM_NODES)
         partitions.add(int(config["partition-id"]))
@@ -301,16 +383,28 @@ def test_compose_wires_addresses_partitions_and_volumes():
     assert "./state:/app/state" in services["superlink"]["volumes"]
     # The flwr tool: this folder is the app, its connections are docker/flwr-config.toml.
     flwr = services["flwr"]
-    assert flwr["entrypoint"] == ["fedx-entrypoint", "flwr"] and flwr["working_dir"] == "/app/project"
+    assert (
+        flwr["entrypoint"] == ["fedx-entrypoint", "flwr"] and flwr["working_dir"] == "/app/project"
+    )
     assert ".:/app/project:ro" in flwr["volumes"]
     config = tomllib.loads((REPO / "docker" / "flwr-config.toml").read_text())["superlink"]
-    assert f"./docker/flwr-config.toml:{flwr['environment']['FLWR_HOME']}/config.toml:ro" in flwr["volumes"]
-    assert config[config["default"]] == {"address": f"superlink:{port}", "root-certificates": "/app/certificates/ca.crt"}
+    assert (
+        f"./docker/flwr-config.toml:{flwr['environment']['FLWR_HOME']}/config.toml:ro"
+        in flwr["volumes"]
+    )
+    assert config[config["default"]] == {
+        "address": f"superlink:{port}",
+        "root-certificates": "/app/certificates/ca.crt",
+    }
     assert config["fedx-compose-insecure"] == {"address": f"superlink:{port}", "insecure": True}
     assert services["fedx-deploy"]["entrypoint"] == ["fedx-deploy"]
-    assert "./certificates:/app/certificates" in services["fedx-deploy"]["volumes"]  # writable: it makes them
+    assert (
+        "./certificates:/app/certificates" in services["fedx-deploy"]["volumes"]
+    )  # writable: it makes them
     # podman-compose: a container per service on the network, not one pod.
-    assert yaml.safe_load((REPO / "docker-compose.yml").read_text())["x-podman"] == {"in_pod": False}
+    assert yaml.safe_load((REPO / "docker-compose.yml").read_text())["x-podman"] == {
+        "in_pod": False
+    }
 
 
 def test_compose_is_tls_by_default_auth_and_insecure_only_when_asked():
@@ -319,7 +413,12 @@ def test_compose_is_tls_by_default_auth_and_insecure_only_when_asked():
         command = base[name]["command"]
         assert "--insecure" not in command, name
         for part in command:  # every certificate path is mounted into the container
-            if part.split("=")[0] in ("--ssl-certfile", "--ssl-keyfile", "--ssl-ca-certfile", "--root-certificates"):
+            if part.split("=")[0] in (
+                "--ssl-certfile",
+                "--ssl-keyfile",
+                "--ssl-ca-certfile",
+                "--root-certificates",
+            ):
                 assert part.split("=", 1)[1].startswith("/app/certificates/"), name
                 assert "./certificates:/app/certificates:ro" in base[name]["volumes"], name
         if name != "superlink":
@@ -338,7 +437,9 @@ def test_compose_is_tls_by_default_auth_and_insecure_only_when_asked():
     insecure = load_compose("docker-compose.yml", "docker-compose.insecure.yml")
     for name in FEDERATION:
         assert "--insecure" in insecure[name]["command"], name
-        assert not {"--ssl-certfile", "--root-certificates"} & set(flags(insecure[name]["command"])), name
+        assert not {"--ssl-certfile", "--root-certificates"} & set(
+            flags(insecure[name]["command"])
+        ), name
 
 
 def test_gpu_variant_reserves_a_gpu_for_every_clientapp_container():
@@ -350,9 +451,14 @@ def test_gpu_variant_reserves_a_gpu_for_every_clientapp_container():
         assert services[name]["image"] == f"fedx/superexec:{version('fedx')}-gpu"
         assert services[name]["command"] == base[name]["command"]
     build = build_of(services["superexec-clientapp-1"])
-    assert (build["target"], build["args"]["TORCH_INDEX_URL"]) == ("superexec", "https://pypi.org/simple")
+    assert (build["target"], build["args"]["TORCH_INDEX_URL"]) == (
+        "superexec",
+        "https://pypi.org/simple",
+    )
     assert build["args"]["FLWR_VERSION"] == FLWR_VERSION
-    assert all("deploy" not in services[n] for n in ["superlink", "superexec-serverapp", *SUPERNODES])
+    assert all(
+        "deploy" not in services[n] for n in ["superlink", "superexec-serverapp", *SUPERNODES]
+    )
 
 
 # ----------------------------------------------------------------------
@@ -362,7 +468,9 @@ def test_gpu_variant_reserves_a_gpu_for_every_clientapp_container():
 
 @pytest.fixture(scope="module")
 def entrypoint():
-    spec = importlib.util.spec_from_file_location("fedx_entrypoint", REPO / "docker" / "entrypoint.py")
+    spec = importlib.util.spec_from_file_location(
+        "fedx_entrypoint", REPO / "docker" / "entrypoint.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -374,24 +482,41 @@ def test_entrypoint_reads_flags_and_matches_names(entrypoint):
     assert entrypoint.names_host(["SuperLink."], "superlink")
     assert entrypoint.names_host(["*.example.org"], "node.example.org")
     assert not entrypoint.names_host(["*.example.org"], "a.node.example.org")
-    assert entrypoint.names_host(["::1"], "0:0::1") and not entrypoint.names_host(["localhost"], "127.0.0.1")
+    assert entrypoint.names_host(["::1"], "0:0::1") and not entrypoint.names_host(
+        ["localhost"], "127.0.0.1"
+    )
     assert not entrypoint.names_host(["supernode-1"], "supernode-2")
 
 
-def test_entrypoint_refuses_missing_unnamed_foreign_certificates_and_unwritable_folders(entrypoint, tmp_path, monkeypatch):
+def test_entrypoint_refuses_missing_unnamed_foreign_certificates_and_unwritable_folders(
+    entrypoint, tmp_path, monkeypatch
+):
     failed = entrypoint.CheckFailed
     certificates = tmp_path / "certificates"
-    node = ["--superlink=superlink:8000", f"--root-certificates={certificates / 'ca.crt'}", "--port=9094"]
+    node = [
+        "--superlink=superlink:8000",
+        f"--root-certificates={certificates / 'ca.crt'}",
+        "--port=9094",
+    ]
     with pytest.raises(failed, match="ca.crt does not exist: make the certificates first"):
         entrypoint.check("flower-supernode", node)
     write_tls_certificates(certificates, ["localhost", "127.0.0.1"])
-    with pytest.raises(failed, match=r"server.pem does not name 'superlink'.*\(it names localhost, 127.0.0.1\)"):
+    with pytest.raises(
+        failed, match=r"server.pem does not name 'superlink'.*\(it names localhost, 127.0.0.1\)"
+    ):
         entrypoint.check("flower-supernode", node)
     entrypoint.check("flower-supernode", ["--insecure", *node])  # no TLS: nothing to match
     write_tls_certificates(certificates, ["superlink", "supernode-1"])
     entrypoint.check("flower-supernode", node)
-    entrypoint.check("flower-superexec", ["--runtime-api-address", "supernode-1:9094",
-                                          "--root-certificates", str(certificates / "ca.crt")])
+    entrypoint.check(
+        "flower-superexec",
+        [
+            "--runtime-api-address",
+            "supernode-1:9094",
+            "--root-certificates",
+            str(certificates / "ca.crt"),
+        ],
+    )
     other = write_tls_certificates(tmp_path / "other", ["superlink"])
     (certificates / "server.pem").write_bytes(other.server_cert.read_bytes())
     with pytest.raises(failed, match="server.pem is not signed by .*ca.crt"):
@@ -407,7 +532,10 @@ def test_entrypoint_refuses_missing_unnamed_foreign_certificates_and_unwritable_
         raise PermissionError(13, "Permission denied")
 
     monkeypatch.setattr(entrypoint.tempfile, "TemporaryFile", refuse)
-    with pytest.raises(failed, match=r"\(the SuperLink's database\) is not writable by uid \d+ \(Permission denied\)"):
+    with pytest.raises(
+        failed,
+        match=r"\(the SuperLink's database\) is not writable by uid \d+ \(Permission denied\)",
+    ):
         entrypoint.check("flower-superlink", [f"--database={tmp_path / 'superlink.db'}"])
 
 
@@ -416,12 +544,16 @@ def test_entrypoint_checks_the_connection_flwr_run_uses(entrypoint, tmp_path, mo
     home = tmp_path / "flwr-home"
     home.mkdir()
     (home / "config.toml").write_text(
-        (REPO / "docker" / "flwr-config.toml").read_text().replace("/app/certificates", str(tmp_path / "certificates"))
+        (REPO / "docker" / "flwr-config.toml")
+        .read_text()
+        .replace("/app/certificates", str(tmp_path / "certificates"))
     )
     monkeypatch.setenv("FLWR_HOME", str(home))
     with pytest.raises(entrypoint.CheckFailed, match="does not name 'superlink'"):
         entrypoint.check("flwr", ["run", ".", "--stream", "--run-config", "num-server-rounds=1"])
-    entrypoint.check("flwr", ["run", ".", "fedx-compose-insecure", "--stream"])  # plain text: nothing to check
+    entrypoint.check(
+        "flwr", ["run", ".", "fedx-compose-insecure", "--stream"]
+    )  # plain text: nothing to check
     entrypoint.check("flwr", ["ls"])
     # main(): one line on stderr, status 78, and the program never starts.
     monkeypatch.setattr(entrypoint.os, "execvp", lambda *a: pytest.fail("must not start"))
@@ -456,15 +588,36 @@ def test_up_starts_the_federation_and_runs_the_app_once(tmp_path, monkeypatch, c
     monkeypatch.setattr("fedx.deploy.cli.LocalFederation", FakeFederation)
     monkeypatch.setattr("fedx.deploy.cli.subprocess.run", fake_run)
     monkeypatch.chdir(tmp_path)
-    code = deploy_main([
-        "up", "--insecure", "--supernodes", "2", "--port", "8123", "--supernode-port", "9200",
-        "--state-dir", "state", "--run", "some/app", "--run-config", "num-server-rounds=2",
-    ])
+    code = deploy_main(
+        [
+            "up",
+            "--insecure",
+            "--supernodes",
+            "2",
+            "--port",
+            "8123",
+            "--supernode-port",
+            "9200",
+            "--state-dir",
+            "state",
+            "--run",
+            "some/app",
+            "--run-config",
+            "num-server-rounds=2",
+        ]
+    )
     assert code == 0 and started["started"] and started["stopped"]
     spec = started["spec"]
     assert (spec.num_supernodes, spec.port, spec.supernode_ports) == (2, 8123, [9200, 9201])
     assert spec.insecure and spec.tls is None and spec.workdir == tmp_path
     assert spec.state_dir == tmp_path / "state"
-    assert started["command"][1:] == ["run", "some/app", "fedx-local", "--stream", "--run-config", "num-server-rounds=2"]
+    assert started["command"][1:] == [
+        "run",
+        "some/app",
+        "fedx-local",
+        "--stream",
+        "--run-config",
+        "num-server-rounds=2",
+    ]
     assert started["env"]["FLWR_HOME"] == str(tmp_path / "state" / "flwr-home")
     assert "SuperNodes [100, 101]" in capsys.readouterr().out
