@@ -277,10 +277,42 @@ class ComposeProject:
     def run_tool(
         self, service: str, *args: str, timeout: float = 300
     ) -> subprocess.CompletedProcess:
-        """``compose run --rm`` a tool service (``flwr``, ``fedx-deploy``); returns what it did."""
-        return self.compose(
-            "--profile", "tools", "run", "--rm", "-T", service, *args, timeout=timeout, check=False
+        """``compose run --rm`` a tool service (``flwr``, ``fedx-deploy``); returns what it did.
+
+        On a timeout the tool's container is removed before the error goes
+        on: killing podman-compose alone would leave it running.
+        """
+        try:
+            return self.compose(
+                "--profile",
+                "tools",
+                "run",
+                "--rm",
+                "-T",
+                service,
+                *args,
+                timeout=timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            self.remove_tool_containers(service)
+            raise
+
+    def remove_tool_containers(self, service: str) -> None:
+        """Remove the containers ``compose run`` made for ``service`` (``<project>_<service>_tmp<n>``)."""
+        done = self.podman(
+            "ps",
+            "-a",
+            "--format",
+            "{{.Names}}",
+            "--filter",
+            f"label=io.podman.compose.project={self.name}",
+            check=False,
         )
+        prefix = f"{self.name}_{service}_tmp"
+        for name in done.stdout.split():
+            if name.startswith(prefix):
+                self.podman("rm", "-f", "-t", "2", name, check=False)
 
     def container(self, service: str) -> str:
         return f"{self.name}_{service}_1"

@@ -253,6 +253,7 @@ def test_supernode_containers_cut_off_or_killed_are_dropped_and_sampled_again(fe
         if run.poll() is None:
             run.kill()
             run.wait(timeout=30)
+            federation.remove_tool_containers("flwr")  # killing podman-compose leaves it
     output = log.read_text(errors="replace")
     result_file = federation.directory / "outputs" / "faults.json"
     assert result_file.exists(), output[-4000:]
@@ -368,7 +369,7 @@ def test_bad_certificates_and_folders_stop_the_containers_with_one_line(unprepar
     certificates = unprepared.directory / "certificates"
     line = one_line_error(unprepared, "superlink")
     assert (
-        "--ssl-ca-certfile /app/certificates/ca.crt does not exist: make the certificates first"
+        "--ssl-certfile /app/certificates/server.pem does not exist: make the certificates first"
         in line
     )
     assert "does not exist" in one_line_error(unprepared, "supernode-1")
