@@ -17,6 +17,8 @@ trained model waits in the node's ``context.state`` while the clients swap
 layers (:mod:`fedx.secure.client`).
 """
 
+import sys
+
 import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -37,6 +39,13 @@ from fedx.models import build_model
 from fedx.mutual import prefers_exchanged, train_mutual
 from fedx.secure.client import is_secure_round, register_secure_handlers, secure_train_reply
 from fedx.training import evaluate, get_device, train
+
+# Inside Flower's simulation engine, ClientApps run on fedx's Ray backend: its
+# actor pool follows the nodes of a Ray cluster (fedx/ray_backend.py).
+if "flwr.server.superlink.fleet.vce.vce_api" in sys.modules:
+    from fedx.ray_backend import install as install_ray_backend
+
+    install_ray_backend()
 
 app = ClientApp()
 # FedMR's secure recombination: the exchange's send, return and upload steps.
