@@ -50,6 +50,11 @@ METHODS = """
 {mu_comment}
 proximal-mu = {mu}
 
+# FedMR (its global model and two-stage first stage), FedIndep, FedMut (w_glb)
+# and FedCross average a round's models by their plain mean, as the authors'
+# code does (Aggregation(w_locals, None)); "weighted" weights by num-examples.
+pool-mean = "uniform"
+
 {first_stage_comment}
 first-stage-rounds = {first_stage}
 grouping = "tensor"

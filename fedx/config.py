@@ -15,6 +15,7 @@ from typing import Any
 from fedx.data import DATASET_NAMES, PARTITIONINGS
 from fedx.models import MODEL_NAMES
 from fedx.ops import GROUPINGS, SELECTIONS
+from fedx.strategies.multi_model import POOL_MEANS
 
 STRATEGY_NAMES: tuple[str, ...] = (
     "fedavg", "fedprox", "fedmr", "fedindep", "fedmut", "fedcross", "fedme", "fedavg-ft"
@@ -108,6 +109,7 @@ RULES: dict[str, _Rule] = {
     "batch-size": _integer(1),
     "local-epochs": _integer(1),
     "proximal-mu": _NON_NEGATIVE,
+    "pool-mean": _choice(POOL_MEANS),
     "first-stage-rounds": _integer(0),
     "grouping": _choice(GROUPINGS),
     # 0 switches segments off (every layer recombined on its own).
@@ -191,6 +193,7 @@ class RunConfig:
     batch_size: int
     local_epochs: int
     proximal_mu: float
+    pool_mean: str
     first_stage_rounds: int
     grouping: str
     segment_fraction: float

@@ -67,6 +67,7 @@ def _sampling_arguments(cfg: RunConfig) -> dict:
 def _multi_model_arguments(cfg: RunConfig) -> dict:
     return {
         **_sampling_arguments(cfg),
+        "pool_mean": cfg.pool_mean,
         "seed": cfg.seed,
         "node_wait_timeout": cfg.node_wait_timeout,
     }

@@ -49,6 +49,7 @@ def test_every_strategy_name_builds(defaults):
         ("segment-fraction", -0.5, "0 (off: layer-wise recombination) or a number in (0, 1]"),
         ("segment-fraction", 2.0, "0 (off: layer-wise recombination) or a number in (0, 1]"),
         ("grouping", "layer", "one of tensor, module"),
+        ("pool-mean", "median", "one of uniform, weighted"),
         ("partitioning", "pathological", "one of iid, dirichlet, dirichlet-size-label, natural"),
         ("leaf-users", -1, "0 (every user with more than leaf-min-samples) or an integer >= 1"),
         ("leaf-min-samples", 1.5, "an integer >= 0"),
@@ -156,6 +157,7 @@ PAPER_VALUES = {
     "fedmut-alpha": 4.0,
     "fedcross-alpha": 0.99,
     "fedcross-selection": "lowest_similarity",
+    "pool-mean": "uniform",
 }
 
 

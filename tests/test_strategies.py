@@ -71,7 +71,7 @@ def test_each_node_gets_a_different_recombined_model(initial):
     assert any(len(owners_of(m, trained)) > 1 for m in received)
     # The global model is the plain mean of the trained models.
     expected = np.mean([t["fc1.weight"] for t in trained], axis=0)
-    np.testing.assert_allclose(to_model(global_arrays)["fc1.weight"], expected, rtol=1e-6)
+    np.testing.assert_allclose(to_model(global_arrays)["fc1.weight"], expected, rtol=1e-6, atol=1e-6)
     assert metrics["trained-slots"] == len(NODE_IDS)
 
 
@@ -122,8 +122,11 @@ def test_failed_missing_and_invalid_replies_are_logged_and_dropped(initial, capl
     # Only the two good replies count: nodes 5 and 78.
     assert metrics["trained-slots"] == 2
     good = [to_model(r.content["arrays"]) for r in replies if r.metadata.src_node_id in (NODE_IDS[4], 78)]
-    expected = np.mean([g["fc1.weight"] for g in good], axis=0)
-    np.testing.assert_allclose(to_model(global_arrays)["fc1.weight"], expected, rtol=1e-6)
+    # The global model is the plain mean of the K slot models: the two trained
+    # ones and, for the five dropped slots, the model each was sent.
+    slot_models = [g["fc1.weight"] for g in good] + [initial["fc1.weight"]] * (len(nodes) - 2)
+    expected = np.mean(slot_models, axis=0)
+    np.testing.assert_allclose(to_model(global_arrays)["fc1.weight"], expected, rtol=1e-6, atol=1e-6)
     # The pool still holds K models of the right shapes and dtypes, no NaN.
     assert len(strategy.pool) == len(nodes)
     for model in strategy.pool:
@@ -146,22 +149,27 @@ def test_round_with_no_usable_reply_keeps_the_pool(initial):
     assert all(m is strategy.pool[0] for m in strategy.pool)
 
 
-def test_first_stage_rounds_behave_as_fedavg(initial):
+@pytest.mark.parametrize("pool_mean", ["uniform", "weighted"])
+def test_first_stage_rounds_behave_as_fedavg(initial, pool_mean):
+    # Unequal example counts: the uniform (authors') and weighted means differ.
     examples = {node: 5 + i * 7 for i, node in enumerate(NODE_IDS)}
 
     def reply(message):
         return trained_reply(message, examples=examples[message.metadata.dst_node_id])
 
     grid = StandInGrid(NODE_IDS, reply)
-    strategy = FedMR(seed=0, first_stage_rounds=2, min_available_nodes=1)
+    strategy = FedMR(seed=0, first_stage_rounds=2, min_available_nodes=1, pool_mean=pool_mean)
     for server_round in (1, 2):
         messages, replies, _ = run_round(strategy, grid, server_round, initial)
-        fedavg_arrays, _ = FedAvg().aggregate_train(server_round, replies)
-        fedavg_model = to_model(fedavg_arrays)
+        trained = [to_model(r.content["arrays"]) for r in replies]
+        if pool_mean == "weighted":
+            expected = to_model(FedAvg().aggregate_train(server_round, replies)[0])
+        else:
+            expected = {n: np.mean([m[n] for m in trained], axis=0) for n in initial}
         for model in strategy.pool:
             for name, array in model.items():
                 if array.dtype.kind == "f":
-                    np.testing.assert_allclose(array, fedavg_model[name], rtol=1e-5, atol=1e-6)
+                    np.testing.assert_allclose(array, expected[name], rtol=1e-5, atol=1e-6)
         sent = sent_models(messages)
         first = next(iter(sent.values()))
         assert all(all(np.array_equal(m[n], first[n]) for n in first) for m in sent.values())

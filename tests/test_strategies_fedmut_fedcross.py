@@ -2,12 +2,12 @@
 
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord
-from flwr.serverapp.strategy import FedAvg
+from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 
 from fedx.ops import average, cosine_similarity_matrix
-from fedx.strategies import FedCross, FedMut
+from fedx.strategies import FedCross, FedIndep, FedMR, FedMut
 from fedx.strategies.multi_model import to_arrayrecord, to_model
+from tests.conftest import make_model
 from tests.standin_grid import NODE_IDS, StandInGrid, run_round, sent_models, trained_reply
 
 pytestmark = pytest.mark.usefixtures("server_task_identity")
@@ -17,7 +17,7 @@ def _float_names(model):
     return [n for n, a in model.items() if a.dtype.kind == "f"]
 
 
-def test_fedmut_round_one_sends_the_initial_model_then_mutates_around_fedavg(initial):
+def test_fedmut_round_one_sends_the_initial_model_then_mutates_around_the_mean(initial):
     examples = {node: 3 + 4 * i for i, node in enumerate(NODE_IDS[:4])}
     grid = StandInGrid(
         NODE_IDS[:4], lambda m: trained_reply(m, examples=examples[m.metadata.dst_node_id])
@@ -26,11 +26,13 @@ def test_fedmut_round_one_sends_the_initial_model_then_mutates_around_fedavg(ini
     messages, replies, (global_arrays, _) = run_round(strategy, grid, 1, initial)
     for model in sent_models(messages).values():
         assert all(np.array_equal(model[n], initial[n]) for n in initial)
-    # The global model is FedAvg's aggregate of the trained models.
-    fedavg = to_model(FedAvg().aggregate_train(1, replies)[0])
+    # The global model w_glb is the plain mean of the trained models.
+    trained = [to_model(r.content["arrays"]) for r in replies]
     glb = to_model(global_arrays)
     for name in _float_names(initial):
-        np.testing.assert_allclose(glb[name], fedavg[name], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            glb[name], np.mean([m[name] for m in trained], axis=0), rtol=1e-5, atol=1e-6
+        )
     # Round 2: the four nodes get mutations of w_glb along g = w_glb - w_initial.
     received = list(sent_models(list(strategy.configure_train(2, global_arrays, ConfigRecord(), grid))).values())
     for name in _float_names(initial):
@@ -141,3 +143,94 @@ def test_fedcross_propeller_rounds_fuse_two_in_order_models(initial):
 def test_bad_arguments_are_rejected(cls, kwargs, message):
     with pytest.raises(ValueError, match=message):
         cls(**kwargs)
+
+
+MULTI_MODEL_STRATEGIES = {
+    "fedmr": lambda **kw: FedMR(**kw),
+    "fedindep": lambda **kw: FedIndep(**kw),
+    "fedmut": lambda **kw: FedMut(alpha=4.0, **kw),
+    "fedcross": lambda **kw: FedCross(alpha=0.9, **kw),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MULTI_MODEL_STRATEGIES))
+@pytest.mark.parametrize("pool_mean", ["uniform", "weighted"])
+def test_global_model_is_the_pool_mean_asked_for_on_unequal_example_counts(initial, name, pool_mean):
+    # Example counts two orders of magnitude apart, as with Dirichlet(0.1)
+    # partitions: the uniform mean (the authors' code and the default) and
+    # the weighted one differ clearly.
+    examples = {node: 10 ** (i % 3) for i, node in enumerate(NODE_IDS)}
+    grid = StandInGrid(NODE_IDS, lambda m: trained_reply(m, examples=examples[m.metadata.dst_node_id]))
+    kwargs = {"seed": 0, "min_available_nodes": 1}
+    if pool_mean == "weighted":
+        kwargs["pool_mean"] = "weighted"
+    strategy = MULTI_MODEL_STRATEGIES[name](**kwargs)
+    assert strategy.pool_mean == pool_mean
+    messages = list(strategy.configure_train(1, to_arrayrecord(initial), ConfigRecord(), grid))
+    slot_of = dict(strategy._dispatched)  # node id -> pool slot
+    replies = grid.send_and_receive(messages)
+    glb = to_model(strategy.aggregate_train(1, replies)[0])
+    # FedCross's global model averages the new middleware models (slot i
+    # comes from the model node i trained); the others average the trained models.
+    nodes = sorted(slot_of, key=slot_of.get)
+    if name == "fedcross":
+        averaged = strategy.pool
+    else:
+        trained = {r.metadata.src_node_id: to_model(r.content["arrays"]) for r in replies}
+        averaged = [trained[node] for node in nodes]
+    counts = np.asarray([examples[node] for node in nodes], dtype=np.float64)
+    weights, other = (counts, np.ones_like(counts)) if pool_mean == "weighted" else (np.ones_like(counts), counts)
+    for tensor in _float_names(initial):
+        stacked = np.stack([m[tensor].astype(np.float64) for m in averaged])
+        expected = np.tensordot(weights / weights.sum(), stacked, axes=1)
+        np.testing.assert_allclose(glb[tensor], expected, rtol=1e-5, atol=1e-6)
+        wrong = np.tensordot(other / other.sum(), stacked, axes=1)
+        assert not np.allclose(glb[tensor], wrong, rtol=1e-5, atol=1e-6)
+
+
+def test_weighted_pool_mean_is_refused_with_secure_recombination():
+    with pytest.raises(ValueError, match="pool_mean='weighted'.*secure_recombination"):
+        FedMR(secure_recombination=True, pool_mean="weighted")
+    with pytest.raises(ValueError, match="pool_mean must be one of"):
+        FedMut(pool_mean="median")
+
+
+@pytest.mark.parametrize("pool_mean", ["uniform", "weighted"])
+def test_fedmut_stays_centred_when_only_one_node_replies(initial, pool_mean):
+    # Every round only one node replies; it pulls its model half-way towards
+    # a target of its own. With the uniform mean of the K slot models, the
+    # K - 1 unanswered mutations still cancel the answered one and w_glb
+    # moves by 1/K of one client's step. Averaging the trained model alone (as the
+    # weighted mean does) makes w_glb that one mutation, 4|g| away, and g
+    # doubles every round: the run blows up.
+    nodes = NODE_IDS[:4]
+    targets = {node: make_model(np.random.default_rng(i)) for i, node in enumerate(nodes)}
+    answering = {"node": None}
+
+    def reply(message):
+        node = message.metadata.dst_node_id
+        if node != answering["node"]:
+            return None
+        model = to_model(message.content["arrays"])
+        pulled = {
+            n: (0.5 * a + 0.5 * targets[node][n]).astype(a.dtype) if a.dtype.kind == "f" else a
+            for n, a in model.items()
+        }
+        content = RecordDict({"arrays": to_arrayrecord(pulled), "metrics": MetricRecord({"num-examples": 10})})
+        return Message(content=content, reply_to=message)
+
+    grid = StandInGrid(nodes, reply)
+    strategy = FedMut(seed=0, alpha=4.0, beta0=0.0, min_available_nodes=1, pool_mean=pool_mean)
+    strategy.unresponsive_cooldown = 0.0  # silent nodes stay in the sample
+    arrays = to_arrayrecord(initial)
+    largest = 0.0
+    for server_round in range(1, 16):
+        answering["node"] = nodes[server_round % len(nodes)]
+        messages = list(strategy.configure_train(server_round, arrays, ConfigRecord(), grid))
+        arrays, _ = strategy.aggregate_train(server_round, grid.send_and_receive(messages))
+        largest = max(largest, max(float(np.abs(a).max()) for a in to_model(arrays).values() if a.dtype.kind == "f"))
+    scale = max(float(np.abs(a).max()) for t in targets.values() for a in t.values() if a.dtype.kind == "f")
+    if pool_mean == "uniform":
+        assert largest < 2 * scale
+    else:
+        assert largest > 100 * scale

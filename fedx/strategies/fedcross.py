@@ -19,7 +19,9 @@ class FedCross(MultiModelStrategy):
     (Algorithm 1, line 5); after training, model i becomes
     ``alpha * v_i + (1 - alpha) * v_co`` with the collaborator picked by
     ``selection`` (Sec. 3.2). The global model, for deployment only, is the
-    mean of the new middleware models.
+    plain mean of the new middleware models (``pool_mean="weighted"``: each
+    weighted by the reply its slot trained this round, untrained slots left
+    out).
 
     Parameters
     ----------
@@ -118,4 +120,4 @@ class FedCross(MultiModelStrategy):
         pool: list[Model],
     ) -> Model:
         """The mean of the new middleware models (GlobalModelGen)."""
-        return average(pool)
+        return average(pool, weights if self.pool_mean == "weighted" else None)

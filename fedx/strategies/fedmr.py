@@ -11,7 +11,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from fedx.ops import GROUPINGS, Model, average, recombine
+from fedx.ops import GROUPINGS, Model, recombine
 from fedx.secure.relay import RelayStats, SecureRelay
 from fedx.secure.wire import FLAG_KEY, GROUPING_KEY, MAX_LAYERS_KEY, MIN_LAYERS_KEY
 from fedx.strategies.multi_model import MultiModelStrategy
@@ -24,9 +24,10 @@ class FedMR(MultiModelStrategy):
     drawn and new model i takes that layer from trained model pi(i), so every
     uploaded layer is used exactly once (Sec. 4.2). With two-stage training
     (Sec. 4.3) the first ``first_stage_rounds`` rounds are plain FedAvg: every
-    slot gets the average of the trained models weighted by
-    ``weighted_by_key``. The reported global model is the plain mean of the K
-    trained models (Algorithm 1, line 11).
+    slot gets the mean of the K models. The reported global model is the
+    mean of the K trained models (Algorithm 1, line 11). Both are plain
+    means, as in the authors' code, unless ``pool_mean="weighted"`` (see
+    :meth:`~fedx.strategies.MultiModelStrategy.round_mean`).
 
     Parameters
     ----------
@@ -83,6 +84,13 @@ class FedMR(MultiModelStrategy):
             raise ValueError(f"segment_fraction must be in (0, 1], got {segment_fraction}")
         if secure_repeats < 1:
             raise ValueError(f"secure_repeats must be >= 1, got {secure_repeats}")
+        if secure_recombination and self.pool_mean == "weighted":
+            # After a secure exchange a model's layers come from several
+            # clients, so its uploader's example count no longer weights them.
+            raise ValueError(
+                "pool_mean='weighted' cannot be used with secure_recombination: "
+                "the uploaded models mix several clients' layers"
+            )
         if not 1 <= secure_min_layers <= secure_max_layers:
             raise ValueError(
                 "secure layers must satisfy 1 <= secure_min_layers <= secure_max_layers, "
@@ -160,13 +168,7 @@ class FedMR(MultiModelStrategy):
     ) -> list[Model]:
         """Average in the first stage, recombine layers after it."""
         if server_round <= self.first_stage_rounds:
-            fresh = [(m, w) for m, w, ok in zip(models, weights, trained, strict=True) if ok]
-            # After a secure exchange a model's layers come from several
-            # clients, so its uploader's example count no longer weights
-            # them; the plain mean is still exactly the trained models' mean.
-            fresh_weights = None if self.secure_recombination else [w for _, w in fresh]
-            aggregated = average([m for m, _ in fresh], fresh_weights)
-            return [aggregated] * len(models)
+            return [self.round_mean(models, weights, trained)] * len(models)
         return recombine(
             models,
             self.rng,

@@ -24,6 +24,12 @@ from fedx.ops import Model, average, find_problem
 from fedx.strategies.rounds import EvaluateFn, RoundEndFn, run_rounds
 
 
+#: How a multi-model method averages the models of a round into one model:
+#: ``"uniform"``, the plain mean (the authors' code for FedMR, FedMut and
+#: FedCross), or ``"weighted"`` by each reply's ``weighted_by_key``.
+POOL_MEANS: tuple[str, ...] = ("uniform", "weighted")
+
+
 def to_model(record: ArrayRecord) -> Model:
     """Convert an ``ArrayRecord`` into ``{name: np.ndarray}``, keeping its order."""
     return {name: array.numpy() for name, array in record.items()}
@@ -47,9 +53,9 @@ class MultiModelStrategy(FedAvg):
     replies are logged with the node id and never aggregated. A subclass then
     computes the next pool from the round's models (:meth:`update_pool`), and
     the strategy reports a global model (:meth:`global_model`, by default the
-    plain mean of the models trained this round) to Flower. The global model is
-    what centralized and federated evaluation see; the pool is what training
-    uses.
+    mean of the round's models, see ``pool_mean``) to Flower. The
+    global model is what centralized and federated evaluation see; the pool
+    is what training uses.
 
     Federated evaluation works as in FedAvg, on the global model.
 
@@ -68,7 +74,9 @@ class MultiModelStrategy(FedAvg):
         Number of connected nodes to wait for (at most ``node_wait_timeout``
         seconds) before sampling.
     weighted_by_key : str (default: "num-examples")
-        Key of the reply's MetricRecord that weights averages.
+        Key of the reply's MetricRecord that every reply must carry (a
+        positive number); it weights averages when ``pool_mean`` is
+        ``"weighted"``.
     arrayrecord_key : str (default: "arrays")
         Key of the ArrayRecord in the messages.
     configrecord_key : str (default: "config")
@@ -80,6 +88,12 @@ class MultiModelStrategy(FedAvg):
         Aggregates the MetricRecords of federated evaluation, as in FedAvg.
     num_models : int, optional
         Pool size K. ``None`` takes the number of nodes sampled in round 1.
+    pool_mean : {"uniform", "weighted"} (default: "uniform")
+        How the method averages the round's models (the global model, FedMR's
+        first stage, FedMut's ``w_glb``): their plain mean, as the authors'
+        code computes it, or weighted by ``weighted_by_key``. With skewed
+        partitions the weighted mean follows a few large clients; FedMut's
+        mutation of it diverges where the plain mean does not.
     seed : int, optional
         Seed of node sampling and of the method's randomness. ``None`` draws
         fresh entropy; the run is then not reproducible.
@@ -116,6 +130,7 @@ class MultiModelStrategy(FedAvg):
             Callable[[list[RecordDict], str], MetricRecord] | None
         ) = None,
         num_models: int | None = None,
+        pool_mean: str = "uniform",
         seed: int | None = None,
         node_wait_timeout: float = 60.0,
         unresponsive_cooldown: float = 60.0,
@@ -138,7 +153,10 @@ class MultiModelStrategy(FedAvg):
             raise ValueError(f"num_models must be at least 1, got {num_models}")
         if unresponsive_cooldown < 0:
             raise ValueError(f"unresponsive_cooldown must be >= 0, got {unresponsive_cooldown}")
+        if pool_mean not in POOL_MEANS:
+            raise ValueError(f"pool_mean must be one of {POOL_MEANS}, got {pool_mean!r}")
         self.num_models = num_models
+        self.pool_mean = pool_mean
         self.seed = seed
         self.node_wait_timeout = node_wait_timeout
         self.unresponsive_cooldown = unresponsive_cooldown
@@ -202,11 +220,28 @@ class MultiModelStrategy(FedAvg):
     ) -> Model:
         """Return the deployment model of this round.
 
-        By default the plain mean of the models trained this round. Arguments
-        as in :meth:`update_pool`; ``pool`` is the new pool.
+        By default :meth:`round_mean`. Arguments as in :meth:`update_pool`;
+        ``pool`` is the new pool.
         """
-        del server_round, weights, pool
-        return average([m for m, ok in zip(models, trained, strict=True) if ok])
+        del server_round, pool
+        return self.round_mean(models, weights, trained)
+
+    def round_mean(self, models: list[Model], weights: list[float], trained: list[bool]) -> Model:
+        """The mean of this round's models, as ``pool_mean`` says.
+
+        ``"uniform"``: the plain mean of the K slot models, each the trained
+        model where its node replied validly and the model it was sent where
+        not, as the authors' ``Aggregation(w_locals, None)`` averages their
+        list of K models. A slot that did not train thus pulls the mean
+        towards where it was, which keeps FedMut's mutations centred when
+        only some nodes reply. ``"weighted"``: FedAvg's rule, the models
+        trained this round weighted by ``weighted_by_key``, the others left
+        out. Arguments as in :meth:`update_pool`; at least one slot is trained.
+        """
+        if self.pool_mean == "uniform":
+            return average(models)
+        fresh = [(m, w) for m, w, ok in zip(models, weights, trained, strict=True) if ok]
+        return average([m for m, _ in fresh], [w for _, w in fresh])
 
     def assign_slots(self, num_nodes: int) -> list[int]:
         """Return the pool slot of each of ``num_nodes`` sampled nodes.
@@ -327,6 +362,7 @@ class MultiModelStrategy(FedAvg):
         """Log summary configuration of the strategy."""
         log(INFO, "\t├──> Multi-model pool:")
         log(INFO, "\t│\t├── Models (K): %s", self.num_models or "nodes sampled in round 1")
+        log(INFO, "\t│\t├── Mean of a round's models: %s", self.pool_mean)
         log(INFO, "\t│\t├── Seed: %s", self.seed)
         log(INFO, "\t│\t├── Node wait timeout: %.0fs", self.node_wait_timeout)
         log(INFO, "\t│\t└── Unresponsive-node cooldown: %.0fs", self.unresponsive_cooldown)
