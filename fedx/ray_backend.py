@@ -68,9 +68,11 @@ FlowerRayBackend = raybackend.RayBackend
 WATCH_INTERVAL = 1.0
 # A message is tried on at most this many actors that die under it.
 MAX_ATTEMPTS = 3
-# How long a message waits for a started actor when none has started or runs
-# any more: after that it fails with an error reply (the round goes on).
+# How long a message waits when the pool has no actor at all (no node left that
+# can host one): after that it fails with an error reply, and the round goes on.
 NO_ACTOR_TIMEOUT = 120.0
+# Actors that wait this long to start are logged (again after as long again).
+SLOW_START = 60.0
 # How long to wait for a TCP connection to the cluster's address.
 CONNECT_TIMEOUT = 10.0
 # Flower's federation config names two resources; Ray's node resources call them so.
@@ -249,6 +251,8 @@ class ActorPool:
         self.peak_running = 0
         # Actors to announce once they run: (what happened, the actors, since when).
         self._announce: list[tuple[str, list[PoolActor], float]] = []
+        # When an actor last started, or actors began to start: slow starts are logged.
+        self._last_start = time.monotonic()
         # Actors that left the pool, and when, until the log has said why.
         self._gone: list[tuple[PoolActor, float]] = []
         self._death_report_delay = node_death_time() if death_report_delay is None else death_report_delay
@@ -354,13 +358,12 @@ class ActorPool:
                     self._busy.add(actor)
                     self.peak_running = max(self.peak_running, len(self._busy))
                     return actor
-                if self._busy:
-                    deadline = time.monotonic() + NO_ACTOR_TIMEOUT  # a running actor comes back
+                if self._busy or self._starting:
+                    # A running actor comes back; a starting one starts (the watcher says when that is slow).
+                    deadline = time.monotonic() + NO_ACTOR_TIMEOUT
                 elif time.monotonic() > deadline:
                     raise RuntimeError(
-                        f"no ClientApp actor has run for {NO_ACTOR_TIMEOUT:g}s ({len(self._starting)} "
-                        f"wait to start with {self._resources_text()} each; {self._nodes_text(self._nodes)}): "
-                        "do other jobs hold the cluster's resources?"
+                        f"no ClientApp actor for {NO_ACTOR_TIMEOUT:g}s: {self._too_small(self._nodes)}"
                     )
                 self._cond.wait(timeout=1.0)
 
@@ -382,6 +385,8 @@ class ActorPool:
 
     def _start_actors(self, count: int) -> None:
         """Start ``count`` actors (caller holds the lock); they become idle once they answer."""
+        if count and not self._starting:
+            self._last_start = time.monotonic()  # the clock for slow starts begins now
         for _ in range(count):
             handle = self._create_actor()
             actor = PoolActor(handle, handle.__ray_call__.remote(_start_actor, self._app_fn))
@@ -400,6 +405,7 @@ class ActorPool:
                 actor.lost = True  # died while starting: written off and replaced by the watcher
                 continue
             actor.started = None
+            self._last_start = time.monotonic()
             self._idle.append(actor)
             self._cond.notify()
         for entry in [e for e in self._announce if not any(a in self._starting for a in e[1])]:
@@ -457,6 +463,8 @@ class ActorPool:
                 self._remove(actor)
             if joined:
                 self._announce.append((f"Ray node {', '.join(joined)} joined; ", started, now))
+            waiting = len(self._starting)
+            slow = waiting and now - self._last_start >= SLOW_START
             on_lost = Counter(a.node_id for a, _ in self._gone if a.node_id in lost_nodes)
             died = [a for a, when in self._gone if a.node_id not in lost_nodes and now - when >= self._death_report_delay]
             self._gone = [(a, when) for a, when in self._gone if a.node_id not in lost_nodes and a not in died]
@@ -475,6 +483,11 @@ class ActorPool:
                 f"; started {_count(len(started), 'new actor')} where the cluster has room" if started else "")
         if self.capacity == 0 and lost_nodes:
             log(ERROR, "fedx Ray backend: %s", self._too_small(nodes))
+        if slow:
+            self._last_start = now
+            log(WARNING, "fedx Ray backend: %s have waited %.0fs or more to start (%s each; %s): a busy "
+                "machine starts them slowly; if it lasts, other jobs hold the resources (`ray status`)",
+                _count(waiting, "ClientApp actor"), SLOW_START, self._resources_text(), self._nodes_text(nodes))
 
     def _remove(self, actor: PoolActor) -> None:
         """Take ``actor`` out of the pool and stop it, unless a message still runs on it (caller holds the lock)."""

@@ -117,9 +117,10 @@ class RayCluster:
         "RAY_health_check_failure_threshold": "3",
     }
 
-    def __init__(self, hosts: HostPair, num_cpus: int = 2) -> None:
+    def __init__(self, hosts: HostPair, num_cpus: int = 2, object_store_mb: int = 100) -> None:
         self.hosts = hosts
         self.num_cpus = num_cpus
+        self.object_store_mb = object_store_mb
         self.root = Path(tempfile.mkdtemp(prefix="fx16-"))
         self.address = f"{hosts.addresses[HEAD]}:6379"
         self.worker_starts = 0
@@ -139,7 +140,7 @@ class RayCluster:
     def _ray_start(self, host: str, *args: str, env: dict[str, str] | None = None) -> None:
         command = self.hosts.command(
             host, str(BIN / "ray"), "start", "--node-ip-address", self.hosts.addresses[host],
-            "--num-cpus", str(self.num_cpus), "--object-store-memory", str(100 * 1024 * 1024),
+            "--num-cpus", str(self.num_cpus), "--object-store-memory", str(self.object_store_mb * 1024 * 1024),
             "--temp-dir", str(self.root / host), "--disable-usage-stats", *args,
         )
         done = subprocess.run(command, env=env or self.environment(), capture_output=True, text=True,

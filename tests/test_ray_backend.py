@@ -13,7 +13,7 @@ import pytest
 import ray
 
 from fedx.deploy.local import free_port
-from fedx.ray_backend import ActorPool, actors_per_node, check_cluster_address
+from fedx.ray_backend import ActorPool, ClusterRayBackend, actors_per_node, check_cluster_address
 
 
 def test_actors_per_node_is_flowers_rule():
@@ -40,6 +40,17 @@ def test_a_ray_address_where_nothing_listens_is_refused_at_once():
         check_cluster_address(ray_decides)
 
 
+def test_the_backend_refuses_a_ray_address_where_nothing_listens_before_ray_starts(monkeypatch):
+    """What ``flwr run`` shows when RAY_ADDRESS names nothing (Ray itself retries for many minutes)."""
+    address = f"127.0.0.1:{free_port()}"
+    monkeypatch.setenv("RAY_ADDRESS", address)
+    started = time.monotonic()
+    with pytest.raises(ConnectionError, match=f"RAY_ADDRESS='{address}': no Ray cluster answers there"):
+        ClusterRayBackend({"client_resources": {"num_cpus": 1}, "init_args": {}})
+    assert time.monotonic() - started < 5
+    assert not ray.is_initialized()
+
+
 @ray.remote(num_cpus=1)
 class Worker:
     """Stands in for Flower's ClientAppActor."""
@@ -53,7 +64,7 @@ class Worker:
         return os.getpid()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def local_ray():
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     yield
@@ -94,3 +105,16 @@ def test_the_pool_replaces_an_actor_that_died_and_reruns_its_message(local_ray, 
     finally:
         pool.shutdown()
     assert "ClientApp messages per Ray node: " in caplog.text
+
+
+def test_messages_wait_for_actors_that_start_slowly(local_ray, monkeypatch, caplog):
+    """A busy machine may take minutes to start actors: that is no reason to fail messages."""
+    monkeypatch.setattr("fedx.ray_backend.NO_ACTOR_TIMEOUT", 0.5)
+    monkeypatch.setattr("fedx.ray_backend.SLOW_START", 1.0)
+    caplog.set_level(logging.INFO, logger="flwr")
+    pool = ActorPool({"num_cpus": 1}, Worker.remote, app_fn=lambda: time.sleep(3), watch_interval=0.2)
+    try:
+        assert isinstance(pool.run(lambda handle: handle.run.remote()), int)
+    finally:
+        pool.shutdown()
+    assert "2 ClientApp actors have waited 1s or more to start" in caplog.text
