@@ -253,6 +253,9 @@ class ActorPool:
         self._announce: list[tuple[str, list[PoolActor], float]] = []
         # When an actor last started, or actors began to start: slow starts are logged.
         self._last_start = time.monotonic()
+        # Actors that could not load the ClientApp are not replaced: the first error says why.
+        self._unloadable = 0
+        self.load_error = ""
         # Actors that left the pool, and when, until the log has said why.
         self._gone: list[tuple[PoolActor, float]] = []
         self._death_report_delay = node_death_time() if death_report_delay is None else death_report_delay
@@ -358,6 +361,8 @@ class ActorPool:
                     self._busy.add(actor)
                     self.peak_running = max(self.peak_running, len(self._busy))
                     return actor
+                if self.load_error and not (self._busy or self._starting):
+                    raise RuntimeError(f"the ClientApp does not load in a Ray actor {self.load_error}")
                 if self._busy or self._starting:
                     # A running actor comes back; a starting one starts (the watcher says when that is slow).
                     deadline = time.monotonic() + NO_ACTOR_TIMEOUT
@@ -401,6 +406,18 @@ class ActorPool:
             self._starting.remove(actor)
             try:
                 actor.node_id = ray.get(actor.started)
+            except ray.exceptions.RayTaskError as err:
+                # The ClientApp does not load there: another actor would fail the same way,
+                # so it is not replaced (nor reported as dead).
+                self._remove(actor)
+                self._unloadable += 1
+                cause = getattr(err, "cause", None) or err
+                where = getattr(err, "ip", None)  # not on Ray's dual exception types
+                self.load_error = f"{'on ' + where + ' ' if where else ''}({type(cause).__name__}: {cause})"
+                log(ERROR, "fedx Ray backend: the ClientApp does not load in a Ray actor %s; every node "
+                    "needs the same fedx, flwr and torch as the head", self.load_error)
+                self._cond.notify_all()
+                continue
             except ray.exceptions.RayError:
                 actor.lost = True  # died while starting: written off and replaced by the watcher
                 continue
@@ -454,7 +471,7 @@ class ActorPool:
                 self._remove(actor)
                 self._gone.append((actor, now))
             self.capacity = self._capacity(nodes)
-            missing = self.capacity - len(self._actors)
+            missing = self.capacity - self._unloadable - len(self._actors)
             before = len(self._starting)
             self._start_actors(max(missing, 0))
             started = self._starting[before:]

@@ -118,3 +118,23 @@ def test_messages_wait_for_actors_that_start_slowly(local_ray, monkeypatch, capl
     finally:
         pool.shutdown()
     assert "2 ClientApp actors have waited 1s or more to start" in caplog.text
+
+
+def test_a_clientapp_that_does_not_load_fails_its_messages_at_once(local_ray, caplog):
+    """A worker node without fedx (or with another version) is a setup error, not a reason to wait."""
+    def load():
+        raise ModuleNotFoundError("No module named 'fedx'")
+
+    caplog.set_level(logging.INFO, logger="flwr")
+    pool = ActorPool({"num_cpus": 1}, Worker.remote, app_fn=load, watch_interval=0.2, death_report_delay=60)
+    try:
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"the ClientApp does not load in a Ray actor .*No module named 'fedx'"):
+            pool.run(lambda handle: handle.run.remote())
+        assert time.monotonic() - started < 60
+        time.sleep(1.0)  # the watcher does not start new actors that would fail the same way
+        assert pool.size == 0
+    finally:
+        pool.shutdown()
+    assert "every node needs the same fedx, flwr and torch as the head" in caplog.text
+    assert "died" not in caplog.text  # a setup error, not a lost actor
