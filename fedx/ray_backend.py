@@ -90,7 +90,10 @@ def install() -> bool:
     if raybackend.RayBackend is ClusterRayBackend:
         return True
     if raybackend.RayBackend is not FlowerRayBackend or not hasattr(vce_api, "ThreadPoolExecutor"):
-        log(WARNING, "fedx: Flower's simulation engine is not the one fedx's Ray backend was written for; kept Flower's")
+        log(
+            WARNING,
+            "fedx: Flower's simulation engine is not the one fedx's Ray backend was written for; kept Flower's",
+        )
         return False
     # start_vce imports the backend class from its module when it builds it.
     raybackend.RayBackend = ClusterRayBackend
@@ -126,7 +129,9 @@ def check_cluster_address(address: str | None, timeout: float = CONNECT_TIMEOUT)
     target = address.removeprefix("ray://")
     host, _, port = target.rpartition(":")
     if not host or not port.isdigit():
-        raise ConnectionError(f"RAY_ADDRESS={address!r} is not <host>:<port> (the head's GCS address, port 6379 by default)")
+        raise ConnectionError(
+            f"RAY_ADDRESS={address!r} is not <host>:<port> (the head's GCS address, port 6379 by default)"
+        )
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
             pass
@@ -157,7 +162,10 @@ def node_death_time() -> float:
     try:
         config = ray._config  # pylint: disable=protected-access
         checks = config.health_check_period_ms() + config.health_check_timeout_ms()
-        return (config.health_check_initial_delay_ms() + config.health_check_failure_threshold() * checks) / 1000
+        return (
+            config.health_check_initial_delay_ms()
+            + config.health_check_failure_threshold() * checks
+        ) / 1000
     except (AttributeError, TypeError):
         return 70.0  # Ray 2.55's defaults: 5 s, then 5 checks of up to 3 + 10 s
 
@@ -179,7 +187,9 @@ class Node:
 def live_nodes() -> dict[str, Node]:
     """The cluster's live nodes, by node id, from Ray's GCS."""
     return {
-        info["NodeID"]: Node(info["NodeID"], info.get("NodeManagerAddress", "?"), dict(info.get("Resources") or {}))
+        info["NodeID"]: Node(
+            info["NodeID"], info.get("NodeManagerAddress", "?"), dict(info.get("Resources") or {})
+        )
         for info in ray.nodes()
         if info.get("Alive")
     }
@@ -258,14 +268,23 @@ class ActorPool:
         self.load_error = ""
         # Actors that left the pool, and when, until the log has said why.
         self._gone: list[tuple[PoolActor, float]] = []
-        self._death_report_delay = node_death_time() if death_report_delay is None else death_report_delay
+        self._death_report_delay = (
+            node_death_time() if death_report_delay is None else death_report_delay
+        )
         self._stop = threading.Event()
         with self._cond:
             self._start_actors(self.capacity)
             self._announce.append(("", list(self._starting), time.monotonic()))
-        log(INFO, "fedx Ray backend: starting %d ClientApp actors (%s each) on %s", self.capacity,
-            self._resources_text(), self._nodes_text(self._nodes))
-        self._watcher = threading.Thread(target=self._watch, args=(watch_interval,), name="fedx-ray-pool", daemon=True)
+        log(
+            INFO,
+            "fedx Ray backend: starting %d ClientApp actors (%s each) on %s",
+            self.capacity,
+            self._resources_text(),
+            self._nodes_text(self._nodes),
+        )
+        self._watcher = threading.Thread(
+            target=self._watch, args=(watch_interval,), name="fedx-ray-pool", daemon=True
+        )
         self._watcher.start()
 
     # ------------------------------------------------------------------
@@ -273,7 +292,9 @@ class ActorPool:
     # ------------------------------------------------------------------
 
     def _capacity(self, nodes: dict[str, Node]) -> int:
-        return sum(actors_per_node(node.resources, self.client_resources) for node in nodes.values())
+        return sum(
+            actors_per_node(node.resources, self.client_resources) for node in nodes.values()
+        )
 
     def _resources_text(self) -> str:
         return ", ".join(f"{key}={value:g}" for key, value in self.client_resources.items())
@@ -335,9 +356,13 @@ class ActorPool:
             except ray.exceptions.RayError as err:
                 self._release(actor, died=True)
                 failed_nodes.add(actor.node_id)
-                log(DEBUG, "fedx Ray backend: the actor on %s is gone (%s)%s",
-                    self._labels.get(actor.node_id, "?"), type(err).__name__,
-                    "" if attempt == MAX_ATTEMPTS else "; the message runs again on another actor")
+                log(
+                    DEBUG,
+                    "fedx Ray backend: the actor on %s is gone (%s)%s",
+                    self._labels.get(actor.node_id, "?"),
+                    type(err).__name__,
+                    "" if attempt == MAX_ATTEMPTS else "; the message runs again on another actor",
+                )
                 if attempt == MAX_ATTEMPTS:
                     raise
                 continue
@@ -362,7 +387,9 @@ class ActorPool:
                     self.peak_running = max(self.peak_running, len(self._busy))
                     return actor
                 if self.load_error and not (self._busy or self._starting):
-                    raise RuntimeError(f"the ClientApp does not load in a Ray actor {self.load_error}")
+                    raise RuntimeError(
+                        f"the ClientApp does not load in a Ray actor {self.load_error}"
+                    )
                 if self._busy or self._starting:
                     # A running actor comes back; a starting one starts (the watcher says when that is slow).
                     deadline = time.monotonic() + NO_ACTOR_TIMEOUT
@@ -413,9 +440,15 @@ class ActorPool:
                 self._unloadable += 1
                 cause = getattr(err, "cause", None) or err
                 where = getattr(err, "ip", None)  # not on Ray's dual exception types
-                self.load_error = f"{'on ' + where + ' ' if where else ''}({type(cause).__name__}: {cause})"
-                log(ERROR, "fedx Ray backend: the ClientApp does not load in a Ray actor %s; every node "
-                    "needs the same fedx, flwr and torch as the head", self.load_error)
+                self.load_error = (
+                    f"{'on ' + where + ' ' if where else ''}({type(cause).__name__}: {cause})"
+                )
+                log(
+                    ERROR,
+                    "fedx Ray backend: the ClientApp does not load in a Ray actor %s; every node "
+                    "needs the same fedx, flwr and torch as the head",
+                    self.load_error,
+                )
                 self._cond.notify_all()
                 continue
             except ray.exceptions.RayError:
@@ -429,10 +462,17 @@ class ActorPool:
             self._announce.remove(entry)
             event, actors, since = entry
             where = Counter(self._labels.get(a.node_id, "?") for a in actors if not a.lost)
-            log(INFO, "fedx Ray backend: %s%s after %.1fs: %s; the pool has %s on %s", event,
-                _count(sum(where.values()), "new ClientApp actor" if event else "ClientApp actor") + " run",
-                time.monotonic() - since, ", ".join(f"{n} on {label}" for label, n in sorted(where.items())) or "none",
-                _count(len(self._actors), "actor"), _count(len(self._nodes), "node"))
+            log(
+                INFO,
+                "fedx Ray backend: %s%s after %.1fs: %s; the pool has %s on %s",
+                event,
+                _count(sum(where.values()), "new ClientApp actor" if event else "ClientApp actor")
+                + " run",
+                time.monotonic() - since,
+                ", ".join(f"{n} on {label}" for label, n in sorted(where.items())) or "none",
+                _count(len(self._actors), "actor"),
+                _count(len(self._nodes), "node"),
+            )
 
     def _watch(self, interval: float) -> None:
         while not self._stop.is_set():
@@ -483,28 +523,57 @@ class ActorPool:
             waiting = len(self._starting)
             slow = waiting and now - self._last_start >= SLOW_START
             on_lost = Counter(a.node_id for a, _ in self._gone if a.node_id in lost_nodes)
-            died = [a for a, when in self._gone if a.node_id not in lost_nodes and now - when >= self._death_report_delay]
-            self._gone = [(a, when) for a, when in self._gone if a.node_id not in lost_nodes and a not in died]
+            died = [
+                a
+                for a, when in self._gone
+                if a.node_id not in lost_nodes and now - when >= self._death_report_delay
+            ]
+            self._gone = [
+                (a, when) for a, when in self._gone if a.node_id not in lost_nodes and a not in died
+            ]
             size = len(self._actors)
             self._cond.notify_all()
-        losses = [f"lost Ray node {node.label}: dropped its {_count(on_lost[n], 'ClientApp actor')}"
-                  for n, node in lost_nodes.items()]
+        losses = [
+            f"lost Ray node {node.label}: dropped its {_count(on_lost[n], 'ClientApp actor')}"
+            for n, node in lost_nodes.items()
+        ]
         if died:
-            where = ", ".join(sorted({self._labels.get(a.node_id, "?") if a.node_id else "while starting"
-                                      for a in died}))
-            losses.append(f"{_count(len(died), 'ClientApp actor')} died ({where}) and left the pool")
+            where = ", ".join(
+                sorted(
+                    {
+                        self._labels.get(a.node_id, "?") if a.node_id else "while starting"
+                        for a in died
+                    }
+                )
+            )
+            losses.append(
+                f"{_count(len(died), 'ClientApp actor')} died ({where}) and left the pool"
+            )
         if losses:
-            log(WARNING, "fedx Ray backend: %s; the messages they were running went to other actors; "
-                "the pool goes on with %s on %s%s", "; ".join(losses), _count(size, "actor"),
+            log(
+                WARNING,
+                "fedx Ray backend: %s; the messages they were running went to other actors; "
+                "the pool goes on with %s on %s%s",
+                "; ".join(losses),
+                _count(size, "actor"),
                 _count(len(nodes), "node"),
-                f"; started {_count(len(started), 'new actor')} where the cluster has room" if started else "")
+                f"; started {_count(len(started), 'new actor')} where the cluster has room"
+                if started
+                else "",
+            )
         if self.capacity == 0 and lost_nodes:
             log(ERROR, "fedx Ray backend: %s", self._too_small(nodes))
         if slow:
             self._last_start = now
-            log(WARNING, "fedx Ray backend: %s have waited %.0fs or more to start (%s each; %s): a busy "
+            log(
+                WARNING,
+                "fedx Ray backend: %s have waited %.0fs or more to start (%s each; %s): a busy "
                 "machine starts them slowly; if it lasts, other jobs hold the resources (`ray status`)",
-                _count(waiting, "ClientApp actor"), SLOW_START, self._resources_text(), self._nodes_text(nodes))
+                _count(waiting, "ClientApp actor"),
+                SLOW_START,
+                self._resources_text(),
+                self._nodes_text(nodes),
+            )
 
     def _remove(self, actor: PoolActor) -> None:
         """Take ``actor`` out of the pool and stop it, unless a message still runs on it (caller holds the lock)."""
@@ -525,9 +594,15 @@ class ActorPool:
                 _kill(actor)
             self._actors, self._idle, self._busy, self._starting = set(), [], set(), []
         if self.messages_per_node:
-            counts = ", ".join(f"{label} {count}" for label, count in sorted(self.messages_per_node.items()))
-            log(INFO, "fedx Ray backend: ClientApp messages per Ray node: %s; at most %d ran at once",
-                counts, self.peak_running)
+            counts = ", ".join(
+                f"{label} {count}" for label, count in sorted(self.messages_per_node.items())
+            )
+            log(
+                INFO,
+                "fedx Ray backend: ClientApp messages per Ray node: %s; at most %d ran at once",
+                counts,
+                self.peak_running,
+            )
 
 
 def _count(number: int, noun: str) -> str:
@@ -557,7 +632,9 @@ class ClusterRayBackend(FlowerRayBackend):
     def init_ray(self, backend_config: BackendConfig) -> None:
         if not ray.is_initialized():
             init_args = backend_config.get(self.init_args_key) or {}
-            check_cluster_address(str(init_args.get("address") or os.environ.get("RAY_ADDRESS") or ""))
+            check_cluster_address(
+                str(init_args.get("address") or os.environ.get("RAY_ADDRESS") or "")
+            )
         super().init_ray(backend_config)
 
     def build(self, app_fn: Callable[[], ClientApp]) -> None:

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from flwr.cli.constant import LOCAL_CONTROL_API_ADDRESS, LOCAL_SUPERLINK_HTTP_API_PORT
 
-REPO = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
+from tests.helpers import BIN, REPO
+
 SUBNET = "10.231.0"
 HEAD, WORKER = "head", "worker"
 
@@ -46,7 +46,15 @@ class HostPair:
             _ip("link", "add", self._veth[HEAD], "type", "veth", "peer", "name", self._veth[WORKER])
             for host, namespace in self.namespaces.items():
                 _ip("link", "set", self._veth[host], "netns", namespace)
-                _ip("-n", namespace, "addr", "add", f"{self.addresses[host]}/24", "dev", self._veth[host])
+                _ip(
+                    "-n",
+                    namespace,
+                    "addr",
+                    "add",
+                    f"{self.addresses[host]}/24",
+                    "dev",
+                    self._veth[host],
+                )
                 _ip("-n", namespace, "link", "set", self._veth[host], "up")
                 _ip("-n", namespace, "link", "set", "lo", "up")
         except BaseException:
@@ -63,8 +71,12 @@ class HostPair:
 
     def pids(self, host: str) -> list[int]:
         """Every process inside ``host``'s namespace."""
-        done = subprocess.run(["ip", "netns", "pids", self.namespaces[host]],
-                              capture_output=True, text=True, check=False)
+        done = subprocess.run(
+            ["ip", "netns", "pids", self.namespaces[host]],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         return [int(pid) for pid in done.stdout.split()]
 
     def kill_all(self, host: str, sig: int = signal.SIGKILL) -> list[int]:
@@ -139,18 +151,41 @@ class RayCluster:
 
     def _ray_start(self, host: str, *args: str, env: dict[str, str] | None = None) -> None:
         command = self.hosts.command(
-            host, str(BIN / "ray"), "start", "--node-ip-address", self.hosts.addresses[host],
-            "--num-cpus", str(self.num_cpus), "--object-store-memory", str(self.object_store_mb * 1024 * 1024),
-            "--temp-dir", str(self.root / host), "--disable-usage-stats", *args,
+            host,
+            str(BIN / "ray"),
+            "start",
+            "--node-ip-address",
+            self.hosts.addresses[host],
+            "--num-cpus",
+            str(self.num_cpus),
+            "--object-store-memory",
+            str(self.object_store_mb * 1024 * 1024),
+            "--temp-dir",
+            str(self.root / host),
+            "--disable-usage-stats",
+            *args,
         )
-        done = subprocess.run(command, env=env or self.environment(), capture_output=True, text=True,
-                              timeout=180, check=False)
+        done = subprocess.run(
+            command,
+            env=env or self.environment(),
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+        )
         if done.returncode != 0:
             raise RuntimeError(f"`ray start` on {host} failed:\n{done.stdout}{done.stderr}")
 
     def start_head(self) -> None:
-        self._ray_start(HEAD, "--head", "--port", "6379", "--include-dashboard", "false",
-                        env=self.environment(**self.HEAD_ENV))
+        self._ray_start(
+            HEAD,
+            "--head",
+            "--port",
+            "6379",
+            "--include-dashboard",
+            "false",
+            env=self.environment(**self.HEAD_ENV),
+        )
 
     def start_worker(self) -> None:
         """Start (or start again) the worker node; it joins the head's cluster."""
@@ -164,7 +199,8 @@ class RayCluster:
     def actor_logs(self, host: str) -> list[Path]:
         """Ray's log files of the ClientApp actor processes that ran on ``host``."""
         return [
-            path for path in (self.root / host).glob("session_*/logs/worker-*.out")
+            path
+            for path in (self.root / host).glob("session_*/logs/worker-*.out")
             if ":actor_name:ClientAppActor" in path.read_text(errors="replace")
         ]
 
@@ -172,8 +208,9 @@ class RayCluster:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def start_local_superlink(cluster: RayCluster, flwr_home: Path, ray_address: str | None = None,
-                          timeout: float = 180.0) -> dict[str, str]:
+def start_local_superlink(
+    cluster: RayCluster, flwr_home: Path, ray_address: str | None = None, timeout: float = 180.0
+) -> dict[str, str]:
     """Start the local SuperLink of ``flwr run`` on the head, with the recipe's environment.
 
     It is Flower's own command (``flwr/cli/local_superlink.py``): ``flwr run``
@@ -182,7 +219,8 @@ def start_local_superlink(cluster: RayCluster, flwr_home: Path, ray_address: str
     Returns the environment for ``flwr run``.
     """
     env = cluster.environment(
-        FLWR_HOME=str(flwr_home), RAY_ADDRESS=ray_address or cluster.address,
+        FLWR_HOME=str(flwr_home),
+        RAY_ADDRESS=ray_address or cluster.address,
         FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
     )
     state = flwr_home / "local-superlink"
@@ -191,11 +229,25 @@ def start_local_superlink(cluster: RayCluster, flwr_home: Path, ray_address: str
         # Runs until the namespace is closed.
         subprocess.Popen(  # pylint: disable=consider-using-with
             cluster.hosts.command(
-                HEAD, str(BIN / "flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess",
-                "--control-api-address", LOCAL_CONTROL_API_ADDRESS, "--host", "127.0.0.1",
-                "--port", str(LOCAL_SUPERLINK_HTTP_API_PORT), "--database", str(state / "state.db"),
+                HEAD,
+                str(BIN / "flower-superlink"),
+                "--insecure",
+                "--simulation",
+                "--isolation",
+                "subprocess",
+                "--control-api-address",
+                LOCAL_CONTROL_API_ADDRESS,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(LOCAL_SUPERLINK_HTTP_API_PORT),
+                "--database",
+                str(state / "state.db"),
             ),
-            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     probe = (
         "import httpx, time\n"
@@ -209,10 +261,18 @@ def start_local_superlink(cluster: RayCluster, flwr_home: Path, ray_address: str
         "    time.sleep(0.5)\n"
         "raise SystemExit(1)\n"
     )
-    done = subprocess.run(cluster.hosts.command(HEAD, sys.executable, "-c", probe), env=env,
-                          capture_output=True, text=True, timeout=timeout + 30, check=False)
+    done = subprocess.run(
+        cluster.hosts.command(HEAD, sys.executable, "-c", probe),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout + 30,
+        check=False,
+    )
     if done.returncode != 0:
-        raise RuntimeError(f"the SuperLink did not start; see {state / 'superlink.log'}:\n{done.stderr}")
+        raise RuntimeError(
+            f"the SuperLink did not start; see {state / 'superlink.log'}:\n{done.stderr}"
+        )
     return env
 
 
@@ -225,15 +285,29 @@ class FlwrRun:
     cluster. Output goes to ``log``.
     """
 
-    def __init__(self, cluster: RayCluster, env: dict[str, str], log: Path, federation: str,
-                 run_config: str) -> None:
+    def __init__(
+        self, cluster: RayCluster, env: dict[str, str], log: Path, federation: str, run_config: str
+    ) -> None:
         self.log = log
         with open(log, "w", encoding="utf-8") as out:
             self.process = subprocess.Popen(  # pylint: disable=consider-using-with
-                cluster.hosts.command(HEAD, str(BIN / "flwr"), "run", ".", "--stream",
-                                      "--federation-config", federation, "--run-config", run_config),
-                cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+                cluster.hosts.command(
+                    HEAD,
+                    str(BIN / "flwr"),
+                    "run",
+                    ".",
+                    "--stream",
+                    "--federation-config",
+                    federation,
+                    "--run-config",
+                    run_config,
+                ),
+                cwd=REPO,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
             )
+
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
@@ -256,5 +330,7 @@ class FlwrRun:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
-            raise AssertionError(f"flwr run still running after {timeout:g}s:\n{self.output()[-5000:]}") from None
+            raise AssertionError(
+                f"flwr run still running after {timeout:g}s:\n{self.output()[-5000:]}"
+            ) from None
         return self.output()

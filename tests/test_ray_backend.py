@@ -27,7 +27,9 @@ def test_actors_per_node_is_flowers_rule():
 def test_a_ray_address_where_nothing_listens_is_refused_at_once():
     port = free_port()
     started = time.monotonic()
-    with pytest.raises(ConnectionError, match=rf"RAY_ADDRESS='127.0.0.1:{port}': no Ray cluster answers there"):
+    with pytest.raises(
+        ConnectionError, match=rf"RAY_ADDRESS='127.0.0.1:{port}': no Ray cluster answers there"
+    ):
         check_cluster_address(f"127.0.0.1:{port}")
     assert time.monotonic() - started < 5
     with pytest.raises(ConnectionError, match="is not <host>:<port>"):
@@ -45,7 +47,9 @@ def test_the_backend_refuses_a_ray_address_where_nothing_listens_before_ray_star
     address = f"127.0.0.1:{free_port()}"
     monkeypatch.setenv("RAY_ADDRESS", address)
     started = time.monotonic()
-    with pytest.raises(ConnectionError, match=f"RAY_ADDRESS='{address}': no Ray cluster answers there"):
+    with pytest.raises(
+        ConnectionError, match=f"RAY_ADDRESS='{address}': no Ray cluster answers there"
+    ):
         ClusterRayBackend({"client_resources": {"num_cpus": 1}, "init_args": {}})
     assert time.monotonic() - started < 5
     assert not ray.is_initialized()
@@ -73,10 +77,14 @@ def local_ray():
 
 def test_the_pool_replaces_an_actor_that_died_and_reruns_its_message(local_ray, caplog):
     caplog.set_level(logging.INFO, logger="flwr")
-    pool = ActorPool({"num_cpus": 1, "num_gpus": 0.0}, Worker.remote, watch_interval=0.2, death_report_delay=0.5)
+    pool = ActorPool(
+        {"num_cpus": 1, "num_gpus": 0.0}, Worker.remote, watch_interval=0.2, death_report_delay=0.5
+    )
     try:
         assert pool.capacity == 2
-        assert "starting 2 ClientApp actors (num_cpus=1, num_gpus=0 each) on 1 Ray node" in caplog.text
+        assert (
+            "starting 2 ClientApp actors (num_cpus=1, num_gpus=0 each) on 1 Ray node" in caplog.text
+        )
         attempts = []
 
         def dies_once(handle):
@@ -100,7 +108,9 @@ def test_the_pool_replaces_an_actor_that_died_and_reruns_its_message(local_ray, 
         assert "the pool goes on with 2 actors on 1 node" in died[0]
         # Both actors, the replacement included, take messages at once.
         with ThreadPoolExecutor(2) as threads:
-            pids = list(threads.map(lambda _: pool.run(lambda h: h.run.remote(sleep=1.0)), range(2)))
+            pids = list(
+                threads.map(lambda _: pool.run(lambda h: h.run.remote(sleep=1.0)), range(2))
+            )
         assert len(set(pids)) == 2 and pool.peak_running == 2
     finally:
         pool.shutdown()
@@ -112,7 +122,9 @@ def test_messages_wait_for_actors_that_start_slowly(local_ray, monkeypatch, capl
     monkeypatch.setattr("fedx.ray_backend.NO_ACTOR_TIMEOUT", 0.5)
     monkeypatch.setattr("fedx.ray_backend.SLOW_START", 1.0)
     caplog.set_level(logging.INFO, logger="flwr")
-    pool = ActorPool({"num_cpus": 1}, Worker.remote, app_fn=lambda: time.sleep(3), watch_interval=0.2)
+    pool = ActorPool(
+        {"num_cpus": 1}, Worker.remote, app_fn=lambda: time.sleep(3), watch_interval=0.2
+    )
     try:
         assert isinstance(pool.run(lambda handle: handle.run.remote()), int)
     finally:
@@ -122,14 +134,20 @@ def test_messages_wait_for_actors_that_start_slowly(local_ray, monkeypatch, capl
 
 def test_a_clientapp_that_does_not_load_fails_its_messages_at_once(local_ray, caplog):
     """A worker node without fedx (or with another version) is a setup error, not a reason to wait."""
+
     def load():
         raise ModuleNotFoundError("No module named 'fedx'")
 
     caplog.set_level(logging.INFO, logger="flwr")
-    pool = ActorPool({"num_cpus": 1}, Worker.remote, app_fn=load, watch_interval=0.2, death_report_delay=60)
+    pool = ActorPool(
+        {"num_cpus": 1}, Worker.remote, app_fn=load, watch_interval=0.2, death_report_delay=60
+    )
     try:
         started = time.monotonic()
-        with pytest.raises(RuntimeError, match=r"the ClientApp does not load in a Ray actor .*No module named 'fedx'"):
+        with pytest.raises(
+            RuntimeError,
+            match=r"the ClientApp does not load in a Ray actor .*No module named 'fedx'",
+        ):
             pool.run(lambda handle: handle.run.remote())
         assert time.monotonic() - started < 60
         time.sleep(1.0)  # the watcher does not start new actors that would fail the same way

@@ -20,9 +20,15 @@ import time
 import pytest
 import torch
 
-from tests.conftest import PLAIN_FEDMR
+from tests.helpers import PLAIN_FEDMR
 from tests.ray_cluster import (
-    HEAD, WORKER, FlwrRun, HostPair, RayCluster, can_create_namespaces, start_local_superlink,
+    HEAD,
+    WORKER,
+    FlwrRun,
+    HostPair,
+    RayCluster,
+    can_create_namespaces,
+    start_local_superlink,
 )
 
 FEDERATION = "num-supernodes=4 client-resources-num-cpus=1"
@@ -55,7 +61,9 @@ def messages_per_node(output: str) -> dict[str, int]:
     """``{"<address> (<node id>)": messages}`` from the backend's last line."""
     match = NODE_COUNTS.search(output)
     assert match, f"no per-node message counts in the output:\n{output[-5000:]}"
-    return {label: int(count) for label, count in re.findall(r"(\S+ \(\w+\)) (\d+)", match.group(1))}
+    return {
+        label: int(count) for label, count in re.findall(r"(\S+ \(\w+\)) (\d+)", match.group(1))
+    }
 
 
 def rounds_of(directory) -> dict[int, dict]:
@@ -65,15 +73,21 @@ def rounds_of(directory) -> dict[int, dict]:
 
 def test_two_nodes_train_clients_and_match_one_node(cluster, run_env, plain_fedmr_run, tmp_path):
     run = FlwrRun(
-        cluster, run_env, tmp_path / "flwr-run.log", FEDERATION,
-        f'num-server-rounds={PLAIN_FEDMR["rounds"]} seed={PLAIN_FEDMR["seed"]} round-timeout=120.0 '
+        cluster,
+        run_env,
+        tmp_path / "flwr-run.log",
+        FEDERATION,
+        f"num-server-rounds={PLAIN_FEDMR['rounds']} seed={PLAIN_FEDMR['seed']} round-timeout=120.0 "
         f'run-name="two-nodes" output-dir="{tmp_path}"',
     )
     output = run.wait(timeout=300)
     # Slots follow client ids only when every node said which client it is.
     assert "4 nodes connected (4 identified)" in output, output[-5000:]
     head, worker = cluster.hosts.addresses[HEAD], cluster.hosts.addresses[WORKER]
-    assert f"on 2 Ray nodes: {head} (2 CPU, 0 GPU: room for 2), {worker} (2 CPU, 0 GPU: room for 2)" in output
+    assert (
+        f"on 2 Ray nodes: {head} (2 CPU, 0 GPU: room for 2), {worker} (2 CPU, 0 GPU: room for 2)"
+        in output
+    )
 
     # Both hosts trained clients: the backend's count per node, and Ray's own logs on each host.
     counts = messages_per_node(output)
@@ -92,10 +106,15 @@ def test_two_nodes_train_clients_and_match_one_node(cluster, run_env, plain_fedm
     for server_round, row in one_node.items():
         mine = two_nodes[server_round]
         assert (mine["accuracy"], mine["loss"], mine.get("trained-slots")) == (
-            row["accuracy"], row["loss"], row.get("trained-slots")), server_round
+            row["accuracy"],
+            row["loss"],
+            row.get("trained-slots"),
+        ), server_round
         if server_round > 0:
             assert mine["train-loss"] == pytest.approx(row["train-loss"], rel=1e-12)
-    model, reference = (torch.load(d / "model.pt") for d in (tmp_path / "two-nodes", plain_fedmr_run[0]))
+    model, reference = (
+        torch.load(d / "model.pt") for d in (tmp_path / "two-nodes", plain_fedmr_run[0])
+    )
     assert model.keys() == reference.keys()
     assert all(torch.equal(model[name], reference[name]) for name in reference)
 
@@ -103,23 +122,38 @@ def test_two_nodes_train_clients_and_match_one_node(cluster, run_env, plain_fedm
 def test_worker_node_killed_then_back_mid_run(cluster, run_env, tmp_path):
     rounds = 40
     run = FlwrRun(
-        cluster, run_env, tmp_path / "flwr-run.log", FEDERATION,
-        f'num-server-rounds={rounds} seed=1 local-epochs=1 round-timeout=120.0 '
+        cluster,
+        run_env,
+        tmp_path / "flwr-run.log",
+        FEDERATION,
+        f"num-server-rounds={rounds} seed=1 local-epochs=1 round-timeout=120.0 "
         f'run-name="lost-node" output-dir="{tmp_path}"',
     )
     # Once all four actors run, the worker node dies in the next round.
-    kill_round = int(run.wait_for(
-        r"(?s)fedx Ray backend: 4 ClientApp actors run after [\d.]+s: 2 on 10\.231\.0\.1 \(\w+\), "
-        r"2 on 10\.231\.0\.2 \(\w+\).*?\[ROUND (\d+)/", timeout=300).group(1))
+    kill_round = int(
+        run.wait_for(
+            r"(?s)fedx Ray backend: 4 ClientApp actors run after [\d.]+s: 2 on 10\.231\.0\.1 \(\w+\), "
+            r"2 on 10\.231\.0\.2 \(\w+\).*?\[ROUND (\d+)/",
+            timeout=300,
+        ).group(1)
+    )
     cluster.kill_worker()
     killed_at = time.monotonic()
-    lost = run.wait_for(r"fedx Ray backend: lost Ray node 10\.231\.0\.2 \(\w+\): dropped its 2 ClientApp actors[^\n]*", 60)
+    lost = run.wait_for(
+        r"fedx Ray backend: lost Ray node 10\.231\.0\.2 \(\w+\): dropped its 2 ClientApp actors[^\n]*",
+        60,
+    )
     detection = time.monotonic() - killed_at
     cluster.start_worker()
-    joined = run.wait_for(r"fedx Ray backend: Ray node (10\.231\.0\.2 \(\w+\)) joined; 2 new ClientApp actors "
-                          r"run after [\d.]+s: 2 on \1[^\n]*", 120)
+    joined = run.wait_for(
+        r"fedx Ray backend: Ray node (10\.231\.0\.2 \(\w+\)) joined; 2 new ClientApp actors "
+        r"run after [\d.]+s: 2 on \1[^\n]*",
+        120,
+    )
     output = run.wait(timeout=300)
-    print(f"worker killed in round {kill_round}; loss logged after {detection:.1f}s: {lost.group(0)}\n{joined.group(0)}")
+    print(
+        f"worker killed in round {kill_round}; loss logged after {detection:.1f}s: {lost.group(0)}\n{joined.group(0)}"
+    )
     assert "the pool goes on with 2 actors on 1 node" in lost.group(0)
     assert "the pool has 4 actors on 2 nodes" in joined.group(0)
 
@@ -131,7 +165,7 @@ def test_worker_node_killed_then_back_mid_run(cluster, run_env, tmp_path):
 
     # The worker that came back trained two clients in every round that began after it was in use.
     rejoined_node = joined.group(1)
-    began_after = len(re.findall(r"\[ROUND \d+/", output[joined.end():]))
+    began_after = len(re.findall(r"\[ROUND \d+/", output[joined.end() :]))
     assert began_after >= 2, "the run ended too soon after the worker came back"
     counts = messages_per_node(output)
     assert counts.get(rejoined_node, 0) >= 2 * began_after, (counts, began_after)
@@ -139,12 +173,16 @@ def test_worker_node_killed_then_back_mid_run(cluster, run_env, tmp_path):
 
 def test_resources_no_node_has_stop_the_run_with_a_clear_error(cluster, run_env, tmp_path):
     run = FlwrRun(
-        cluster, run_env, tmp_path / "flwr-run.log", "num-supernodes=4 client-resources-num-cpus=1 "
-        "client-resources-num-gpus=0.5", f'num-server-rounds=2 output-dir="{tmp_path}"',
+        cluster,
+        run_env,
+        tmp_path / "flwr-run.log",
+        "num-supernodes=4 client-resources-num-cpus=1 client-resources-num-gpus=0.5",
+        f'num-server-rounds=2 output-dir="{tmp_path}"',
     )
     started = time.monotonic()
     output = run.wait(timeout=180)
-    assert "no Ray node can host a ClientApp with num_cpus=1, num_gpus=0.5: the cluster has " in output
+    assert (
+        "no Ray node can host a ClientApp with num_cpus=1, num_gpus=0.5: the cluster has " in output
+    )
     assert "10.231.0.1 (2 CPU, 0 GPU: room for 0)" in output
     print(f"resources refused after {time.monotonic() - started:.0f}s")
-

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Literal
 
+import psutil
+
 from fedx.deploy.credentials import TlsFiles, supernode_key_paths
 
 Transport = Literal["http", "grpc"]
@@ -102,6 +104,9 @@ class FederationSpec:
         Start the SuperLink in simulation mode: each ``flwr run`` then runs
         in Flower's Ray-backed simulation with the SuperNodes that its
         ``--federation-config`` asks for, and ``num_supernodes`` must be 0.
+    extra_environment : dict[str, str]
+        Variables added to the environment of every process (for example a
+        ``PYTHONPATH`` where an app's plug-ins are installed).
     """
 
     num_supernodes: int
@@ -120,10 +125,13 @@ class FederationSpec:
     connection: str = "fedx-local"
     workdir: Path | None = None
     simulation: bool = False
+    extra_environment: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.simulation and self.num_supernodes != 0:
-            raise ValueError("a simulation SuperLink simulates its SuperNodes: num_supernodes must be 0")
+            raise ValueError(
+                "a simulation SuperLink simulates its SuperNodes: num_supernodes must be 0"
+            )
         if not self.simulation and self.num_supernodes < 1:
             raise ValueError(f"num_supernodes must be >= 1, got {self.num_supernodes}")
         if (self.tls is None) != self.insecure:
@@ -182,6 +190,7 @@ class FederationSpec:
         """Environment of every process: our Flower first on PATH, our FLWR_HOME."""
         env = {
             **os.environ,
+            **self.extra_environment,
             "FLWR_HOME": str(self.flwr_home.resolve()),
             "PATH": f"{self.bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
         }
@@ -197,9 +206,12 @@ class FederationSpec:
         if self.tls is None:
             return ["--insecure"]
         return [
-            "--ssl-certfile", str(self.tls.server_cert),
-            "--ssl-keyfile", str(self.tls.server_key),
-            "--ssl-ca-certfile", str(self.tls.ca_cert),
+            "--ssl-certfile",
+            str(self.tls.server_cert),
+            "--ssl-keyfile",
+            str(self.tls.server_key),
+            "--ssl-ca-certfile",
+            str(self.tls.ca_cert),
         ]
 
     def superlink_command(self) -> list[str]:
@@ -208,15 +220,22 @@ class FederationSpec:
         if self.simulation:
             # The legacy Control API would take its default port 9093 and
             # collide with any other SuperLink on the machine: give it a free one.
-            command += ["--simulation", "--isolation", "subprocess",
-                        "--control-api-address", f"{self.host}:{free_port(self.host)}"]
+            command += [
+                "--simulation",
+                "--isolation",
+                "subprocess",
+                "--control-api-address",
+                f"{self.host}:{free_port(self.host)}",
+            ]
         if self.auth_keys is not None:
             command.append("--enable-supernode-auth")
         command += ["--host", self.host, "--port", str(self.port)]
         if self.transport == "grpc":
             command += [
-                "--fleet-api-address", self.fleet_address,
-                "--control-api-address", self.control_address,
+                "--fleet-api-address",
+                self.fleet_address,
+                "--control-api-address",
+                self.control_address,
             ]
         command += ["--database", str((self.state_dir / "superlink.db").resolve())]
         if not self.install_app_dependencies:
@@ -234,9 +253,12 @@ class FederationSpec:
             private, _ = supernode_key_paths(self.auth_keys, index + 1)
             command += ["--auth-supernode-private-key", str(private)]
         command += [
-            "--superlink", self.fleet_address,
-            "--port", str(self.supernode_ports[index]),
-            "--node-config", f"partition-id={index} num-partitions={self.num_supernodes}",
+            "--superlink",
+            self.fleet_address,
+            "--port",
+            str(self.supernode_ports[index]),
+            "--node-config",
+            f"partition-id={index} num-partitions={self.num_supernodes}",
         ]
         return command
 
@@ -362,14 +384,20 @@ class LocalFederation:
         log = self.spec.log_dir / f"supernode-{index}.log"
 
         def connections() -> int:
-            return len(NODE_ID_PATTERN.findall(log.read_text(errors="replace"))) if log.exists() else 0
+            return (
+                len(NODE_ID_PATTERN.findall(log.read_text(errors="replace"))) if log.exists() else 0
+            )
 
         before = connections()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             process = self.start_supernode(index)
             attempt_ends = min(deadline, time.monotonic() + 30.0)
-            while time.monotonic() < attempt_ends and process.poll() is None and connections() == before:
+            while (
+                time.monotonic() < attempt_ends
+                and process.poll() is None
+                and connections() == before
+            ):
                 time.sleep(0.5)
             if connections() > before:
                 return self.node_id(index)
@@ -406,21 +434,11 @@ class LocalFederation:
 
 
 def _descendants(pid: int) -> list[int]:
-    """Ids of all processes below ``pid`` (Linux ``/proc``; elsewhere none)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            # The command name is in parentheses and may hold spaces: split after it.
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        children.setdefault(int(fields[1]), []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
+    """Ids of all processes below ``pid`` (none when it has ended)."""
+    try:
+        return [child.pid for child in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
 
 
 def _signal(pid: int, sig: int, group: bool) -> None:
@@ -461,7 +479,6 @@ def _stop_group(process: subprocess.Popen, sig: int) -> None:
 def _alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie counts as ended)."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
         return False
-    return state != "Z"

@@ -43,6 +43,7 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 
+from fedx.messaging import send_and_collect
 from fedx.secure.wire import (
     RECORD,
     RETURN_TYPE,
@@ -164,13 +165,19 @@ class SecureRelay:
                 WARNING,
                 "Round %s: secure recombination needs at least two clients, %d trained; "
                 "nothing is uploaded this round, so no client's own model reaches the server",
-                server_round, len(self.active),
+                server_round,
+                len(self.active),
             )
             return errors
         commits = {node: Commit() for node in self.active}
         for repeat in range(1, self.repeats + 1):
             if len(self.active) < 2:
-                log(WARNING, "Round %s: fewer than two clients left; no repetition %d", server_round, repeat)
+                log(
+                    WARNING,
+                    "Round %s: fewer than two clients left; no repetition %d",
+                    server_round,
+                    repeat,
+                )
                 break
             sends = self._send_stage(repeat, commits)
             commits = self._return_stage(repeat, sends)
@@ -180,8 +187,13 @@ class SecureRelay:
             INFO,
             "Round %s: secure recombination relayed %d+%d layers (%d ciphertext bytes) in %d exchanges, "
             "%d aborted, %.2fs",
-            server_round, self.stats.layers_sent, self.stats.layers_returned, self.stats.layer_bytes,
-            self.stats.exchanges, self.stats.aborted, self.stats.seconds,
+            server_round,
+            self.stats.layers_sent,
+            self.stats.layers_returned,
+            self.stats.layer_bytes,
+            self.stats.exchanges,
+            self.stats.aborted,
+            self.stats.seconds,
         )
         return errors + uploads
 
@@ -200,7 +212,8 @@ class SecureRelay:
                     WARNING,
                     "Round %s: node %s replied to training without a public key (does its ClientApp "
                     "register fedx.secure.client handlers?); it takes no part in this round",
-                    self._server_round, node,
+                    self._server_round,
+                    node,
                 )
                 continue
             self._keys[node] = key
@@ -243,11 +256,15 @@ class SecureRelay:
         answers: dict[int, list[Envelope]] = {}
         to_ask, attempt = set(self.active), 0
         while to_ask:
-            self._stage = f"return of repetition {repeat}" + (f" (attempt {attempt})" if attempt else "")
+            self._stage = f"return of repetition {repeat}" + (
+                f" (attempt {attempt})" if attempt else ""
+            )
             live = [e for e in sends if e.sender in self.active and e.receiver in self.active]
             contents = {}
             for node in to_ask:
-                record = ConfigRecord({"round": self._server_round, "repeat": repeat, "attempt": attempt})
+                record = ConfigRecord(
+                    {"round": self._server_round, "repeat": repeat, "attempt": attempt}
+                )
                 put_envelopes(record, "incoming", [e for e in live if e.receiver == node])
                 contents[node] = record
             asked = set(contents)
@@ -282,7 +299,9 @@ class SecureRelay:
                 partners.setdefault(send.sender, []).append(send.receiver)
                 continue
             if send.receiver in self.active:
-                commits[send.sender].returns.append(returns[(send.receiver, send.sender, send.layer)])
+                commits[send.sender].returns.append(
+                    returns[(send.receiver, send.sender, send.layer)]
+                )
                 self.stats.layers_sent += 1
             else:
                 commits[send.sender].aborted.append(send.layer)
@@ -293,7 +312,11 @@ class SecureRelay:
                 WARNING,
                 "Round %s, repetition %d: node %s dropped out; its %d layer exchange(s) with node(s) %s "
                 "are aborted and both sides keep their own layers",
-                self._server_round, repeat, node, len(others), sorted(set(others)),
+                self._server_round,
+                repeat,
+                node,
+                len(others),
+                sorted(set(others)),
             )
         delivered = [e for c in commits.values() for e in c.returns]
         self.stats.layers_returned += len(delivered)
@@ -316,20 +339,24 @@ class SecureRelay:
     # Messaging and checks
     # ------------------------------------------------------------------
 
-    def _round_trip(self, message_type: str, contents: dict[int, ConfigRecord], raw: bool = False) -> dict:
+    def _round_trip(
+        self, message_type: str, contents: dict[int, ConfigRecord], raw: bool = False
+    ) -> dict:
         """One ``send_and_receive``; nodes without a usable reply are dropped.
 
         Returns the protocol record of every reply (the whole reply message
         with ``raw``, where errors are passed on for the strategy to log).
         """
         messages = [
-            Message(content=RecordDict({RECORD: record}), message_type=message_type, dst_node_id=node)
+            Message(
+                content=RecordDict({RECORD: record}), message_type=message_type, dst_node_id=node
+            )
             for node, record in contents.items()
         ]
         self.stats.exchanges += 1
         self.stats.bytes_out += sum(_payload_size(r) for r in contents.values())
         replies: dict[int, object] = {}
-        for reply in self.grid.send_and_receive(messages, timeout=self.timeout):
+        for reply in send_and_collect(self.grid, messages, self.timeout):
             node = reply.metadata.src_node_id
             if node not in contents or node in replies:
                 continue
@@ -352,7 +379,10 @@ class SecureRelay:
         log(
             WARNING,
             "Round %s: node %s dropped out of secure recombination at the %s (%s)",
-            self._server_round, node, self._stage, reason,
+            self._server_round,
+            node,
+            self._stage,
+            reason,
         )
         if node in self.active:
             self.active.remove(node)
@@ -365,10 +395,14 @@ class SecureRelay:
             raise ValueError("a layer was sent twice")
         for envelope in envelopes:
             if envelope.sender != node or envelope.receiver not in peers or envelope.attempt != 0:
-                raise ValueError(f"envelope from {envelope.sender} to {envelope.receiver} is misaddressed")
+                raise ValueError(
+                    f"envelope from {envelope.sender} to {envelope.receiver} is misaddressed"
+                )
 
     @staticmethod
-    def _check_returns(node: int, returns: list[Envelope], incoming: list[Envelope], attempt: int) -> None:
+    def _check_returns(
+        node: int, returns: list[Envelope], incoming: list[Envelope], attempt: int
+    ) -> None:
         expected = sorted((e.sender, e.layer) for e in incoming)
         if sorted((e.receiver, e.layer) for e in returns) != expected:
             raise ValueError("returns do not answer the delivered layers one to one")
