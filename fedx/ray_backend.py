@@ -54,6 +54,7 @@ from typing import Any
 import ray
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
+from flwr.clientapp.client_app import LoadClientAppError
 from flwr.common import log
 from flwr.common.constant import PARTITION_ID_KEY
 from flwr.server.superlink.fleet.vce import vce_api
@@ -387,7 +388,7 @@ class ActorPool:
                     self.peak_running = max(self.peak_running, len(self._busy))
                     return actor
                 if self.load_error and not (self._busy or self._starting):
-                    raise RuntimeError(
+                    raise LoadClientAppError(
                         f"the ClientApp does not load in a Ray actor {self.load_error}"
                     )
                 if self._busy or self._starting:
@@ -467,7 +468,7 @@ class ActorPool:
                 "fedx Ray backend: %s%s after %.1fs: %s; the pool has %s on %s",
                 event,
                 _count(sum(where.values()), "new ClientApp actor" if event else "ClientApp actor")
-                + " run",
+                + (" runs" if sum(where.values()) == 1 else " run"),
                 time.monotonic() - since,
                 ", ".join(f"{n} on {label}" for label, n in sorted(where.items())) or "none",
                 _count(len(self._actors), "actor"),

@@ -129,7 +129,7 @@ class RayCluster:
         "RAY_health_check_failure_threshold": "3",
     }
 
-    def __init__(self, hosts: HostPair, num_cpus: int = 2, object_store_mb: int = 100) -> None:
+    def __init__(self, hosts: HostPair, num_cpus: int = 1, object_store_mb: int = 100) -> None:
         self.hosts = hosts
         self.num_cpus = num_cpus
         self.object_store_mb = object_store_mb

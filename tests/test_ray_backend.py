@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import ray
+from flwr.clientapp.client_app import LoadClientAppError
 
 from fedx.deploy.local import free_port
 from fedx.ray_backend import ActorPool, ClusterRayBackend, actors_per_node, check_cluster_address
@@ -145,7 +146,7 @@ def test_a_clientapp_that_does_not_load_fails_its_messages_at_once(local_ray, ca
     try:
         started = time.monotonic()
         with pytest.raises(
-            RuntimeError,
+            LoadClientAppError,
             match=r"the ClientApp does not load in a Ray actor .*No module named 'fedx'",
         ):
             pool.run(lambda handle: handle.run.remote())
