@@ -568,9 +568,9 @@ class ActorPool:
             self._last_start = now
             log(
                 WARNING,
-                "fedx Ray backend: %s have waited %.0fs or more to start (%s each; %s): a busy "
+                "fedx Ray backend: %s waited %.0fs or more to start (%s each; %s): a busy "
                 "machine starts them slowly; if it lasts, other jobs hold the resources (`ray status`)",
-                _count(waiting, "ClientApp actor"),
+                _count(waiting, "ClientApp actor") + (" has" if waiting == 1 else " have"),
                 SLOW_START,
                 self._resources_text(),
                 self._nodes_text(nodes),

@@ -34,7 +34,7 @@ from tests.ray_cluster import (
 
 FEDERATION = "num-supernodes=4 client-resources-num-cpus=1"
 # Long enough for the killed worker node to start again and train (a minute on a busy machine).
-ROUNDS_WITH_LOSS = 30
+ROUNDS_WITH_LOSS = 24
 NODE_COUNTS = re.compile(r"ClientApp messages per Ray node: (.*); at most (\d+) ran at once")
 
 
