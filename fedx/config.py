@@ -207,6 +207,22 @@ class RunConfig:
         "central (and personalized) evaluation every this many rounds (and the last)",
         "evaluate_every",
     )
+    divergence_rounds: int = _app(
+        3,
+        Integer(0),
+        "stop the run (`stop-reason` in metrics.json) after this many consecutive rounds in "
+        "which training replies came back but every one was invalid (NaN, Inf...); 0 = never",
+    )
+    divergence_nonfinite: bool = _app(
+        True,
+        Flag(),
+        "stop the run when the global model or its central loss is NaN or infinite",
+    )
+    divergence_loss_ratio: float = _app(
+        1000.0,
+        NON_NEGATIVE,
+        "stop the run when the central loss exceeds this multiple of the initial model's; 0 = never",
+    )
     run_name: str = _app(
         "", Text(), "output folder name; empty = `<strategy>-<dataset>-<model>-<time>`"
     )

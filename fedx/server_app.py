@@ -4,7 +4,8 @@ The parts live in :mod:`fedx.server`: building the strategy from the method
 registry (``building``), central and per-client evaluation (``evaluation``),
 saving models (``saving``) and checkpoints with resuming (``resume``): a
 crash loses at most the round in progress, and ``resume-from`` continues
-the run.
+the run. A run that diverges stops early (see
+:class:`~fedx.strategies.DivergenceGuard`, the ``divergence-*`` keys).
 """
 
 import random
@@ -26,7 +27,7 @@ from fedx.server.building import build_strategy, check_natural_clients, prepare_
 from fedx.server.evaluation import RoundEvaluation
 from fedx.server.resume import Checkpointer, model_label
 from fedx.server.saving import log_final, save_models
-from fedx.strategies import run_rounds
+from fedx.strategies import DivergenceGuard, run_rounds
 from fedx.strategies.capabilities import KeepsPersonalizedModels
 from fedx.strategies.client_identity import ClientOrderedGrid, query_client_ids
 
@@ -89,6 +90,9 @@ def main(grid: Grid, context: Context) -> None:
         seconds = checkpointer.save(server_round, strategy, result, recorder.rounds)
         recorder.record(server_round, **{"checkpoint-seconds": seconds})
 
+    guard = DivergenceGuard(
+        cfg.divergence_rounds, cfg.divergence_nonfinite, cfg.divergence_loss_ratio
+    )
     training = TrainingSettings.from_run_config(cfg).to_record
     result = run_rounds(
         strategy,
@@ -103,7 +107,10 @@ def main(grid: Grid, context: Context) -> None:
         evaluate_fn=RoundEvaluation(cfg, model, recorder, strategy),
         result=resumed.result,
         on_round_end=after_round,
+        guard=guard,
     )
+    if guard.stop_reason is not None:  # run_rounds logged it; the checkpoint is of a good round
+        recorder.stopped(guard.stop_reason)
 
     recorder.plot(f"{cfg.strategy} on {cfg.dataset} ({model_label(cfg)})")
     save_models(strategy, model, result, directory)

@@ -32,6 +32,7 @@ from flwr.serverapp.strategy import Result, Strategy
 from fedx.checks import NON_NEGATIVE, POSITIVE, check
 from fedx.messaging import wait_for_nodes
 from fedx.ops import Model, find_problem
+from fedx.strategies.divergence import DivergenceGuard
 from fedx.strategies.rounds import EvaluateFn, RoundEndFn, run_rounds
 
 Target = TypeVar("Target")
@@ -320,6 +321,7 @@ class FedxStrategy(Strategy):
         start_round: int = 1,
         result: Result | None = None,
         on_round_end: RoundEndFn | None = None,
+        guard: DivergenceGuard | None = None,
     ) -> Result:
         """Run the strategy, as Flower's ``Strategy.start``, optionally resumed.
 
@@ -335,6 +337,8 @@ class FedxStrategy(Strategy):
         on_round_end : callable, optional
             ``on_round_end(round, arrays, result)`` after every round; write
             checkpoints there (see :func:`fedx.strategies.run_rounds`).
+        guard : DivergenceGuard, optional
+            Stops the run early when it diverged (see :func:`fedx.strategies.run_rounds`).
         """
         return run_rounds(
             self,
@@ -348,6 +352,7 @@ class FedxStrategy(Strategy):
             evaluate_fn=evaluate_fn,
             result=result,
             on_round_end=on_round_end,
+            guard=guard,
         )
 
     def connected_nodes(self, grid: Grid) -> list[int]:
