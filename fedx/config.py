@@ -227,11 +227,13 @@ class RunConfig:
         "", Text(), "output folder name; empty = `<strategy>-<dataset>-<model>-<time>`"
     )
     output_dir: str = _app("outputs", Text(), "where run folders go")
-    # "" starts a new run; a run directory (or its checkpoint.json) continues it.
+    # "" starts a new run; a run directory (or its checkpoint.json) continues it, and
+    # num-server-rounds set along with it extends it (fedx.server.resume).
     resume_from: str = _app(
         "",
         Text(),
-        "continue an interrupted run from its directory (or its `checkpoint.json`); empty = a new run",
+        "continue an interrupted run from its directory (or its `checkpoint.json`), or extend a "
+        "finished one with a larger `num-server-rounds`; empty = a new run",
     )
     #: The methods' keys, by run-config name.
     options: Mapping[str, Any] = field(default_factory=dict, repr=False)

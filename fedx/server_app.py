@@ -25,7 +25,7 @@ from fedx.outputs import RunRecorder
 from fedx.protocol.common import TrainingSettings
 from fedx.server.building import build_strategy, check_natural_clients, prepare_data, require_nodes
 from fedx.server.evaluation import RoundEvaluation
-from fedx.server.resume import Checkpointer, model_label
+from fedx.server.resume import Checkpointer, model_label, overridden_keys
 from fedx.server.saving import log_final, save_models
 from fedx.strategies import DivergenceGuard, run_rounds
 from fedx.strategies.capabilities import KeepsPersonalizedModels
@@ -38,7 +38,9 @@ app = ServerApp()
 def main(grid: Grid, context: Context) -> None:
     """Run one fedx experiment as the run config describes."""
     try:
-        checkpointer = Checkpointer.open(RunConfig.from_mapping(context.run_config))
+        checkpointer = Checkpointer.open(
+            RunConfig.from_mapping(context.run_config), overridden_keys(grid)
+        )
         cfg = checkpointer.config
         strategy = build_strategy(cfg)
         prepare_data(cfg)

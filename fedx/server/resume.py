@@ -4,10 +4,12 @@ After every round the app writes a checkpoint into the run directory
 (:mod:`fedx.strategies.checkpoint`): the strategy's state, the global model,
 Python's ``random`` state, the metrics so far, the run config and the rows
 of ``metrics.json``. A run with ``resume-from`` set is the interrupted run
-continued: :class:`Checkpointer` owns that recipe.
+continued, or a finished one extended to a larger ``num-server-rounds``:
+:class:`Checkpointer` owns that recipe.
 """
 
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime
 from logging import INFO, WARNING
@@ -16,6 +18,7 @@ from typing import Any
 
 from flwr.app import ArrayRecord
 from flwr.common import log
+from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from fedx.config import ConfigError, RunConfig
@@ -33,6 +36,26 @@ def run_directory(cfg: RunConfig) -> Path:
         f"{cfg.strategy}-{cfg.dataset}-{model_label(cfg)}-{datetime.now():%Y%m%d-%H%M%S}"
     )
     return Path(cfg.output_dir).resolve() / name
+
+
+#: What a resumed run may take from its own run config instead of the checkpoint's.
+EXTENDABLE = "num-server-rounds"
+#: Keys that say which run a checkpoint belongs to: set to another value, they
+#: ask for another run, which the checkpoint cannot continue.
+IDENTITY = ("strategy", "dataset", "model")
+
+
+def overridden_keys(grid: Grid) -> frozenset[str] | None:
+    """The run-config keys this run sets itself (``flwr run --run-config``), when the grid says.
+
+    Flower fuses them with the app's defaults into ``context.run_config``;
+    the grid's ``Run`` keeps them apart. ``None`` when the grid does not
+    tell (a stand-in grid).
+    """
+    try:
+        return frozenset(grid.run.override_config)
+    except (AttributeError, NotImplementedError, TypeError):
+        return None
 
 
 @dataclass
@@ -62,53 +85,84 @@ class Checkpointer:
         self.checkpoint = checkpoint
 
     @classmethod
-    def open(cls, cfg: RunConfig) -> "Checkpointer":
+    def open(cls, cfg: RunConfig, overridden: Collection[str] | None = None) -> "Checkpointer":
         """The checkpointer of a new run, or of the run ``resume-from`` names.
 
-        A resumed run takes every setting from the checkpoint (only
-        ``resume-from`` comes from the new run config) and writes into the
-        checkpoint's directory. Settings of the new run config that differ
-        are logged as ignored; keys the checkpoint lacks (added to fedx after
-        it was written) come from the new run config.
+        A resumed run takes its settings from the checkpoint and writes into
+        the checkpoint's directory. Only ``resume-from`` comes from the new
+        run config, and ``num-server-rounds`` when the new run sets it
+        (``overridden``, see :func:`overridden_keys`): a finished or
+        interrupted run then continues to the new length. Other settings of
+        the new run config that differ are logged as ignored; keys the
+        checkpoint lacks (added to fedx after it was written) come from the
+        new run config.
 
         Raises
         ------
         ConfigError
-            When there is no readable checkpoint at ``resume-from``, or its run
-            had already done all its rounds.
+            When there is no readable checkpoint at ``resume-from``, the new
+            run sets the ``strategy``, ``dataset`` or ``model`` of another run,
+            or the run had already done all its rounds.
         """
         if not cfg.resume_from:
             return cls(cfg, run_directory(cfg))
+        location = f"resume-from={cfg.resume_from!r}"
         try:
             checkpoint = checkpoints.load_checkpoint(cfg.resume_from)
             stored = checkpoint.state["config"]
+            if not isinstance(stored, dict):
+                raise checkpoints.CheckpointError("its run config is not a table of keys")
             added = {key: value for key, value in cfg.to_dict().items() if key not in stored}
-            resumed = RunConfig.from_mapping({**added, **stored, "resume-from": cfg.resume_from})
+            taken: dict[str, Any] = {}
+            if overridden is not None and EXTENDABLE in overridden:
+                taken[EXTENDABLE] = cfg[EXTENDABLE]
+            resumed = RunConfig.from_mapping(
+                {**added, **stored, **taken, "resume-from": cfg.resume_from}
+            )
         except (checkpoints.CheckpointError, KeyError, TypeError) as err:
+            raise ConfigError(f"invalid run config {location}: {err}") from None
+        except ConfigError as err:
             raise ConfigError(
-                f"invalid run config resume-from={cfg.resume_from!r}: {err}"
+                f"invalid run config {location}: the checkpoint's run config is damaged: {err}"
             ) from None
+        candidates = set(cfg.to_dict()) if overridden is None else set(overridden)
+        changed = {
+            key: cfg[key]
+            for key in sorted(candidates - {"resume-from", *taken, *added})
+            if key in stored and cfg[key] != stored[key]
+        }
+        clashes = [key for key in IDENTITY if key in changed and overridden is not None]
+        if clashes:
+            raise ConfigError(
+                f"invalid run config {location}: the checkpoint is of a "
+                f"{', '.join(f'{key}={stored[key]!r}' for key in IDENTITY)} run; this run sets "
+                f"{', '.join(f'{key}={changed[key]!r}' for key in clashes)} (a checkpoint "
+                "continues its own run only)"
+            )
         if checkpoint.server_round >= resumed.num_server_rounds:
             raise ConfigError(
-                f"invalid run config resume-from={cfg.resume_from!r}: that run already did "
-                f"all its num-server-rounds={resumed.num_server_rounds}"
+                f"invalid run config {location}: that run already did all its "
+                f"num-server-rounds={resumed.num_server_rounds}; set a larger "
+                "num-server-rounds to continue it"
             )
-        ignored = {
-            key: value
-            for key, value in cfg.to_dict().items()
-            if key != "resume-from" and key not in added and value != stored[key]
-        }
+        if resumed.num_server_rounds != stored.get(EXTENDABLE):
+            log(
+                INFO,
+                "fedx: continuing the run of %s rounds to num-server-rounds=%d",
+                stored.get(EXTENDABLE),
+                resumed.num_server_rounds,
+            )
         if added:
             log(
                 WARNING,
                 "fedx: the checkpoint predates run-config keys %s; using this run's values",
                 ", ".join(f"{key}={value!r}" for key, value in added.items()),
             )
-        if ignored:
+        if changed:
             log(
                 WARNING,
                 "fedx: resuming with the checkpoint's run config; ignoring %s",
-                ", ".join(f"{key}={value!r}" for key, value in ignored.items()),
+                ", ".join(f"{key}={value!r}" for key, value in changed.items()),
             )
         directory = Path(cfg.resume_from).resolve()
         if directory.suffix == ".json":  # resume-from named the checkpoint file itself
