@@ -46,7 +46,13 @@ def main(grid: Grid, context: Context) -> None:
         prepare_data(cfg)
         random.seed(cfg.seed)  # Flower's own strategies sample nodes with `random`
         torch.manual_seed(cfg.seed)
-        resumed = checkpointer.restore(strategy)
+        # A strategy that keeps a model per client has no global model to
+        # evaluate centrally or to start from.
+        model = None
+        if not isinstance(strategy, KeepsPersonalizedModels):
+            info = dataset_info(cfg.dataset)
+            model = build_model(cfg.model, info.input_shape, info.num_classes)
+        resumed = checkpointer.restore(strategy, model)
         connected = require_nodes(grid, cfg.min_available_nodes, cfg.node_wait_timeout)
         check_natural_clients(cfg, connected)
     except ConfigError as err:
@@ -57,12 +63,6 @@ def main(grid: Grid, context: Context) -> None:
     client_ids = query_client_ids(grid, list(grid.get_node_ids()), cfg.round_timeout)
     grid = ClientOrderedGrid(grid, client_ids)
 
-    # A strategy that keeps a model per client has no global model to
-    # evaluate centrally or to start from.
-    model = None
-    if not isinstance(strategy, KeepsPersonalizedModels):
-        info = dataset_info(cfg.dataset)
-        model = build_model(cfg.model, info.input_shape, info.num_classes)
     directory = checkpointer.directory
     recorder = RunRecorder(directory, cfg.to_dict(), resumed.rows)
     log(
