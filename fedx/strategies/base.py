@@ -226,6 +226,31 @@ def read_model(record: ArrayRecord, sent: Model) -> Model | str:
     return model if problem is None else problem
 
 
+def read_reply(
+    message: Message, sent: Model, arrayrecord_key: str, weight_key: str
+) -> tuple[Model, float] | str:
+    """A training reply's model and weight, or why the reply cannot be used.
+
+    The reply must not be an error, must hold the ArrayRecord
+    ``arrayrecord_key`` (or a single ArrayRecord of another name) fitting the
+    model ``sent`` (:func:`read_model`) and one MetricRecord with a positive
+    ``weight_key`` (:func:`read_weight`).
+    """
+    if message.has_error():
+        return f"the node reported an error: {message.error.reason}"
+    records = message.content.array_records
+    record = records.get(arrayrecord_key)
+    if record is None:
+        if len(records) != 1:
+            return f"expected one ArrayRecord ('{arrayrecord_key}'), got {list(records)}"
+        record = next(iter(records.values()))
+    weight = read_weight(message.content, weight_key)
+    if isinstance(weight, str):
+        return weight
+    model = read_model(record, sent)
+    return model if isinstance(model, str) else (model, weight)
+
+
 class FedxStrategy(Strategy):
     """Base of fedx's strategies: run limits, random streams, state, the round loop.
 
@@ -386,6 +411,7 @@ __all__ = [
     "RandomStreams",
     "RoundInFlight",
     "read_model",
+    "read_reply",
     "read_weight",
     "to_arrayrecord",
     "to_model",
