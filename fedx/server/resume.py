@@ -182,7 +182,7 @@ class Checkpointer:
         """Put ``strategy`` (and ``random``) back into the checkpoint's state; where to go on.
 
         Every model the checkpoint holds must fit the run's: the global model
-        and every model in the strategy's state (a pool, FedMut's last global
+        and every model in the strategy's state (a pool, a method's last global
         model) must have the names, shapes and dtypes of ``model``'s state
         dict, finite values, and a personalized strategy's client models
         those of their architectures.
