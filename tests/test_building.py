@@ -108,7 +108,7 @@ def test_fedme_settings_reach_the_strategy(defaults):
     assert strategy.finetune_epochs == 2 and strategy.seed == cfg.seed
     default = build_strategy(RunConfig.from_mapping({**defaults, "strategy": "fedme"}))
     assert default.cluster_rounds == (10, 15, 18)
-    assert default.initial_architecture == "round-robin"
+    assert default.initial_architecture == "local-best"
     # The fixed architecture must be one of the list: the error names the key.
     fixed = RunConfig.from_mapping(
         {**defaults, "strategy": "fedme", "fedme-initial-architecture": "fixed:cnn-2 "}

@@ -184,8 +184,9 @@ class FedMe(PerClientEvaluation, FedxStrategy):
         other models and no outputs are computed (ablation).
     initial_architecture : str (default: "round-robin")
         How a client new to the strategy gets its first architecture:
-        ``"round-robin"``, ``"local-best"`` (the client's choice, see above)
-        or ``"fixed:<name>"`` with ``<name>`` one of ``architectures`` (every
+        ``"round-robin"``, ``"local-best"`` (the client's choice, see above;
+        its ClientApp must answer the choice message, as fedx's does) or
+        ``"fixed:<name>"`` with ``<name>`` one of ``architectures`` (every
         client starts with it).
     choice_epochs : int (default: 5)
         ``"local-best"``: local epochs each candidate is trained before the
@@ -799,7 +800,9 @@ METHOD = Method(
         ),
         Key(
             "fedme-initial-architecture",
-            "round-robin",
+            # fedx's ClientApp answers the choice; the constructor's default,
+            # round-robin, suits ClientApps that do not.
+            "local-best",
             Rule(
                 str,
                 _initial_architecture_form,
