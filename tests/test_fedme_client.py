@@ -16,7 +16,7 @@ from fedx import client_app
 from fedx.client.fedme import CandidateResult, best_architecture, try_architectures
 from fedx.config import RunConfig
 from fedx.data import load_local_splits, load_unlabeled
-from fedx.models import build_model
+from fedx.models import build_model, build_seeded_model, client_model_seed
 from fedx.protocol.common import TrainingSettings
 from fedx.server.building import build_strategy
 from fedx.server_models import ServerModels
@@ -271,6 +271,14 @@ def test_the_client_answers_the_choice_with_its_best_candidate():
     assert metrics["num-examples"] == len(
         load_local_splits("digits", 1, len(NODES), alpha=0.5).train
     )
+    # Each candidate starts from the first model the server gives client 1.
+    server = ServerModels((1, 8, 8), 10, lambda: load_unlabeled("digits"), seed=DEFAULTS["seed"])
+    for architecture in candidates:
+        first = server.initial_model(architecture, 1)
+        built = build_seeded_model(
+            architecture, (1, 8, 8), 10, client_model_seed(DEFAULTS["seed"], 1)
+        )
+        assert all(np.array_equal(first[k], v.numpy()) for k, v in built.state_dict().items())
     # Reproducible: the same message gives the same accuracies and losses.
     assert list(replies[1].content["metrics"]["val-loss-candidates"]) == list(
         metrics["val-loss-candidates"]
