@@ -153,11 +153,14 @@ class ClientTask:
             "weight_decay": self.training.weight_decay,
         }
 
+    @property
+    def torch_seed(self) -> int:
+        """The seed of this message's shuffling and dropout: one per (seed, round, node)."""
+        return self.config.seed * 1_000_003 + self.server_round * 1009 + self.partition_id
+
     def seed_torch(self) -> None:
-        """Reproducible shuffling and dropout: one stream per (seed, round, node)."""
-        torch.manual_seed(
-            self.config.seed * 1_000_003 + self.server_round * 1009 + self.partition_id
-        )
+        """Reproducible shuffling and dropout (:attr:`torch_seed`)."""
+        torch.manual_seed(self.torch_seed)
 
     def reply(self, records: Mapping[str, Any]) -> Message:
         """The reply to the message, holding ``records``."""

@@ -14,6 +14,7 @@ blocks; ``cnn-2`` has the structure of ``cnn``) and ``vgg11``, ``vgg13``,
 import functools
 from collections.abc import Callable
 
+import torch
 from torch import nn
 
 from fedx.models.cnn import CNN
@@ -92,6 +93,29 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn
     return _BUILDERS[name](shape, int(num_classes))
 
 
+def client_model_seed(seed: int, client_id: int) -> int:
+    """The torch seed of client ``client_id``'s first model in a run seeded ``seed``.
+
+    One formula for every process that builds it: the server (a client's
+    first personalized model) and the client (the same model, trained while
+    it chooses its architecture).
+    """
+    return seed * 1_000_003 + client_id
+
+
+def build_seeded_model(
+    name: str, input_shape: tuple[int, ...], num_classes: int, seed: int
+) -> nn.Module:
+    """:func:`build_model` initialised from ``torch.manual_seed(seed)``.
+
+    The process's global torch RNG is left as it was, so the model depends
+    on ``seed`` alone.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build_model(name, input_shape, num_classes)
+
+
 __all__ = [
     "CNN",
     "CNN_FAMILY_CHANNELS",
@@ -102,4 +126,6 @@ __all__ = [
     "CharLSTM",
     "ResNet20",
     "build_model",
+    "build_seeded_model",
+    "client_model_seed",
 ]
