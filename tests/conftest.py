@@ -1,5 +1,6 @@
 """Shared fixtures: small models made of real arrays, the app's defaults, a simulation SuperLink."""
 
+import os
 from typing import Any
 
 import numpy as np
@@ -8,6 +9,25 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fedx.ops import Model
 from tests.helpers import DEFAULTS, PLAIN_FEDMR, make_model
+
+
+@pytest.fixture(scope="session", autouse=True)
+def partition_cache(tmp_path_factory):
+    """The tests' partition cache (fedx.data.cache): a folder of the session's, never the user's.
+
+    Set in the environment, so the processes the tests start (flwr run, Ray
+    workers, SuperNodes) share it.
+    """
+    from fedx.data.cache import CACHE_ENV  # pylint: disable=import-outside-toplevel
+
+    folder = tmp_path_factory.mktemp("fedx-cache")
+    saved = os.environ.get(CACHE_ENV)
+    os.environ[CACHE_ENV] = str(folder)
+    yield folder
+    if saved is None:
+        del os.environ[CACHE_ENV]
+    else:
+        os.environ[CACHE_ENV] = saved
 
 
 @pytest.fixture

@@ -1,21 +1,24 @@
-"""Splitting a training set among clients with flwr-datasets' partitioners."""
+"""Splitting a training set among clients with flwr-datasets' partitioners.
+
+Partitions are cached on disk (:mod:`fedx.data.cache`): flwr-datasets and the
+Hugging Face ``datasets`` stack it builds on are imported only by the process
+that computes a partitioning first.
+"""
 
 import functools
 import warnings
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import datasets as hf_datasets
 import numpy as np
-from flwr_datasets.partitioner import (
-    DirichletPartitioner,
-    IidPartitioner,
-    InnerDirichletPartitioner,
-    Partitioner,
-)
 from torch.utils.data import Dataset, Subset
 
+from fedx.data.cache import array_digest, cached_indices, code_identity
 from fedx.data.datasets import _check_choice, _resolve_root, load_split
 from fedx.data.leaf import LEAF_DATASETS
+
+if TYPE_CHECKING:
+    from flwr_datasets.partitioner import Partitioner
 
 PARTITIONINGS: tuple[str, ...] = ("iid", "dirichlet", "dirichlet-size-label", "natural")
 
@@ -105,7 +108,10 @@ def partition_indices(
     Returns
     -------
     list[np.ndarray]
-        ``num_partitions`` int64 arrays of positions into ``labels``.
+        ``num_partitions`` read-only int64 arrays of positions into ``labels``.
+        They are computed once per set of arguments and then read from the
+        disk cache (:mod:`fedx.data.cache`), keyed by the arguments, a digest
+        of ``labels`` and ``groups`` and the versions of the code.
 
     Raises
     ------
@@ -116,7 +122,40 @@ def partition_indices(
     if labels.ndim != 1:
         raise ValueError(f"labels must be 1-D, got shape {labels.shape}")
     _check_partition_args(len(labels), num_partitions, partitioning, alpha, min_partition_size)
+    group_array = None if groups is None else np.asarray(groups)
+    settings = {
+        "num_partitions": int(num_partitions),
+        "partitioning": partitioning,
+        "alpha": float(alpha),
+        "min_partition_size": int(min_partition_size),
+        "seed": int(seed),
+        "size_alpha": float(size_alpha),
+    }
+    key = {
+        **settings,
+        "labels": array_digest(labels),
+        "groups": array_digest(group_array),
+        "code": code_identity(__file__, "flwr-datasets", "datasets"),
+    }
+    return list(
+        cached_indices(
+            "partitions", key, lambda: _compute_partitions(labels, group_array, **settings)
+        )
+    )
 
+
+def _compute_partitions(
+    labels: np.ndarray,
+    groups: np.ndarray | None,
+    *,
+    num_partitions: int,
+    partitioning: str,
+    alpha: float,
+    min_partition_size: int,
+    seed: int,
+    size_alpha: float,
+) -> list[np.ndarray]:
+    """What :func:`partition_indices` returns, computed (its arguments are checked)."""
     num_samples = len(labels)
     if partitioning == "natural":
         return _natural_partitions(groups, num_samples, num_partitions)
@@ -124,6 +163,10 @@ def partition_indices(
         return _size_label_dirichlet(
             labels, num_partitions, alpha, size_alpha, min_partition_size, seed
         )
+    # pylint: disable=import-outside-toplevel  (imported only where a split is computed)
+    import datasets as hf_datasets
+    from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner
+
     if partitioning == "iid":
         # IidPartitioner cuts contiguous shards, which would keep any order of
         # the samples (such as sorted by label): shuffle first.
@@ -251,6 +294,10 @@ def _size_label_dirichlet(
     seed: int,
 ) -> list[np.ndarray]:
     """Matsuda et al.'s partitioning: Dirichlet sizes, then a Dirichlet label mix per partition."""
+    # pylint: disable=import-outside-toplevel  (imported only where a split is computed)
+    import datasets as hf_datasets
+    from flwr_datasets.partitioner import InnerDirichletPartitioner
+
     if not size_alpha > 0:
         raise ValueError(f"size-alpha={size_alpha!r} must be > 0")
     sizes = dirichlet_sizes(
@@ -393,6 +440,7 @@ def _train_partitions(
         leaf_users=leaf_users,
         leaf_min_samples=leaf_min_samples,
     )
+    # Read-only: shared by every caller through the cache.
     partitions = partition_indices(
         dataset_labels(train),
         num_partitions,
@@ -402,9 +450,6 @@ def _train_partitions(
         seed=seed,
         groups=dataset_groups(train),
     )
-    for indices in partitions:
-        # Shared by every caller through the cache: nobody may change them.
-        indices.setflags(write=False)
     return tuple(partitions)
 
 
