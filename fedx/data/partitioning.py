@@ -399,6 +399,82 @@ def load_partition(
     return Partition(train, partitions[partition_id])
 
 
+def load_test_share(
+    name: str,
+    partition_id: int,
+    num_partitions: int,
+    *,
+    root: str = "data",
+    download: bool = False,
+    seed: int = 0,
+    test_fraction: float = 0.2,
+    leaf_users: int = 0,
+    leaf_min_samples: int = 0,
+) -> Partition:
+    """Return one client's IID share of a dataset's test split (it has the distribution of the whole).
+
+    Clients evaluate a global model on these shares: together they are the
+    test split, each of them a seeded IID partition (:func:`partition_indices`).
+    Cached per process, like :func:`load_partition`.
+
+    Parameters
+    ----------
+    name, partition_id, num_partitions
+        As for :func:`load_partition`.
+    root, download, seed, test_fraction, leaf_users, leaf_min_samples
+        As for :func:`fedx.data.load_split`; ``seed`` also seeds the shares.
+    """
+    if not 0 <= partition_id < num_partitions:
+        raise ValueError(
+            f"partition-id={partition_id!r} must be in [0, {num_partitions}) "
+            f"for num-partitions={num_partitions}"
+        )
+    settings = {
+        "root": root,
+        "download": download,
+        "seed": seed,
+        "test_fraction": test_fraction,
+        "leaf_users": leaf_users,
+        "leaf_min_samples": leaf_min_samples,
+    }
+    test = load_split(name, "test", **settings)
+    shares = _test_shares(
+        name,
+        _resolve_root(root),
+        bool(download),
+        float(test_fraction),
+        int(num_partitions),
+        int(seed),
+        int(leaf_users),
+        int(leaf_min_samples),
+    )
+    return Partition(test, shares[partition_id])
+
+
+@functools.lru_cache(maxsize=8)
+def _test_shares(
+    name: str,
+    root: str,
+    download: bool,
+    test_fraction: float,
+    num_partitions: int,
+    seed: int,
+    leaf_users: int,
+    leaf_min_samples: int,
+) -> tuple[np.ndarray, ...]:
+    test = load_split(
+        name,
+        "test",
+        root=root,
+        download=download,
+        seed=seed,
+        test_fraction=test_fraction,
+        leaf_users=leaf_users,
+        leaf_min_samples=leaf_min_samples,
+    )
+    return tuple(partition_indices(dataset_labels(test), num_partitions, seed=seed))
+
+
 def _check_natural(name: str, train: Dataset, num_partitions: int) -> None:
     """Explain in run-config terms why ``"natural"`` cannot partition ``train``."""
     users = getattr(train, "users", None)
