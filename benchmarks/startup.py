@@ -9,11 +9,10 @@ reports:
 * **to round 1**: seconds from starting ``flwr run`` until its streamed log
   shows ``[ROUND 1/...]``: Ray's start, the ServerApp's imports and set-up,
   the query that lists the clients (which starts the ClientApp workers);
-* **CPU to round 1**: the processor seconds the federation's processes
-  spent in that time (``flwr run`` itself, the SuperLink and everything
-  it started: the simulation, Ray and its workers; the SuperLink's own
-  from before the run not counted). Unlike wall time, it hardly moves when
-  other work shares the machine;
+* **CPU to round 1**: the processor seconds spent in that time by the
+  processes started for the run (``flwr run`` itself, the simulation, Ray
+  and its workers; not the SuperLink, which was there before). Unlike wall
+  time, it hardly moves when other work shares the machine;
 * **round 1** and **rounds 2+**: ``round-seconds`` of ``metrics.json``
   (round 1 includes the first ClientApp calls of every worker);
 * **whole run**: wall time of ``flwr run``;
@@ -24,17 +23,19 @@ The runs share one partition cache (``FEDX_CACHE_DIR``, a fresh temporary
 folder): the first run computes the partitions and the digits split, the
 later ones read them, as every run after a user's first does.
 
-``--app`` runs other copies of the app as well (another version of fedx, for
-a before/after comparison: ``git archive <commit> | tar -x -C <folder>``),
-each run of each app in turn, so that a drift of the machine's load touches
-all of them alike. Each app runs from its own folder with its own ``fedx``
+``--app`` runs other copies of the app instead of this repository (other
+versions of fedx, for a before/after comparison: ``git archive <commit> |
+tar -x -C <folder>``), each run of each app in turn, so that a drift of the
+machine's load touches all of them alike. ``flwr run`` packs the app's
+folder after walking all of it: a virtual environment inside the folder
+(``.venv``) costs seconds per run, so compare copies without one. Each app runs from its own folder with its own ``fedx``
 (Flower puts the app's folder first on the path of the ServerApp and the
 ClientApps); this script's fedx only starts the SuperLink.
 
 Usage::
 
     python benchmarks/startup.py                   # the default job, 2 runs
-    python benchmarks/startup.py --runs 3 --rounds 2 --app /tmp/fedx-main
+    python benchmarks/startup.py --runs 3 --rounds 2 --app /tmp/fedx-main --app /tmp/fedx-new
 
 This script reports; it is not a test, and it always exits with status 0.
 """
@@ -59,32 +60,27 @@ FEDERATION = "num-supernodes=10 client-resources-num-cpus=1"
 ROUND_ONE = "[ROUND 1/"
 
 
-def federation_cpu(flwr_home: Path) -> dict[tuple[int, float], float]:
-    """CPU seconds of every live process of this federation, by (pid, start time).
+def run_cpu(flwr_home: Path, since: float) -> float:
+    """CPU seconds of this federation's processes started at or after ``since`` (epoch seconds).
 
     The federation's processes are those with its ``FLWR_HOME`` in their
     environment (every process the SuperLink starts inherits it, and so
-    does ``flwr run``). A process's seconds include those of its children
-    that it has waited for, so processes that came and went are counted too.
+    does ``flwr run``); those started before the run (the SuperLink, what
+    is left of earlier runs) are not counted. A process's seconds include
+    those of its children that it has waited for, so processes that came
+    and went are counted too.
     """
     marker = str(flwr_home.resolve())
-    seconds = {}
+    total = 0.0
     for process in psutil.process_iter():
         try:
-            if process.environ().get("FLWR_HOME") != marker:
+            if process.create_time() < since or process.environ().get("FLWR_HOME") != marker:
                 continue
             times = process.cpu_times()
-            seconds[(process.pid, process.create_time())] = (
-                times.user + times.system + times.children_user + times.children_system
-            )
+            total += times.user + times.system + times.children_user + times.children_system
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
-    return seconds
-
-
-def cpu_since(before: dict[tuple[int, float], float], now: dict[tuple[int, float], float]) -> float:
-    """CPU seconds spent between two :func:`federation_cpu` readings."""
-    return sum(value - before.get(key, 0.0) for key, value in now.items())
+    return total
 
 
 def run_once(
@@ -92,7 +88,8 @@ def run_once(
 ) -> dict:
     """One ``flwr run`` of the default job; its timings and final accuracy."""
     flwr_home = Path(env["FLWR_HOME"])
-    cpu_before = federation_cpu(flwr_home)
+    # Process start times are kept to 1/100 s or so.
+    epoch_start = time.time() - 0.05
     settings = f'run-name="startup" output-dir="{output}"'
     if rounds is not None:
         settings += f" num-server-rounds={rounds}"
@@ -122,7 +119,7 @@ def run_once(
             lines.append(f"{time.perf_counter() - start:8.2f}  {line}")
             if not first_round and ROUND_ONE in line:
                 first_round.append(time.perf_counter() - start)
-                cpu_first_round.append(cpu_since(cpu_before, federation_cpu(flwr_home)))
+                cpu_first_round.append(run_cpu(flwr_home, epoch_start))
         code = process.wait()
     finally:
         timer.cancel()
@@ -161,7 +158,7 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         type=Path,
         action="append",
         default=[],
-        help="another copy of the app to run in turn with this one (repeatable)",
+        help="run this copy of the app instead of this repository (repeatable: in turn)",
     )
     parser.add_argument(
         "--logs",
@@ -186,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
             simulation=True,
             extra_environment={"FEDX_CACHE_DIR": str(home / "cache")},
         )
-        apps = [APP, *arguments.app]
+        apps = arguments.app or [APP]
         print(f"flwr run <app> --federation-config {FEDERATION!r}; partition cache in {home}/cache")
         for number, app in enumerate(apps):
             print(f"  app {number}: {app}")
