@@ -9,7 +9,7 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
 from fedx.data import load_split, load_test_share, partition_indices
-from fedx.data.cache import CACHE_ENV, cache_dir, cached_indices
+from fedx.data.cache import CACHE_ENV, cache_dir, cached_indices, code_identity
 from fedx.data.datasets import _digits, _digits_splits
 
 
@@ -181,3 +181,13 @@ def test_test_shares_split_the_test_set() -> None:
 def test_the_tests_never_use_the_users_cache() -> None:
     # conftest.py points the cache at a folder of the session's.
     assert os.environ[CACHE_ENV] and "fedx-cache" in os.environ[CACHE_ENV]
+
+
+def test_the_code_identity_follows_the_module_and_the_libraries(tmp_path) -> None:
+    first, second = tmp_path / "a.py", tmp_path / "b.py"
+    first.write_text("SPLIT = 1\n")
+    second.write_text("SPLIT = 2\n")
+    identity = code_identity(str(first), "flwr-datasets")
+    assert identity != code_identity(str(second), "flwr-datasets")
+    assert identity["numpy"] == np.__version__ and identity["flwr-datasets"] != "absent"
+    assert code_identity(str(tmp_path / "gone.py"))["fedx-module"].startswith("fedx ")

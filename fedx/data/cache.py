@@ -71,13 +71,21 @@ def code_identity(module_file: str, *distributions: str) -> dict[str, str]:
     ``module_file`` is the ``__file__`` of the fedx module that computes the
     arrays; ``distributions`` the installed packages it calls.
     """
-    identity = {"fedx-module": hashlib.sha256(Path(module_file).read_bytes()).hexdigest()}
+    try:
+        source = hashlib.sha256(Path(module_file).read_bytes()).hexdigest()
+    except OSError:  # not a plain file (a zipped install): the installed version says it
+        source = "fedx " + _version("fedx")
+    identity = {"fedx-module": source}
     for name in ("numpy", *distributions):
-        try:
-            identity[name] = version(name)
-        except PackageNotFoundError:
-            identity[name] = "absent"
+        identity[name] = _version(name)
     return identity
+
+
+def _version(distribution: str) -> str:
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return "absent"
 
 
 def cached_indices(
