@@ -4,13 +4,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")  # no display on servers and in CI
-import matplotlib.pyplot as plt  # noqa: E402  pylint: disable=wrong-import-position
-from matplotlib.ticker import MaxNLocator  # noqa: E402  pylint: disable=wrong-import-position
-
-from fedx.files import write_json_atomically  # noqa: E402
+from fedx.files import write_json_atomically
 
 METRICS_FILE = "metrics.json"
 PLOT_FILE = "accuracy.png"
@@ -112,7 +106,14 @@ class RunRecorder:
             for r, m in rows
             if "personalized-accuracy" in m
         ]
-        figure, axes = plt.subplots(figsize=(6, 4))
+        # Imported here: only the end of a run draws. A Figure of its own (not
+        # pyplot's) needs no display and leaves the process's backend alone.
+        # pylint: disable=import-outside-toplevel
+        from matplotlib.figure import Figure
+        from matplotlib.ticker import MaxNLocator
+
+        figure = Figure(figsize=(6, 4))
+        axes = figure.subplots()
         if points:
             axes.plot(
                 [r for r, _ in points],
@@ -144,5 +145,4 @@ class RunRecorder:
         figure.tight_layout()
         path = self.directory / PLOT_FILE
         figure.savefig(path, dpi=120)
-        plt.close(figure)
         return path

@@ -98,9 +98,10 @@ def test_round_bytes_quick(server_task_identity, capsys):
     assert "down/FedAvg" in out and "fedmr-secure" in out
 
 
-def test_simulation_overhead_quick(capsys):
+def test_simulation_overhead_quick(app, capsys, monkeypatch):
     """One FedAvg run through `flwr run` against the plain loop; nothing left running after."""
     simulation_overhead = load_script("simulation_overhead")
+    monkeypatch.setattr(simulation_overhead, "APP", app)  # a copy that packs quickly
     report = simulation_overhead.main(["--quick", "--strategies", "fedavg", "--rounds", "2"])
     ((case, strategy, simulation, plain),) = report.rows
     assert (case.clients, case.fraction, strategy) == (10, 1.0, "fedavg")

@@ -285,7 +285,7 @@ def processes_mentioning(text: str) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def digits_comparison(tmp_path_factory):
+def digits_comparison(app, tmp_path_factory):
     """``fedx-compare`` on a 2 methods x 2 seeds digits grid: stopped by SIGTERM
     during its second run, then run to the end, then run once more."""
     folder = tmp_path_factory.mktemp("compare")
@@ -307,6 +307,8 @@ def digits_comparison(tmp_path_factory):
         "0,1",
         "--out",
         str(folder / "out"),
+        "--app",
+        str(app),
     ]
 
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
