@@ -43,6 +43,7 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 
+from fedx.messaging import send_and_collect
 from fedx.secure.wire import (
     RECORD,
     RETURN_TYPE,
@@ -329,7 +330,7 @@ class SecureRelay:
         self.stats.exchanges += 1
         self.stats.bytes_out += sum(_payload_size(r) for r in contents.values())
         replies: dict[int, object] = {}
-        for reply in self.grid.send_and_receive(messages, timeout=self.timeout):
+        for reply in send_and_collect(self.grid, messages, self.timeout):
             node = reply.metadata.src_node_id
             if node not in contents or node in replies:
                 continue

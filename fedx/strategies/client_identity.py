@@ -14,6 +14,8 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 
+from fedx.messaging import send_and_collect
+
 CLIENT_ID_KEY = "client-id"
 
 
@@ -37,7 +39,7 @@ def query_client_ids(
         for node_id in node_ids
     ]
     identified: dict[int, int] = {}
-    for reply in grid.send_and_receive(query, timeout=timeout):
+    for reply in send_and_collect(grid, query, timeout):
         node_id = reply.metadata.src_node_id
         client_id = reported_client_id(reply)
         if isinstance(client_id, str):

@@ -20,6 +20,8 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from flwr.serverapp.strategy.strategy_utils import log_strategy_start_info
 
+from fedx.messaging import send_and_collect
+
 EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 RoundEndFn = Callable[[int, ArrayRecord, Result], None]
 
@@ -57,7 +59,7 @@ def run_rounds(
         The first round to run. Rounds before it count as done: the
         ``evaluate_fn`` of round 0 runs only when ``first_round`` is 1.
     timeout : float (default: 3600)
-        Seconds each ``send_and_receive`` waits for replies.
+        Seconds each exchange waits for replies (:func:`~fedx.messaging.send_and_collect`).
     train_config, evaluate_config : ConfigRecord, optional
         Sent to the nodes with every training / evaluation message.
     evaluate_fn : callable, optional
@@ -138,9 +140,8 @@ def _train(
     result: Result,
 ) -> ArrayRecord:
     """One training round; returns the new global arrays (or the old ones)."""
-    replies = grid.send_and_receive(
-        messages=strategy.configure_train(server_round, arrays, config, grid),
-        timeout=timeout,
+    replies = send_and_collect(
+        grid, strategy.configure_train(server_round, arrays, config, grid), timeout
     )
     new_arrays, metrics = strategy.aggregate_train(server_round, replies)
     if new_arrays is not None:
@@ -163,9 +164,8 @@ def _evaluate(
     result: Result,
 ) -> None:
     """Federated evaluation of the global arrays, when the strategy asks for it."""
-    replies = grid.send_and_receive(
-        messages=strategy.configure_evaluate(server_round, arrays, config, grid),
-        timeout=timeout,
+    replies = send_and_collect(
+        grid, strategy.configure_evaluate(server_round, arrays, config, grid), timeout
     )
     metrics = strategy.aggregate_evaluate(server_round, replies)
     if metrics is not None:
