@@ -231,10 +231,10 @@ def test_bad_arguments_are_rejected(pair, arguments, message):
 def test_layout_mismatch_is_rejected(pair):
     current, previous = pair
     renamed = {("head.weight" if name == "fc.weight" else name): a for name, a in previous.items()}
-    with pytest.raises(ValueError, match="different names"):
+    with pytest.raises(ValueError, match=r"previous_global does not match global_model: names differ"):
         mutate(current, renamed, np.random.default_rng(0), k=2, alpha=1.0)
     reshaped = dict(previous, **{"fc.weight": previous["fc.weight"].reshape(64, 10)})
-    with pytest.raises(ValueError, match=r"fc.weight: shape \(10, 64\)"):
+    with pytest.raises(ValueError, match=r"fc.weight: shape \(64, 10\), expected \(10, 64\)"):
         mutate(current, reshaped, np.random.default_rng(0), k=2, alpha=1.0)
 
 

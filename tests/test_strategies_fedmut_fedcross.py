@@ -2,12 +2,12 @@
 
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord
-from flwr.serverapp.strategy import FedAvg
+from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 
 from fedx.ops import average, cosine_similarity_matrix
 from fedx.strategies import FedCross, FedIndep, FedMR, FedMut
 from fedx.strategies.multi_model import to_arrayrecord, to_model
+from tests.conftest import make_model
 from tests.standin_grid import NODE_IDS, StandInGrid, run_round, sent_models, trained_reply
 
 pytestmark = pytest.mark.usefixtures("server_task_identity")
@@ -193,3 +193,44 @@ def test_weighted_pool_mean_is_refused_with_secure_recombination():
         FedMR(secure_recombination=True, pool_mean="weighted")
     with pytest.raises(ValueError, match="pool_mean must be one of"):
         FedMut(pool_mean="median")
+
+
+@pytest.mark.parametrize("pool_mean", ["uniform", "weighted"])
+def test_fedmut_stays_centred_when_only_one_node_replies(initial, pool_mean):
+    # Every round only one node replies; it pulls its model half-way towards
+    # a target of its own. With the uniform mean of the K slot models, the
+    # K - 1 unanswered mutations still cancel the answered one and w_glb
+    # moves by 1/K of one client's step. Averaging the trained model alone (as the
+    # weighted mean does) makes w_glb that one mutation, 4|g| away, and g
+    # doubles every round: the run blows up.
+    nodes = NODE_IDS[:4]
+    targets = {node: make_model(np.random.default_rng(i)) for i, node in enumerate(nodes)}
+    answering = {"node": None}
+
+    def reply(message):
+        node = message.metadata.dst_node_id
+        if node != answering["node"]:
+            return None
+        model = to_model(message.content["arrays"])
+        pulled = {
+            n: (0.5 * a + 0.5 * targets[node][n]).astype(a.dtype) if a.dtype.kind == "f" else a
+            for n, a in model.items()
+        }
+        content = RecordDict({"arrays": to_arrayrecord(pulled), "metrics": MetricRecord({"num-examples": 10})})
+        return Message(content=content, reply_to=message)
+
+    grid = StandInGrid(nodes, reply)
+    strategy = FedMut(seed=0, alpha=4.0, beta0=0.0, min_available_nodes=1, pool_mean=pool_mean)
+    strategy.unresponsive_cooldown = 0.0  # silent nodes stay in the sample
+    arrays = to_arrayrecord(initial)
+    largest = 0.0
+    for server_round in range(1, 16):
+        answering["node"] = nodes[server_round % len(nodes)]
+        messages = list(strategy.configure_train(server_round, arrays, ConfigRecord(), grid))
+        arrays, _ = strategy.aggregate_train(server_round, grid.send_and_receive(messages))
+        largest = max(largest, max(float(np.abs(a).max()) for a in to_model(arrays).values() if a.dtype.kind == "f"))
+    scale = max(float(np.abs(a).max()) for t in targets.values() for a in t.values() if a.dtype.kind == "f")
+    if pool_mean == "uniform":
+        assert largest < 2 * scale
+    else:
+        assert largest > 100 * scale

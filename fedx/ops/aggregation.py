@@ -1,14 +1,19 @@
-"""Weighted averaging of models."""
+"""Weighted averaging of models, and the one blocked weighted sum behind every fusion."""
 
 from collections.abc import Sequence
 
 import numpy as np
 
-from fedx.ops.typing import Model
+from fedx.ops.model import Model
+from fedx.ops.parallel import run_tasks
 
-# Elements per block in the weighted sum: small enough that the scaled block
-# stays in cache, large enough that the Python loop overhead is negligible.
-_BLOCK = 1 << 16
+# Elements per block of the weighted sums: large enough that the Python
+# overhead per block (a few ufunc calls) stays small next to the work, small
+# enough that the blocks of all inputs and outputs of one tensor stay in the
+# last-level cache while an operation goes through them.
+_BLOCK = 1 << 17
+# Below this many elements read, threads cost more than they save.
+_PARALLEL_WORK = 1 << 22
 
 
 def average(models: Sequence[Model], weights: Sequence[float] | None = None) -> Model:
@@ -26,53 +31,175 @@ def average(models: Sequence[Model], weights: Sequence[float] | None = None) -> 
     Returns
     -------
     Model
-        New arrays with the dtypes of the inputs. Integer tensors (such as
+        New arrays with the dtypes of the inputs; finite inputs give a finite
+        mean (see :func:`weighted_sums`). Integer tensors (such as
         BatchNorm's ``num_batches_tracked``) are averaged in float64 and
-        rounded back to their integer dtype.
+        rounded back to their integer dtype. The mean of one model is a copy
+        of it.
     """
     if not models:
         raise ValueError("average() needs at least one model")
-    factors = _normalised_weights(len(models), weights)
+    factors = normalised_weights(len(models), weights)
     return {
-        name: _weighted_sum([model[name] for model in models], factors)
+        name: weighted_sums([[model[name] for model in models]], [factors])[0]
         for name in models[0]
     }
 
 
-def _normalised_weights(count: int, weights: Sequence[float] | None) -> np.ndarray:
+def normalised_weights(count: int, weights: Sequence[float] | None) -> np.ndarray:
+    """``count`` float64 factors that sum to one: equal ones, or ``weights`` normalised.
+
+    The weights are divided by the largest one before they are summed, so
+    finite weights never give an infinite total.
+    """
     if weights is None:
         return np.full(count, 1.0 / count)
     factors = np.asarray(weights, dtype=np.float64)
     if factors.shape != (count,):
-        raise ValueError(f"expected {count} weights, got {factors.shape[0]}")
-    if np.any(factors < 0) or not np.isfinite(factors).all() or factors.sum() <= 0:
-        raise ValueError(f"weights must be finite, non-negative, not all zero: {weights}")
+        raise ValueError(f"expected {count} weights, got {factors.size}")
+    if not np.isfinite(factors).all() or np.any(factors < 0) or not np.any(factors > 0):
+        raise ValueError(f"weights must be finite, non-negative, not all zero: {list(weights)}")
+    factors = factors / factors.max()
     return factors / factors.sum()
 
 
-def _weighted_sum(arrays: list[np.ndarray], factors: np.ndarray) -> np.ndarray:
+def weighted_sums(
+    arrays: Sequence[Sequence[np.ndarray]], factors: Sequence[Sequence[float] | np.ndarray]
+) -> list[np.ndarray]:
+    """``sum_i factors[k][i] * arrays[k][i]`` for every output ``k``, as new arrays.
+
+    This is the one fusion every operation uses: means, FedCross's blends,
+    FedMe's eq. 8. Each output's factors are meant to be a convex combination
+    (non-negative, summing to one), so its exact value lies between its
+    inputs' extremes. Several outputs are spread over threads (see
+    :mod:`fedx.ops.parallel`); each is computed in cache-sized blocks.
+
+    Floating-point outputs are summed in their own dtype (all terms of the
+    first input's dtype). A block in which an operation overflows (or gives
+    NaN from Inf - Inf) is computed again in float64 (or wider), every term
+    scaled by its factor before it is added, and values that round beyond
+    the dtype's range saturate at its largest finite value: finite inputs always give a finite result with
+    the precision of the dtype, and inputs that hold NaN or Inf give NaN or
+    Inf. Integer outputs are summed in float64 and rounded to the nearest
+    integer of their dtype, within its range.
+
+    Parameters
+    ----------
+    arrays : Sequence[Sequence[np.ndarray]]
+        For every output, its terms: at least one array, all of one shape.
+        Not modified.
+    factors : Sequence[Sequence[float]]
+        For every output, one factor per term.
+
+    Returns
+    -------
+    list[np.ndarray]
+        One new array per output, with its first term's dtype and shape.
+    """
+    if len(arrays) != len(factors):
+        raise ValueError(f"{len(arrays)} outputs but {len(factors)} lists of factors")
+    outputs: list[np.ndarray | None] = [None] * len(arrays)
+    sums: list[_BlockedSum] = []
+    for index, (terms, weights) in enumerate(zip(arrays, factors, strict=True)):
+        weights = np.asarray(weights, dtype=np.float64)
+        if not terms or len(terms) != weights.size:
+            raise ValueError(
+                f"output {index}: need one factor per term, got {len(terms)} terms "
+                f"and {weights.size} factors"
+            )
+        if np.issubdtype(terms[0].dtype, np.floating):
+            blocked = _BlockedSum(terms, weights)
+            sums.append(blocked)
+            outputs[index] = blocked.total
+        else:
+            outputs[index] = _integer_weighted_sum(terms, weights)
+    # Outputs are independent: several go to several threads.
+    work = sum(blocked.size * len(blocked.flats) for blocked in sums)
+    run_tasks(_BlockedSum.fill, sums, threads=None if work >= _PARALLEL_WORK else 1)
+    return outputs
+
+
+class _BlockedSum:
+    """One floating-point output of :func:`weighted_sums`, filled block by block."""
+
+    def __init__(self, terms: Sequence[np.ndarray], factors: np.ndarray) -> None:
+        dtype = terms[0].dtype
+        self.total = np.empty(terms[0].shape, dtype=dtype)
+        self.size = self.total.size
+        self._flat_total = self.total.reshape(-1)
+        self.flats = [np.ravel(term) for term in terms]
+        self._factors = factors
+        self._scalars = [dtype.type(factor) for factor in factors]
+        # Equal factors (a plain mean): add, then scale once, one multiply
+        # per element instead of one per term.
+        self._equal = bool(np.all(factors == factors[0]))
+
+    def fill(self) -> None:
+        """Compute the whole output, block by block."""
+        # numpy checks the FPU's overflow flag after every ufunc call anyway:
+        # raising on it costs nothing until a block overflows. (errstate is
+        # per thread: set here, in the thread that does the work.)
+        scratch = None if self._equal else np.empty(min(_BLOCK, self.size), self.total.dtype)
+        with np.errstate(over="raise", invalid="raise"):
+            for start in range(0, self.size, _BLOCK):
+                self._add_block(slice(start, start + _BLOCK), scratch)
+
+    def _add_block(self, block: slice, scratch: np.ndarray | None) -> None:
+        out = self._flat_total[block]
+        try:
+            self._add_block_fast(block, out, scratch)
+        except FloatingPointError:
+            with np.errstate(over="ignore", invalid="ignore"):
+                _wide_weighted_sum([flat[block] for flat in self.flats], self._factors, out)
+
+    def _add_block_fast(self, block: slice, out: np.ndarray, scratch: np.ndarray | None) -> None:
+        flats, scalars = self.flats, self._scalars
+        if self._equal:
+            if len(flats) == 1:
+                np.multiply(flats[0][block], scalars[0], out=out)
+            else:
+                np.add(flats[0][block], flats[1][block], out=out)
+                for flat in flats[2:]:
+                    out += flat[block]
+                out *= scalars[0]
+        else:
+            np.multiply(flats[0][block], scalars[0], out=out)
+            partial = scratch[: out.size]  # type: ignore[index]
+            for scalar, flat in zip(scalars[1:], flats[1:], strict=True):
+                np.multiply(flat[block], scalar, out=partial)
+                out += partial
+
+
+def _wide_weighted_sum(blocks: list[np.ndarray], factors: np.ndarray, out: np.ndarray) -> None:
+    """The range-safe path of :func:`weighted_sums` for one block, into ``out``.
+
+    Each term is widened, scaled by its factor, then added, so no partial sum
+    exceeds the largest input by more than rounding; the result is clipped
+    to ``out``'s finite range when the inputs are finite.
+    """
+    wide = np.promote_types(out.dtype, np.float64)
+    total = np.zeros(out.size, dtype=wide)
+    for block, factor in zip(blocks, factors, strict=True):
+        total += block.astype(wide) * factor
+    if all(np.isfinite(block).all() for block in blocks):
+        largest = np.finfo(out.dtype).max
+        np.clip(total, -largest, largest, out=total)
+    out[...] = total
+
+
+def _integer_weighted_sum(arrays: Sequence[np.ndarray], factors: np.ndarray) -> np.ndarray:
     dtype = arrays[0].dtype
-    if not np.issubdtype(dtype, np.floating):
-        total = sum(f * a.astype(np.float64) for f, a in zip(factors, arrays, strict=True))
-        # 0-d arithmetic yields numpy scalars; the result must stay an array.
-        return np.asarray(np.rint(total)).astype(dtype)
-    if np.all(factors == factors[0]):
-        # Equal weights: add in place, scale once. One pass over each input.
-        total = np.array(arrays[0], dtype=dtype, copy=True)
-        for array in arrays[1:]:
-            total += array
-        total *= dtype.type(factors[0])
-        return total
-    total = np.empty_like(arrays[0])
-    flat_total = total.reshape(-1)
-    flat_arrays = [np.ascontiguousarray(a).reshape(-1) for a in arrays]
-    scratch = np.empty(min(_BLOCK, flat_total.size), dtype=dtype)
-    for start in range(0, flat_total.size, _BLOCK):
-        block = slice(start, start + _BLOCK)
-        out = flat_total[block]
-        np.multiply(flat_arrays[0][block], dtype.type(factors[0]), out=out)
-        for factor, flat in zip(factors[1:], flat_arrays[1:], strict=True):
-            tmp = scratch[: out.size]
-            np.multiply(flat[block], dtype.type(factor), out=tmp)
-            out += tmp
-    return total
+    total = np.zeros(arrays[0].shape, dtype=np.float64)
+    for factor, array in zip(factors, arrays, strict=True):
+        total += factor * array.astype(np.float64)
+    np.rint(total, out=total)
+    if np.issubdtype(dtype, np.integer):
+        # The float64 nearest to a large integer bound can lie beyond it
+        # (2**63 for int64): step inside before casting.
+        info = np.iinfo(dtype)
+        low, high = float(info.min), float(info.max)
+        if int(high) > info.max:
+            high = float(np.nextafter(high, 0.0))
+        np.clip(total, low, high, out=total)
+    # 0-d arithmetic yields numpy scalars; the result must stay an array.
+    return np.asarray(total).astype(dtype)

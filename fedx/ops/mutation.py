@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from fedx.ops.typing import Model
+from fedx.ops.model import Model, layout_problem
 
 
 def dynamic_beta(beta0: float, round_index: int, beta_rounds: int) -> float:
@@ -81,7 +81,9 @@ def mutate(
         model itself. Per layer there are only two distinct mutated arrays
         (for ``+1`` and for ``-1 + beta``), which the models share; integer
         tensors are the global model's own arrays. Treat all of them as
-        read-only.
+        read-only. Finite inputs give finite models: where the mutation
+        leaves the dtype's range (a diverging run), values saturate at its
+        largest finite magnitude.
     """
     _check_mutation_arguments(global_model, previous_global, k=k, alpha=alpha, beta=beta)
     num_mutated = 2 * (k // 2)
@@ -108,15 +110,45 @@ def _mutated_layers(
 
     Two output arrays and no other temporaries: the update ``g`` is written
     into the first output, scaled in place, then the second output is built
-    from it before the first is finished.
+    from it before the first is finished. If an operation overflows (an
+    update beyond the dtype's range), both are computed again by
+    :func:`_saturated_mutation`.
     """
     scalar = weights.dtype.type
-    forward = np.subtract(weights, previous, out=np.empty_like(weights))
-    backward = np.multiply(forward, scalar(alpha * (beta - 1.0)), out=np.empty_like(weights))
-    backward += weights
-    forward *= scalar(alpha)
-    forward += weights
+    forward = np.empty_like(weights)
+    backward = np.empty_like(weights)
+    try:
+        # numpy checks the FPU's overflow flag after every ufunc call anyway:
+        # raising on it costs nothing until a layer overflows.
+        with np.errstate(over="raise", invalid="raise"):
+            np.subtract(weights, previous, out=forward)
+            np.multiply(forward, scalar(alpha * (beta - 1.0)), out=backward)
+            backward += weights
+            forward *= scalar(alpha)
+            forward += weights
+    except FloatingPointError:
+        with np.errstate(over="ignore", invalid="ignore"):
+            forward[...] = _saturated_mutation(weights, previous, alpha)
+            backward[...] = _saturated_mutation(weights, previous, alpha * (beta - 1.0))
     return forward, backward
+
+
+def _saturated_mutation(weights: np.ndarray, previous: np.ndarray, factor: float) -> np.ndarray:
+    """``weights + factor * (weights - previous)`` without overflow on the way.
+
+    Computed in float64 (or wider) on inputs halved, so the difference
+    cannot overflow, then doubled back; values beyond ``weights``' dtype
+    saturate at its largest finite value. Finite inputs give a finite
+    result; NaN or Inf in the inputs stay NaN or Inf.
+    """
+    wide = np.promote_types(weights.dtype, np.float64)
+    half = weights.astype(wide) * 0.5
+    moved = half + factor * (half - previous.astype(wide) * 0.5)
+    moved *= 2.0
+    if np.isfinite(weights).all() and np.isfinite(previous).all():
+        largest = np.finfo(weights.dtype).max
+        np.clip(moved, -largest, largest, out=moved)
+    return moved.astype(weights.dtype)
 
 
 def _check_mutation_arguments(
@@ -127,19 +159,9 @@ def _check_mutation_arguments(
     if not (math.isfinite(alpha) and alpha >= 0):
         raise ValueError(f"alpha must be finite and >= 0, got {alpha}")
     _check_unit_interval("beta", beta)
-    if global_model.keys() != previous_global.keys():
-        missing = [name for name in global_model if name not in previous_global]
-        extra = [name for name in previous_global if name not in global_model]
-        raise ValueError(
-            "global_model and previous_global have different names "
-            f"(missing {missing[:3]}, unexpected {extra[:3]})"
-        )
-    for name, weights in global_model.items():
-        if weights.shape != previous_global[name].shape:
-            raise ValueError(
-                f"{name}: shape {weights.shape} in global_model, "
-                f"{previous_global[name].shape} in previous_global"
-            )
+    problem = layout_problem(global_model, previous_global)
+    if problem is not None:
+        raise ValueError(f"previous_global does not match global_model: {problem}")
 
 
 def _check_unit_interval(argument: str, value: float) -> None:

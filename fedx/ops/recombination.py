@@ -6,7 +6,7 @@ from typing import Literal
 
 import numpy as np
 
-from fedx.ops.typing import Model
+from fedx.ops.model import Model
 
 Grouping = Literal["tensor", "module"]
 GROUPINGS: tuple[str, ...] = ("tensor", "module")

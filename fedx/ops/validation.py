@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from fedx.ops.typing import Model
+from fedx.ops.model import Model, layout_problem
 
 
 def find_problem(expected: Model, received: Model) -> str | None:
@@ -16,14 +16,11 @@ def find_problem(expected: Model, received: Model) -> str | None:
     str or None
         A one-line reason naming the first offending tensor, or ``None``.
     """
-    missing = [name for name in expected if name not in received]
-    extra = [name for name in received if name not in expected]
-    if missing or extra:
-        return f"names differ (missing {missing[:3]}, unexpected {extra[:3]})"
+    problem = layout_problem(expected, received)
+    if problem is not None:
+        return problem
     for name, reference in expected.items():
         array = received[name]
-        if array.shape != reference.shape:
-            return f"{name}: shape {array.shape}, expected {reference.shape}"
         if array.dtype != reference.dtype:
             return f"{name}: dtype {array.dtype}, expected {reference.dtype}"
         if np.issubdtype(array.dtype, np.inexact) and not np.isfinite(array).all():

@@ -24,9 +24,10 @@ class FedMR(MultiModelStrategy):
     drawn and new model i takes that layer from trained model pi(i), so every
     uploaded layer is used exactly once (Sec. 4.2). With two-stage training
     (Sec. 4.3) the first ``first_stage_rounds`` rounds are plain FedAvg: every
-    slot gets the mean of the trained models. The reported global model is
-    the mean of the K trained models (Algorithm 1, line 11). Both means are
-    plain means, as in the authors' code, unless ``pool_mean="weighted"``.
+    slot gets the mean of the K models. The reported global model is the
+    mean of the K trained models (Algorithm 1, line 11). Both are plain
+    means, as in the authors' code, unless ``pool_mean="weighted"`` (see
+    :meth:`~fedx.strategies.MultiModelStrategy.round_mean`).
 
     Parameters
     ----------
@@ -167,7 +168,7 @@ class FedMR(MultiModelStrategy):
     ) -> list[Model]:
         """Average in the first stage, recombine layers after it."""
         if server_round <= self.first_stage_rounds:
-            return [self.mean_of_trained(models, weights, trained)] * len(models)
+            return [self.round_mean(models, weights, trained)] * len(models)
         return recombine(
             models,
             self.rng,

@@ -16,8 +16,10 @@ from fedx.strategies.multi_model import MultiModelStrategy
 class FedMut(MultiModelStrategy):
     """FedMut: send K mutations of the global model around its last update.
 
-    Each round the trained models are aggregated into ``w_glb``, by their
-    plain mean as in the authors' code (``pool_mean="weighted"``: weighted by
+    Each round the K models are aggregated into ``w_glb``, by their plain
+    mean as in the authors' code (a slot whose node did not reply counts with
+    the mutation it was sent, so the mutations still cancel out;
+    ``pool_mean="weighted"``: the trained models weighted by
     ``weighted_by_key``, which diverges on skewed partitions); with ``g =
     w_glb - w_glb(previous round)``, the next pool is K models ``w_glb + alpha * v_i * g`` where per
     layer half the ``v`` are +1 and half -1 + beta_t (Algorithm 2, eq. 2),
@@ -83,7 +85,7 @@ class FedMut(MultiModelStrategy):
         trained: list[bool],
     ) -> list[Model]:
         """Aggregate the trained models, then mutate the result."""
-        aggregated = self.mean_of_trained(models, weights, trained)
+        aggregated = self.round_mean(models, weights, trained)
         # Before the first aggregation every slot holds the initial model w_glb^0.
         previous = self.previous_global if self.previous_global is not None else self.pool[0]
         beta = dynamic_beta(self.beta0, server_round, self.beta_rounds)

@@ -53,7 +53,7 @@ class MultiModelStrategy(FedAvg):
     replies are logged with the node id and never aggregated. A subclass then
     computes the next pool from the round's models (:meth:`update_pool`), and
     the strategy reports a global model (:meth:`global_model`, by default the
-    mean of the models trained this round, see ``pool_mean``) to Flower. The
+    mean of the round's models, see ``pool_mean``) to Flower. The
     global model is what centralized and federated evaluation see; the pool
     is what training uses.
 
@@ -220,23 +220,28 @@ class MultiModelStrategy(FedAvg):
     ) -> Model:
         """Return the deployment model of this round.
 
-        By default the mean of the models trained this round
-        (:meth:`mean_of_trained`). Arguments as in :meth:`update_pool`;
+        By default :meth:`round_mean`. Arguments as in :meth:`update_pool`;
         ``pool`` is the new pool.
         """
         del server_round, pool
-        return self.mean_of_trained(models, weights, trained)
+        return self.round_mean(models, weights, trained)
 
-    def mean_of_trained(
-        self, models: list[Model], weights: list[float], trained: list[bool]
-    ) -> Model:
-        """The mean of the models trained this round, as ``pool_mean`` says.
+    def round_mean(self, models: list[Model], weights: list[float], trained: list[bool]) -> Model:
+        """The mean of this round's models, as ``pool_mean`` says.
 
-        Arguments as in :meth:`update_pool`; at least one slot is trained.
+        ``"uniform"``: the plain mean of the K slot models, each the trained
+        model where its node replied validly and the model it was sent where
+        not, as the authors' ``Aggregation(w_locals, None)`` averages their
+        list of K models. A slot that did not train thus pulls the mean
+        towards where it was, which keeps FedMut's mutations centred when
+        only some nodes reply. ``"weighted"``: FedAvg's rule, the models
+        trained this round weighted by ``weighted_by_key``, the others left
+        out. Arguments as in :meth:`update_pool`; at least one slot is trained.
         """
+        if self.pool_mean == "uniform":
+            return average(models)
         fresh = [(m, w) for m, w, ok in zip(models, weights, trained, strict=True) if ok]
-        fresh_weights = [w for _, w in fresh] if self.pool_mean == "weighted" else None
-        return average([m for m, _ in fresh], fresh_weights)
+        return average([m for m, _ in fresh], [w for _, w in fresh])
 
     def assign_slots(self, num_nodes: int) -> list[int]:
         """Return the pool slot of each of ``num_nodes`` sampled nodes.

@@ -1,5 +1,8 @@
 """FedMe's model exchange: who receives whose model, and how the copies come back together.
 
+(Not to be confused with :mod:`fedx.secure.exchange`, the clients' layer
+exchange of FedMR's secure recombination.)
+
 Matsuda et al., "FedMe: Federated Learning via Model Exchange", SDM 2022,
 Sec. 4.2. Client i holds a personalized model; each round it also receives
 the personalized model of another client (the exchanged model), trains both
@@ -12,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from fedx.ops.aggregation import average
-from fedx.ops.typing import Model
+from fedx.ops.model import Model, layout_problem
 
 
 def cluster_count(server_round: int, increase_rounds: Sequence[int]) -> int:
@@ -126,19 +129,14 @@ def fedme_aggregate(
             raise ValueError(f"client {j} received model {source}: must be another of 0..{count - 1}")
         if copy is None:
             continue
-        _check_same_layout(personalized[source], copy, source, j)
+        problem = layout_problem(personalized[source], copy)
+        if problem is not None:
+            raise ValueError(
+                f"the copy of model {source} trained by client {j} does not match the model: "
+                f"{problem}"
+            )
         copies[source].append(copy)
     return [
         average([model, *received]) if received else model
         for model, received in zip(personalized, copies, strict=True)
     ]
-
-
-def _check_same_layout(original: Model, copy: Model, source: int, holder: int) -> None:
-    if list(original) != list(copy) or any(
-        original[name].shape != copy[name].shape for name in original
-    ):
-        raise ValueError(
-            f"the copy of model {source} trained by client {holder} has other tensors "
-            "or shapes than the model itself"
-        )
