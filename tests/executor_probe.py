@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow  # noqa: F401  # as fedx's ClientApp imports it (Hugging Face datasets): an allocator thread
 import torch
 
 #: Module state: filled at import and by each task; a task must never see another's.

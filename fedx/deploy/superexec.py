@@ -41,10 +41,13 @@ The warm interpreter is the ``forkserver`` of Python's ``multiprocessing``:
 a process started fresh (not forked from the SuperExec, which holds
 connections and threads), that imports the modules, then only waits on a
 local socket for fork requests; each child closes that socket before it
-runs anything. It runs no threads of its own; numerical libraries may keep
-idle worker threads, and fork safely (OpenBLAS stops its workers before a
-fork, jemalloc holds its locks across it). If it dies, the next task starts
-a new one.
+runs anything. It runs one thread when it forks: OpenBLAS stops its
+workers before every fork, and the warm interpreter starts with
+``JE_ARROW_MALLOC_CONF=background_thread:false`` (Arrow's allocator purges
+memory without a thread of its own) and ``PYTORCH_NVML_BASED_CUDA_CHECK=1``
+(``torch.cuda.is_available()`` at import does not initialize CUDA, which a
+forked child could then not use), unless those are set already. If it dies,
+the next task starts a new one.
 
 A task whose process crashes loses only its own reply: the warm interpreter
 and the other tasks go on, and the SuperNode answers the message with
@@ -56,6 +59,7 @@ environment of its own, which a warm interpreter cannot be), go to Flower's
 """
 
 import argparse
+import contextlib
 import multiprocessing
 import os
 import sys
@@ -78,6 +82,12 @@ from flwr.supercore.superexec.executor.config import ExecutorConfig
 
 DEFAULT_PRELOAD_APP = "fedx.client_app"
 DEFAULT_PRELOAD = ("torch",)
+#: Environment of the warm interpreter (where not set already): no allocator
+#: thread, no CUDA initialized before a fork.
+WARM_ENVIRONMENT = {
+    "JE_ARROW_MALLOC_CONF": "background_thread:false",
+    "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
+}
 #: Seconds a running task gets to stop on SIGTERM when the SuperExec stops.
 STOP_GRACE = 10.0
 
@@ -117,6 +127,18 @@ def _task_child(task: Callable[[ExecutionSpec], None], spec: ExecutionSpec,
     """What a task's forked child runs."""
     _fresh_start(app_package)
     task(spec)
+
+
+@contextlib.contextmanager
+def _warm_environment():
+    """:data:`WARM_ENVIRONMENT` in this process's environment, which a new warm interpreter gets."""
+    added = {k: v for k, v in WARM_ENVIRONMENT.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for key in added:
+            del os.environ[key]
 
 
 def _report_preloaded(modules: Sequence[str], connection: Connection) -> None:
@@ -162,7 +184,8 @@ class WarmExecutor:
         receiver, sender = self._context.Pipe(duplex=False)
         probe = self._context.Process(target=_report_preloaded, args=(self.modules, sender),
                                       name="fedx-warm-up")
-        probe.start()  # the warm interpreter forks it once its imports are done
+        with _warm_environment():
+            probe.start()  # starts the warm interpreter, which forks it once its imports are done
         sender.close()
         preloaded, warm_pid = receiver.recv()
         receiver.close()
@@ -207,7 +230,8 @@ class WarmExecutor:
                                         args=(self.task, spec, self.app_package),
                                         name=f"clientapp-task-{spec.task_id}")
         try:
-            process.start()  # restarts the warm interpreter if it died
+            with _warm_environment():
+                process.start()  # restarts the warm interpreter if it died
         except OSError as err:
             return LaunchResult.failed(f"could not fork the task from the warm interpreter: {err}")
         log(INFO, "fedx: ClientApp task %d forked from the warm interpreter: process %d",
