@@ -89,7 +89,9 @@ def _load_sibling(name: str) -> ModuleType:
     module_name = f"benchmark_{name}"
     if module_name in sys.modules:
         return sys.modules[module_name]
-    spec = importlib.util.spec_from_file_location(module_name, Path(__file__).with_name(f"{name}.py"))
+    spec = importlib.util.spec_from_file_location(
+        module_name, Path(__file__).with_name(f"{name}.py")
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module  # dataclasses look their module up here
@@ -193,8 +195,13 @@ def flwr_run_on(federation: LocalFederation, overrides: dict, timeout: float) ->
     """``flwr run --stream`` of this app on ``federation``: wall seconds and its output."""
     start = time.perf_counter()
     done = federation.flwr(
-        "run", str(APP), federation.spec.connection, "--stream",
-        "--run-config", overhead.run_config_argument(overrides), timeout=timeout,
+        "run",
+        str(APP),
+        federation.spec.connection,
+        "--stream",
+        "--run-config",
+        overhead.run_config_argument(overrides),
+        timeout=timeout,
     )
     return time.perf_counter() - start, done.stdout + done.stderr
 
@@ -214,15 +221,22 @@ def client_threads(threads: int):
 
 
 @contextlib.contextmanager
-def federation_of(state_dir: Path, clients: int, setup: Setup, threads: int, timeout: float = 300.0):
+def federation_of(
+    state_dir: Path, clients: int, setup: Setup, threads: int, timeout: float = 300.0
+):
     """A plain-text SuperLink and ``clients`` SuperNodes on free 127.0.0.1 ports, all up.
 
     For the warm executor, also every SuperNode's warm interpreter.
     """
     spec = FederationSpec(
-        num_supernodes=clients, state_dir=state_dir, port=free_port(),
-        supernode_ports=[free_port() for _ in range(clients)], insecure=True,
-        executor=setup.executor, poll_interval=setup.poll, workdir=state_dir,
+        num_supernodes=clients,
+        state_dir=state_dir,
+        port=free_port(),
+        supernode_ports=[free_port() for _ in range(clients)],
+        insecure=True,
+        executor=setup.executor,
+        poll_interval=setup.poll,
+        workdir=state_dir,
     )
     with client_threads(threads), LocalFederation(spec) as federation:
         federation.start()
@@ -248,18 +262,22 @@ def idle_superlink_cpu(federation: LocalFederation, seconds: float) -> float:
     return (cpu_seconds(pid) - before) / (time.monotonic() - start)
 
 
-def time_real(arguments: argparse.Namespace, home: Path, federation: LocalFederation,
-              setup: Setup) -> Real:
+def time_real(
+    arguments: argparse.Namespace, home: Path, federation: LocalFederation, setup: Setup
+) -> Real:
     """The job on ``federation``'s SuperNodes, set up as ``setup``."""
-    overrides = job_overrides(arguments, federation.spec.num_supernodes, f"real-{setup.label}",
-                              home / "outputs")
+    overrides = job_overrides(
+        arguments, federation.spec.num_supernodes, f"real-{setup.label}", home / "outputs"
+    )
     real = Real(setup, Timing())
     if arguments.idle_seconds > 0:
         real.idle_cpu = idle_superlink_cpu(federation, arguments.idle_seconds)
     total, output = flwr_run_on(federation, overrides, arguments.timeout)
     seconds = [row["round-seconds"] for row in metrics_rows(overrides) if "round-seconds" in row]
     if len(seconds) != arguments.rounds:
-        real.timing = Timing(total=total, error=f"{len(seconds)} round(s) recorded:\n{output[-2000:]}")
+        real.timing = Timing(
+            total=total, error=f"{len(seconds)} round(s) recorded:\n{output[-2000:]}"
+        )
     else:
         real.timing = Timing(first=seconds[0], later=seconds[1:], total=total)
     return real
@@ -271,8 +289,13 @@ def time_simulation(arguments: argparse.Namespace, home: Path) -> Timing:
     spec = FederationSpec(0, home / "simulation", port=free_port(), insecure=True, simulation=True)
     with LocalFederation(spec) as federation:
         federation.start_superlink(timeout=60)
-        return overhead.flwr_run(spec.environment(), Case(arguments.clients, 1.0),
-                                 arguments.client_threads, overrides, arguments.timeout)
+        return overhead.flwr_run(
+            spec.environment(),
+            Case(arguments.clients, 1.0),
+            arguments.client_threads,
+            overrides,
+            arguments.timeout,
+        )
 
 
 def time_plain(arguments: argparse.Namespace, home: Path) -> Timing:
@@ -291,21 +314,30 @@ def cold_start(samples: int) -> ColdStart:
     """Fresh interpreters importing torch alone and fedx.client_app, alternating."""
     result = ColdStart()
     for _ in range(samples):
-        for statement, times in (("import torch", result.torch),
-                                 ("import fedx.client_app", result.client_app)):
+        for statement, times in (
+            ("import torch", result.torch),
+            ("import fedx.client_app", result.client_app),
+        ):
             start = time.perf_counter()
             subprocess.run([sys.executable, "-c", statement], check=True, timeout=600)
             times.append(time.perf_counter() - start)
     return result
 
 
-def secure_round(arguments: argparse.Namespace, home: Path, federation: LocalFederation,
-                 setup: Setup) -> Secure:
+def secure_round(
+    arguments: argparse.Namespace, home: Path, federation: LocalFederation, setup: Setup
+) -> Secure:
     """FedMR with secure recombination on ``federation``'s 4 SuperNodes; ``secure-seconds`` per round."""
     secure = Secure(setup)
     overrides = job_overrides(arguments, 4, f"secure-{setup.label}", home / "outputs")
-    overrides.update({"num-server-rounds": arguments.secure_rounds, "local-epochs": 1,
-                      "eval-every": arguments.secure_rounds, "secure-recombination": True})
+    overrides.update(
+        {
+            "num-server-rounds": arguments.secure_rounds,
+            "local-epochs": 1,
+            "eval-every": arguments.secure_rounds,
+            "secure-recombination": True,
+        }
+    )
     secure.total, output = flwr_run_on(federation, overrides, arguments.timeout)
     rows = metrics_rows(overrides)
     secure.seconds = [row["secure-seconds"] for row in rows if "secure-seconds" in row]
@@ -315,20 +347,28 @@ def secure_round(arguments: argparse.Namespace, home: Path, federation: LocalFed
     return secure
 
 
-def run_setup(arguments: argparse.Namespace, home: Path, setup: Setup) -> tuple[Real, Secure | None]:
+def run_setup(
+    arguments: argparse.Namespace, home: Path, setup: Setup
+) -> tuple[Real, Secure | None]:
     """The job, then the secure rounds, on federations set up as ``setup``.
 
     With ``--clients 4`` both run on one federation; otherwise the secure
     rounds get one of 4 SuperNodes of their own.
     """
     secure = None
-    with federation_of(home / f"{setup.label}-{arguments.clients}", arguments.clients, setup,
-                       arguments.client_threads) as federation:
+    with federation_of(
+        home / f"{setup.label}-{arguments.clients}",
+        arguments.clients,
+        setup,
+        arguments.client_threads,
+    ) as federation:
         real = time_real(arguments, home, federation, setup)
         if not arguments.skip_secure and arguments.clients == 4:
             secure = secure_round(arguments, home, federation, setup)
     if not arguments.skip_secure and secure is None:
-        with federation_of(home / f"{setup.label}-4", 4, setup, arguments.client_threads) as federation:
+        with federation_of(
+            home / f"{setup.label}-4", 4, setup, arguments.client_threads
+        ) as federation:
             secure = secure_round(arguments, home, federation, setup)
     return real, secure
 
@@ -352,24 +392,30 @@ def print_job(report: Report) -> None:
     plain = report.plain.per_round if report.plain else None
     rows = [("plain loop", report.plain, None), ("simulation", report.simulation, None)]
     rows += [(real.setup.description, real.timing, real.idle_cpu) for real in report.real]
-    print(f"{'':<40}{'s/round':>9}{'/sim':>7}{'/plain':>8}{'round 1 s':>11}{'whole run s':>13}"
-          f"{'idle SuperLink CPU':>20}")
+    print(
+        f"{'':<40}{'s/round':>9}{'/sim':>7}{'/plain':>8}{'round 1 s':>11}{'whole run s':>13}"
+        f"{'idle SuperLink CPU':>20}"
+    )
     for label, timing, idle in rows:
         if timing is None:
             continue
         idle_text = "" if idle is None else f"{100 * idle:.1f}%"
-        print(f"{label:<40}{_text(timing.per_round):>9}{_ratio(timing.per_round, simulation):>7}"
-              f"{_ratio(timing.per_round, plain):>8}{_text(timing.first):>11}"
-              f"{_text(timing.total, 1):>13}{idle_text:>20}")
+        print(
+            f"{label:<40}{_text(timing.per_round):>9}{_ratio(timing.per_round, simulation):>7}"
+            f"{_ratio(timing.per_round, plain):>8}{_text(timing.first):>11}"
+            f"{_text(timing.total, 1):>13}{idle_text:>20}"
+        )
         if timing.error:
             print(f"  {label}: {timing.error}")
 
 
 def print_cold(cold: ColdStart) -> None:
-    print(f"cold start, fresh interpreters, {len(cold.torch)} each: import torch median "
-          f"{statistics.median(cold.torch):.2f} s (min {min(cold.torch):.2f}), import "
-          f"fedx.client_app median {statistics.median(cold.client_app):.2f} s (min "
-          f"{min(cold.client_app):.2f}): ratio {cold.ratio:.2f}")
+    print(
+        f"cold start, fresh interpreters, {len(cold.torch)} each: import torch median "
+        f"{statistics.median(cold.torch):.2f} s (min {min(cold.torch):.2f}), import "
+        f"fedx.client_app median {statistics.median(cold.client_app):.2f} s (min "
+        f"{min(cold.client_app):.2f}): ratio {cold.ratio:.2f}"
+    )
 
 
 def print_secure(secure: Secure, baseline: Secure | None) -> None:
@@ -377,9 +423,11 @@ def print_secure(secure: Secure, baseline: Secure | None) -> None:
     ratio = ""
     if baseline is not None and baseline is not secure and secure.per_round and baseline.per_round:
         ratio = f", {baseline.per_round / secure.per_round:.1f}x faster than {baseline.setup.label}"
-    print(f"secure recombination, 4 SuperNodes, {secure.setup.description}: secure stage "
-          f"{_text(secure.per_round)} s/round{ratio} (rounds: {rounds}; exchanges per round "
-          f"{secure.exchanges}); whole run {_text(secure.total, 1)} s")
+    print(
+        f"secure recombination, 4 SuperNodes, {secure.setup.description}: secure stage "
+        f"{_text(secure.per_round)} s/round{ratio} (rounds: {rounds}; exchanges per round "
+        f"{secure.exchanges}); whole run {_text(secure.total, 1)} s"
+    )
     if secure.error:
         print(f"  {secure.error}")
 
@@ -399,40 +447,68 @@ def parse_setup(text: str) -> Setup:
     if executor not in EXECUTORS or (setup.poll is not None and not 0.01 <= setup.poll <= 3):
         raise argparse.ArgumentTypeError(
             f"expected EXECUTOR[:SECONDS] with EXECUTOR in {EXECUTORS} and SECONDS in [0.01, 3], "
-            f"got {text!r}")
+            f"got {text!r}"
+        )
     return setup
 
 
 def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command-line options; ``--quick`` changes the defaults."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
-    parser.add_argument("--setups", nargs="*", type=parse_setup,
-                        default=[parse_setup(s) for s in DEFAULT_SETUPS],
-                        help=f"real-process runs, EXECUTOR[:POLL] (default: {' '.join(DEFAULT_SETUPS)})")
+    parser.add_argument(
+        "--setups",
+        nargs="*",
+        type=parse_setup,
+        default=[parse_setup(s) for s in DEFAULT_SETUPS],
+        help=f"real-process runs, EXECUTOR[:POLL] (default: {' '.join(DEFAULT_SETUPS)})",
+    )
     parser.add_argument("--skip-simulation", action="store_true")
     parser.add_argument("--skip-plain", action="store_true")
     parser.add_argument("--skip-secure", action="store_true")
     parser.add_argument("--clients", type=int, default=3)
-    parser.add_argument("--client-threads", type=int, default=1,
-                        help="torch threads of each client, every way of running (default: 1)")
+    parser.add_argument(
+        "--client-threads",
+        type=int,
+        default=1,
+        help="torch threads of each client, every way of running (default: 1)",
+    )
     parser.add_argument("--rounds", type=int, default=5, help="rounds of the job (at least 2)")
-    parser.add_argument("--local-epochs", type=int, default=None,
-                        help="local epochs per round (default: the app's, pyproject.toml)")
+    parser.add_argument(
+        "--local-epochs",
+        type=int,
+        default=None,
+        help="local epochs per round (default: the app's, pyproject.toml)",
+    )
     parser.add_argument("--secure-rounds", type=int, default=3)
     parser.add_argument("--cold-samples", type=int, default=3, help="0 skips the cold start")
-    parser.add_argument("--idle-seconds", type=float, default=20.0,
-                        help="how long to measure the SuperLink with idle SuperNodes (0: not)")
+    parser.add_argument(
+        "--idle-seconds",
+        type=float,
+        default=20.0,
+        help="how long to measure the SuperLink with idle SuperNodes (0: not)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per flwr run")
-    parser.add_argument("--quick", action="store_true",
-                        help="4 clients, 2 rounds of 1 epoch on warm:0.5 only (the secure round on "
-                             "the same SuperNodes), no simulation, 1 secure round, "
-                             "1 cold-start sample, 3 s idle")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="4 clients, 2 rounds of 1 epoch on warm:0.5 only (the secure round on "
+        "the same SuperNodes), no simulation, 1 secure round, "
+        "1 cold-start sample, 3 s idle",
+    )
     arguments = parser.parse_args(argv)
     if arguments.quick:  # new defaults; options given explicitly still win
-        parser.set_defaults(setups=[parse_setup("warm:0.5")], skip_simulation=True, rounds=2, clients=4,
-                            local_epochs=1, secure_rounds=1, cold_samples=1, idle_seconds=3.0,
-                            timeout=600.0)
+        parser.set_defaults(
+            setups=[parse_setup("warm:0.5")],
+            skip_simulation=True,
+            rounds=2,
+            clients=4,
+            local_epochs=1,
+            secure_rounds=1,
+            cold_samples=1,
+            idle_seconds=3.0,
+            timeout=600.0,
+        )
         arguments = parser.parse_args(argv)
     if arguments.rounds < 2:
         parser.error("--rounds must be at least 2 (round 1 is reported on its own)")
@@ -454,23 +530,28 @@ def main(argv: Sequence[str] | None = None) -> Report:
     """Run the benchmark, print what it measured; return it."""
     arguments = parse_arguments(argv)
     report = Report()
-    print(f"FedMR on digits, cnn, IID, {arguments.clients} clients, {arguments.rounds} rounds of "
-          f"{arguments.local_epochs} local epoch(s); per round = mean of rounds 2-{arguments.rounds}; "
-          f"{arguments.client_threads} torch thread(s) per client; {os.cpu_count()} cores, shared "
-          "with whatever else runs")
+    print(
+        f"FedMR on digits, cnn, IID, {arguments.clients} clients, {arguments.rounds} rounds of "
+        f"{arguments.local_epochs} local epoch(s); per round = mean of rounds 2-{arguments.rounds}; "
+        f"{arguments.client_threads} torch thread(s) per client; {os.cpu_count()} cores, shared "
+        "with whatever else runs"
+    )
     with tempfile.TemporaryDirectory(prefix="fedx-deployment-") as directory:
         home = Path(directory)
         if not arguments.skip_plain:
             report.plain = _attempt(lambda: time_plain(arguments, home), lambda e: Timing(error=e))
         if not arguments.skip_simulation:
-            report.simulation = _attempt(lambda: time_simulation(arguments, home),
-                                         lambda e: Timing(error=e))
+            report.simulation = _attempt(
+                lambda: time_simulation(arguments, home), lambda e: Timing(error=e)
+            )
         secure: list[Secure | None] = []
         for setup in arguments.setups:
             real, secure_run = _attempt(
                 lambda s=setup: run_setup(arguments, home, s),
-                lambda e, s=setup: (Real(s, Timing(error=e)), None if arguments.skip_secure
-                                    else Secure(s, error=e)),
+                lambda e, s=setup: (
+                    Real(s, Timing(error=e)),
+                    None if arguments.skip_secure else Secure(s, error=e),
+                ),
             )
             report.real.append(real)
             secure.append(secure_run)

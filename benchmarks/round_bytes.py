@@ -55,7 +55,6 @@ This script reports; it is not a test, and it always exits with status 0.
 import argparse
 import logging
 import random
-import sys
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -78,24 +77,18 @@ from flwr.supercore.inflatable.inflatable_object import (
 )
 from flwr.supercore.task_identity import TaskIdentity
 
+from fedx.config import RunConfig
 from fedx.models import build_model
 from fedx.ops import Model
+from fedx.protocol.common import TrainingSettings
 from fedx.secure.client import is_secure_round, make_handlers, secure_train_reply
-from fedx.strategies import FedCross, FedIndep, FedMe, FedMR, FedMut
-from fedx.strategies.multi_model import to_arrayrecord, to_model
+from fedx.strategies import FedCross, FedIndep, FedMe, FedMR, FedMut, to_arrayrecord, to_model
 
 CIFAR_INPUT = (3, 32, 32)
 NUM_CLASSES = 10
 MB = 1e6
-# The hyperparameters fedx's ServerApp sends with every training message
-# (fedx.server_app.training_config, at the pyproject defaults).
-TRAIN_CONFIG = {
-    "learning-rate": 0.05,
-    "momentum": 0.9,
-    "weight-decay": 0.0,
-    "batch-size": 50,
-    "local-epochs": 5,
-}
+# The hyperparameters fedx's ServerApp sends with every training message, at their defaults.
+TRAIN_CONFIG = dict(TrainingSettings.from_run_config(RunConfig()).to_record())
 
 
 # ----------------------------------------------------------------------
@@ -372,26 +365,37 @@ def print_table(
         f"\n== {architecture}: {model_bytes / MB:.3f} MB of float32 arrays; K = {k} clients "
         f"per round; {measured}"
     )
-    header = (f"{'strategy':<14}{'down MB':>10}{'up MB':>10}{'down/client':>13}{'up/client':>11}"
-              f"{'down/FedAvg':>13}{'up/FedAvg':>11}{'msgs':>6}{'push MB':>10}")
+    header = (
+        f"{'strategy':<14}{'down MB':>10}{'up MB':>10}{'down/client':>13}{'up/client':>11}"
+        f"{'down/FedAvg':>13}{'up/FedAvg':>11}{'msgs':>6}{'push MB':>10}"
+    )
     print(header)
     print("-" * len(header))
     for t in results:
         if t.error is not None:
             print(f"{t.strategy:<14}  {t.error}")
             continue
-        ratios = ("", "") if baseline is None else (
-            f"{t.down / baseline.down:.3f}", f"{t.up / baseline.up:.3f}")
-        print(f"{t.strategy:<14}{t.down / MB:>10.2f}{t.up / MB:>10.2f}"
-              f"{t.down / k / model_bytes:>13.3f}{t.up / k / model_bytes:>11.3f}"
-              f"{ratios[0]:>13}{ratios[1]:>11}{t.messages:>6.0f}{t.pushed / MB:>10.2f}")
+        ratios = (
+            ("", "")
+            if baseline is None
+            else (f"{t.down / baseline.down:.3f}", f"{t.up / baseline.up:.3f}")
+        )
+        print(
+            f"{t.strategy:<14}{t.down / MB:>10.2f}{t.up / MB:>10.2f}"
+            f"{t.down / k / model_bytes:>13.3f}{t.up / k / model_bytes:>11.3f}"
+            f"{ratios[0]:>13}{ratios[1]:>11}{t.messages:>6.0f}{t.pushed / MB:>10.2f}"
+        )
     for t in results:
         if t.query:
-            print(f"{t.strategy}: one-off client identification (query and replies): "
-                  f"{t.query / 1e3:.1f} kB")
-    print("down/client, up/client: bytes per client in model sizes; msgs: messages the server "
-          "sends per round; push MB: what the ServerApp pushes to the SuperLink (identical "
-          "objects once per batch)")
+            print(
+                f"{t.strategy}: one-off client identification (query and replies): "
+                f"{t.query / 1e3:.1f} kB"
+            )
+    print(
+        "down/client, up/client: bytes per client in model sizes; msgs: messages the server "
+        "sends per round; push MB: what the ServerApp pushes to the SuperLink (identical "
+        "objects once per batch)"
+    )
 
 
 def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -399,15 +403,24 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--model", nargs="+", choices=["cnn", "vgg16"], default=["cnn", "vgg16"])
     parser.add_argument("--clients", type=int, default=10, help="K, clients per round")
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="training rounds to run; rounds 2.. are averaged (default: 3)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="training rounds to run; rounds 2.. are averaged (default: 3)",
+    )
     parser.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=list(STRATEGIES))
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-memory-gib", type=float, default=None,
-                        help="skip strategies estimated above this (default: MemAvailable)")
+    parser.add_argument(
+        "--max-memory-gib",
+        type=float,
+        default=None,
+        help="skip strategies estimated above this (default: MemAvailable)",
+    )
     parser.add_argument("--verbose", action="store_true", help="show the strategies' logs")
-    parser.add_argument("--quick", action="store_true",
-                        help="cnn, K=3 clients, 2 rounds: a smoke run")
+    parser.add_argument(
+        "--quick", action="store_true", help="cnn, K=3 clients, 2 rounds: a smoke run"
+    )
     arguments = parser.parse_args(argv)
     if arguments.quick:  # new defaults; options given explicitly still win
         parser.set_defaults(model=["cnn"], clients=3, rounds=2)
@@ -440,7 +453,8 @@ def _measure(arguments: argparse.Namespace) -> dict[str, list[Traffic]]:
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
     results: dict[str, list[Traffic]] = {}
     limit = (
-        int(arguments.max_memory_gib * 2**30) if arguments.max_memory_gib is not None
+        int(arguments.max_memory_gib * 2**30)
+        if arguments.max_memory_gib is not None
         else available_bytes()
     )
     for architecture in arguments.model:
@@ -451,9 +465,11 @@ def _measure(arguments: argparse.Namespace) -> dict[str, list[Traffic]]:
         for name in arguments.strategies:
             needed = estimated_peak_bytes(name, arguments.clients, model_bytes)
             if limit is not None and needed > limit:
-                reason = (f"refused: needs about {needed / 2**30:.1f} GiB, only "
-                          f"{limit / 2**30:.1f} GiB available (lower --clients or raise "
-                          "--max-memory-gib)")
+                reason = (
+                    f"refused: needs about {needed / 2**30:.1f} GiB, only "
+                    f"{limit / 2**30:.1f} GiB available (lower --clients or raise "
+                    "--max-memory-gib)"
+                )
                 results[architecture].append(Traffic(name, error=reason))
                 continue
             try:
@@ -464,14 +480,13 @@ def _measure(arguments: argparse.Namespace) -> dict[str, list[Traffic]]:
                 traceback.print_exc()
                 traffic = Traffic(name, error=f"ERROR: {err!r}")
             results[architecture].append(traffic)
-        print_table(architecture, model_bytes, arguments.clients, arguments.rounds,
-                    results[architecture])
+        print_table(
+            architecture, model_bytes, arguments.clients, arguments.rounds, results[architecture]
+        )
     return results
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except Exception:  # pylint: disable=broad-exception-caught
-        traceback.print_exc()
-    sys.exit(0)
+    from _report import run_reporting_errors  # this script's folder is first on sys.path
+
+    run_reporting_errors(main)

@@ -37,8 +37,7 @@ from fedx.models import build_model
 from fedx.ops import Model, layer_groups
 from fedx.secure.client import is_secure_round, secure_train_reply
 from fedx.secure.loopback import LoopbackGrid
-from fedx.strategies import FedMR
-from fedx.strategies.multi_model import to_arrayrecord, to_model
+from fedx.strategies import FedMR, to_arrayrecord, to_model
 
 
 class NoiseClients:
@@ -52,14 +51,17 @@ class NoiseClients:
         model = to_model(msg.content["arrays"])
         trained = {
             name: (a + self.rng.standard_normal(a.shape, dtype=np.float32).astype(a.dtype) * 0.01)
-            if a.dtype.kind == "f" else a
+            if a.dtype.kind == "f"
+            else a
             for name, a in model.items()
         }
         self.trained[msg.metadata.dst_node_id] = trained
         metrics = MetricRecord({"num-examples": 50})
         if is_secure_round(msg):
             return secure_train_reply(msg, context, to_arrayrecord(trained), metrics)
-        return Message(RecordDict({"arrays": to_arrayrecord(trained), "metrics": metrics}), reply_to=msg)
+        return Message(
+            RecordDict({"arrays": to_arrayrecord(trained), "metrics": metrics}), reply_to=msg
+        )
 
 
 def run(args: argparse.Namespace, initial: Model, secure: bool) -> dict:
@@ -68,8 +70,13 @@ def run(args: argparse.Namespace, initial: Model, secure: bool) -> dict:
     node_ids = [10_000 + i for i in range(args.clients)]
     grid = LoopbackGrid(node_ids, clients.train)
     strategy = FedMR(
-        seed=0, min_available_nodes=1, grouping=args.grouping, secure_recombination=secure,
-        secure_repeats=args.repeats, secure_min_layers=args.min_layers, secure_max_layers=args.max_layers,
+        seed=0,
+        min_available_nodes=1,
+        grouping=args.grouping,
+        secure_recombination=secure,
+        secure_repeats=args.repeats,
+        secure_min_layers=args.min_layers,
+        secure_max_layers=args.max_layers,
     )
     arrays = to_arrayrecord(initial)
     seconds, wire, layer_bytes, own_fractions, refused = [], [], [], [], 0
@@ -105,7 +112,9 @@ def own_layer_fraction(grid: LoopbackGrid, trained: dict[int, Model], grouping: 
         node = reply.metadata.src_node_id
         upload = to_model(reply.content["arrays"])
         groups = layer_groups(list(upload), grouping)  # type: ignore[arg-type]
-        own = sum(all(np.array_equal(upload[n], trained[node][n]) for n in names) for names in groups)
+        own = sum(
+            all(np.array_equal(upload[n], trained[node][n]) for n in names) for names in groups
+        )
         shares.append(own / len(groups))
     return float(np.mean(shares))
 
@@ -124,7 +133,10 @@ def main() -> None:
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
 
     info = dataset_info(args.dataset)
-    initial = {n: t.numpy() for n, t in build_model(args.model, info.input_shape, info.num_classes).state_dict().items()}
+    initial = {
+        n: t.numpy()
+        for n, t in build_model(args.model, info.input_shape, info.num_classes).state_dict().items()
+    }
     model_bytes = sum(a.nbytes for a in initial.values())
     num_layers = len(layer_groups(list(initial), args.grouping))  # type: ignore[arg-type]
     k, r_s, n_l, n_u = args.clients, args.repeats, args.min_layers, args.max_layers
@@ -136,9 +148,11 @@ def main() -> None:
     measured = secure["layer_bytes"] / r_s
     extra_wire = secure["wire"] - plain["wire"]
     mb = 1e6
-    print(f"{args.model} on {args.dataset}: size(w) = {model_bytes / mb:.3f} MB, len(w) = {num_layers} "
-          f"({args.grouping} grouping); K = {k}, r_s = {r_s}, n in [{n_l}, {n_u}]; "
-          f"mean of {args.rounds} rounds")
+    print(
+        f"{args.model} on {args.dataset}: size(w) = {model_bytes / mb:.3f} MB, len(w) = {num_layers} "
+        f"({args.grouping} grouping); K = {k}, r_s = {r_s}, n in [{n_l}, {n_u}]; "
+        f"mean of {args.rounds} rounds"
+    )
     print(f"{'':44s}{'MB':>10s}{'model sizes':>13s}")
 
     def row(label: str, value: float) -> None:
@@ -150,21 +164,26 @@ def main() -> None:
     row("secure FedMR round on the wire", secure["wire"])
     row("extra bytes per round through the server", extra_wire)
     print(f"measured / estimate, layer traffic:            {measured / estimate:.3f}")
-    print(f"extra bytes through the server / (r_s x estimate): {extra_wire / (r_s * estimate):.3f}"
-          "  (each layer crosses the server twice)")
-    print(f"message exchanges per round:  plain {plain['exchanges']}, secure {secure['exchanges']}"
-          f"  (2 + 2 r_s = {2 + 2 * r_s})")
-    print(f"seconds per round in process: plain {plain['seconds']:.3f}, secure {secure['seconds']:.3f}, "
-          f"extra {secure['seconds'] - plain['seconds']:.3f} (relay's exchange {secure['relay_seconds']:.3f})")
-    print(f"share of an upload's layers that are its uploader's own: {secure['own']:.3f} "
-          f"(plain FedMR uploads: 1.000)")
+    print(
+        f"extra bytes through the server / (r_s x estimate): {extra_wire / (r_s * estimate):.3f}"
+        "  (each layer crosses the server twice)"
+    )
+    print(
+        f"message exchanges per round:  plain {plain['exchanges']}, secure {secure['exchanges']}"
+        f"  (2 + 2 r_s = {2 + 2 * r_s})"
+    )
+    print(
+        f"seconds per round in process: plain {plain['seconds']:.3f}, secure {secure['seconds']:.3f}, "
+        f"extra {secure['seconds'] - plain['seconds']:.3f} (relay's exchange {secure['relay_seconds']:.3f})"
+    )
+    print(
+        f"share of an upload's layers that are its uploader's own: {secure['own']:.3f} "
+        f"(plain FedMR uploads: 1.000)"
+    )
     print(f"uploads refused because no layer had changed: {secure['refused']} of {k * args.rounds}")
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except Exception:  # pylint: disable=broad-exception-caught
-        import traceback
+    from _report import run_reporting_errors  # this script's folder is first on sys.path
 
-        traceback.print_exc()
+    run_reporting_errors(main)

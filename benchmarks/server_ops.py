@@ -129,7 +129,7 @@ def vgg16_cifar_shapes(width: float = 1.0) -> Shapes:
         index += 2  # Conv2d, ReLU
     # Classifier: Linear, ReLU, Dropout repeated; the last Linear has no ReLU.
     widths = [in_channels] + [_scaled(w, width) for w in CLASSIFIER_WIDTHS[1:]] + [NUM_CLASSES]
-    for layer, (fan_in, fan_out) in enumerate(zip(widths[:-1], widths[1:])):
+    for layer, (fan_in, fan_out) in enumerate(zip(widths[:-1], widths[1:], strict=True)):
         shapes[f"classifier.{3 * layer}.weight"] = (fan_out, fan_in)
         shapes[f"classifier.{3 * layer}.bias"] = (fan_out,)
     return shapes
@@ -366,7 +366,10 @@ def operations(models: list[Model], seed: int) -> list[Operation]:
 
 
 def time_operations(
-    models: list[Model], floor: float, repeats: int, seed: int,
+    models: list[Model],
+    floor: float,
+    repeats: int,
+    seed: int,
     clock: Callable[[], float] = time.perf_counter,
 ) -> list[OpResult]:
     """Time every operation on one pool; a failing one is reported, not raised."""
@@ -383,7 +386,12 @@ def time_operations(
 
 
 def run_case(  # pylint: disable=too-many-arguments
-    architecture: str, count: int, shapes: Shapes, repeats: int, seed: int, limit: int | None,
+    architecture: str,
+    count: int,
+    shapes: Shapes,
+    repeats: int,
+    seed: int,
+    limit: int | None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> CaseResult:
     """Build one pool, time the floor and every operation on it, free it."""
@@ -451,23 +459,53 @@ def print_summary(cases: Sequence[CaseResult]) -> None:
 def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command-line options; ``--quick`` changes the defaults of the case grid and repeats."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
-    parser.add_argument("--models", type=int, nargs="+", default=[10, 100],
-                        help="K, models in the pool (default: 10 100)")
-    parser.add_argument("--arch", nargs="+", choices=sorted(ARCHITECTURES),
-                        default=["cnn", "vgg16"], help="model shapes (default: cnn vgg16)")
-    parser.add_argument("--params-millions", type=float, default=None,
-                        help="scale the channels to this many parameters per model, in millions")
+    parser.add_argument(
+        "--models",
+        type=int,
+        nargs="+",
+        default=[10, 100],
+        help="K, models in the pool (default: 10 100)",
+    )
+    parser.add_argument(
+        "--arch",
+        nargs="+",
+        choices=sorted(ARCHITECTURES),
+        default=["cnn", "vgg16"],
+        help="model shapes (default: cnn vgg16)",
+    )
+    parser.add_argument(
+        "--params-millions",
+        type=float,
+        default=None,
+        help="scale the channels to this many parameters per model, in millions",
+    )
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per op")
-    parser.add_argument("--max-memory-gib", type=float, default=None,
-                        help="refuse cases estimated above this (default: MemAvailable)")
+    parser.add_argument(
+        "--max-memory-gib",
+        type=float,
+        default=None,
+        help="refuse cases estimated above this (default: MemAvailable)",
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
-                        help="wall-clock seconds, or this process's CPU seconds (all threads), "
-                             "which other processes on the cores disturb less (default: wall)")
-    parser.add_argument("--busy", type=int, default=0, metavar="N",
-                        help="keep N processes spinning on the cores while timing (default: 0)")
-    parser.add_argument("--quick", action="store_true",
-                        help="K=10 CNN models, 2 repeats: a smoke run of a few seconds")
+    parser.add_argument(
+        "--clock",
+        choices=sorted(CLOCKS),
+        default="wall",
+        help="wall-clock seconds, or this process's CPU seconds (all threads), "
+        "which other processes on the cores disturb less (default: wall)",
+    )
+    parser.add_argument(
+        "--busy",
+        type=int,
+        default=0,
+        metavar="N",
+        help="keep N processes spinning on the cores while timing (default: 0)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="K=10 CNN models, 2 repeats: a smoke run of a few seconds",
+    )
     arguments = parser.parse_args(argv)
     if arguments.quick:  # new defaults; options given explicitly still win
         parser.set_defaults(models=[10], arch=["cnn"], repeats=2)
@@ -512,11 +550,14 @@ def blas_description() -> str:
     except ImportError:
         return "unknown (threadpoolctl missing)"
     libraries = [info for info in threadpool_info() if info.get("user_api") == "blas"]
-    return "; ".join(
-        f"{info.get('internal_api')} {info.get('version')} ({info.get('architecture')} kernels), "
-        f"{info.get('num_threads')} threads"
-        for info in libraries
-    ) or "none found"
+    return (
+        "; ".join(
+            f"{info.get('internal_api')} {info.get('version')} ({info.get('architecture')} kernels), "
+            f"{info.get('num_threads')} threads"
+            for info in libraries
+        )
+        or "none found"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> list[CaseResult]:
@@ -524,14 +565,17 @@ def main(argv: Sequence[str] | None = None) -> list[CaseResult]:
     arguments = parse_arguments(argv)
     repeats = max(1, arguments.repeats)
     limit = (
-        int(arguments.max_memory_gib * GIB) if arguments.max_memory_gib is not None
+        int(arguments.max_memory_gib * GIB)
+        if arguments.max_memory_gib is not None
         else available_bytes()
     )
     threads = {key: os.environ[key] for key in BLAS_THREAD_VARIABLES if key in os.environ}
     print(f"BLAS threads: {threads or f'not set (OpenBLAS uses all {os.cpu_count()} cores)'}")
-    print(f"BLAS: {blas_description()}; fedx.ops threads: {thread_count()} "
-          f"of {os.cpu_count()} cores; busy processes meanwhile: {arguments.busy}; "
-          f"clock: {arguments.clock}")
+    print(
+        f"BLAS: {blas_description()}; fedx.ops threads: {thread_count()} "
+        f"of {os.cpu_count()} cores; busy processes meanwhile: {arguments.busy}; "
+        f"clock: {arguments.clock}"
+    )
     if not reset_peak_rss():
         print("note: cannot reset the peak-RSS mark; per-case peaks are since the process started")
     cases = []
@@ -541,8 +585,15 @@ def main(argv: Sequence[str] | None = None) -> list[CaseResult]:
             for count in arguments.models:
                 try:
                     cases.append(
-                        run_case(architecture, count, shapes, repeats, arguments.seed, limit,
-                                 CLOCKS[arguments.clock])
+                        run_case(
+                            architecture,
+                            count,
+                            shapes,
+                            repeats,
+                            arguments.seed,
+                            limit,
+                            CLOCKS[arguments.clock],
+                        )
                     )
                 except MemoryError:
                     print(f"K={count} {architecture}: out of memory; skipped")

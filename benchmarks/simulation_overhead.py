@@ -169,22 +169,25 @@ def fedmr_sampler(cfg: RunConfig, num_clients: int) -> tuple[Sampler, np.random.
 
 
 def local_training(
-    cfg: RunConfig, model: torch.nn.Module, weights: Model, client: int, num_clients: int,
+    cfg: RunConfig,
+    model: torch.nn.Module,
+    weights: Model,
+    client: int,
+    num_clients: int,
     server_round: int,
 ) -> tuple[Model, int]:
     """What the ClientApp does with one training message: train on the client's share."""
     torch.manual_seed(cfg.seed * 1_000_003 + server_round * 1009 + client)
-    partition = load_partition(
-        cfg.dataset, client, num_clients, root=cfg.data_root, download=cfg.download,
-        partitioning=cfg.partitioning, alpha=cfg.dirichlet_alpha,
-        min_partition_size=cfg.min_partition_size, seed=cfg.seed, test_fraction=cfg.test_fraction,
-        leaf_users=cfg.leaf_users, leaf_min_samples=cfg.leaf_min_samples,
-    )
+    partition = load_partition(cfg.dataset, client, num_clients, **cfg.partition_settings())
     model.load_state_dict({name: torch.from_numpy(array) for name, array in weights.items()})
     train(
-        model, DataLoader(partition, batch_size=cfg.batch_size, shuffle=True),
-        epochs=cfg.local_epochs, learning_rate=cfg.learning_rate, momentum=cfg.momentum,
-        weight_decay=cfg.weight_decay, device=get_device(),
+        model,
+        DataLoader(partition, batch_size=cfg.batch_size, shuffle=True),
+        epochs=cfg.local_epochs,
+        learning_rate=cfg.learning_rate,
+        momentum=cfg.momentum,
+        weight_decay=cfg.weight_decay,
+        device=get_device(),
     )
     trained = {name: t.detach().cpu().numpy().copy() for name, t in model.state_dict().items()}
     return trained, len(partition)
@@ -236,12 +239,21 @@ def time_plain(cfg: RunConfig, num_clients: int) -> Timing:
 def flwr_run(env: dict, case: Case, client_cpus: float, overrides: dict, timeout: float) -> Timing:
     """``flwr run`` this app in the simulation; round times from its ``metrics.json``."""
     federation = f"num-supernodes={case.clients} client-resources-num-cpus={client_cpus:g}"
-    command = [str(Path(sys.executable).parent / "flwr"), "run", str(APP), "--stream",
-               "--federation-config", federation, "--run-config", run_config_argument(overrides)]
+    command = [
+        str(Path(sys.executable).parent / "flwr"),
+        "run",
+        str(APP),
+        "--stream",
+        "--federation-config",
+        federation,
+        "--run-config",
+        run_config_argument(overrides),
+    ]
     start = time.perf_counter()
     try:
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout,
-                              check=False)
+        done = subprocess.run(
+            command, env=env, capture_output=True, text=True, timeout=timeout, check=False
+        )
     except subprocess.TimeoutExpired:
         return Timing(error=f"flwr run did not finish within {timeout:g}s")
     total = time.perf_counter() - start
@@ -250,8 +262,11 @@ def flwr_run(env: dict, case: Case, client_cpus: float, overrides: dict, timeout
     seconds = [row["round-seconds"] for row in rounds if "round-seconds" in row]
     if done.returncode != 0 or len(seconds) != overrides["num-server-rounds"]:
         tail = (done.stdout + done.stderr)[-2000:]
-        return Timing(total=total, error=f"flwr run exited {done.returncode} with "
-                      f"{len(seconds)} round(s) recorded:\n{tail}")
+        return Timing(
+            total=total,
+            error=f"flwr run exited {done.returncode} with "
+            f"{len(seconds)} round(s) recorded:\n{tail}",
+        )
     return Timing(first=seconds[0], later=seconds[1:], total=total)
 
 
@@ -291,23 +306,29 @@ def print_row(case: Case, strategy: str, simulation: Timing, plain: Timing) -> N
     ratio = ""
     if simulation.per_round and plain.per_round:
         ratio = f"{simulation.per_round / plain.per_round:.2f}"
-    print(f"{case.label:<14}{strategy:<8}{seconds_text(simulation.per_round):>10}"
-          f"{seconds_text(plain.per_round):>10}{ratio:>8}{seconds_text(simulation.first):>10}"
-          f"{seconds_text(plain.first):>10}{seconds_text(simulation.total):>11}"
-          f"{seconds_text(plain.total):>10}")
+    print(
+        f"{case.label:<14}{strategy:<8}{seconds_text(simulation.per_round):>10}"
+        f"{seconds_text(plain.per_round):>10}{ratio:>8}{seconds_text(simulation.first):>10}"
+        f"{seconds_text(plain.first):>10}{seconds_text(simulation.total):>11}"
+        f"{seconds_text(plain.total):>10}"
+    )
     for label, timing in (("simulation", simulation), ("plain loop", plain)):
         if timing.error:
             print(f"  {label}: {timing.error}")
 
 
 def print_header(arguments: argparse.Namespace) -> None:
-    print(f"digits, cnn, IID; {arguments.rounds} rounds of {arguments.local_epochs} local "
-          f"epoch(s); per round = mean of rounds 2-{arguments.rounds}; plain loop: torch "
-          f"{torch.get_num_threads()} thread(s) on {get_device()}; simulation: "
-          f"client-resources-num-cpus={arguments.client_cpus:g} on {os.cpu_count()} cores")
+    print(
+        f"digits, cnn, IID; {arguments.rounds} rounds of {arguments.local_epochs} local "
+        f"epoch(s); per round = mean of rounds 2-{arguments.rounds}; plain loop: torch "
+        f"{torch.get_num_threads()} thread(s) on {get_device()}; simulation: "
+        f"client-resources-num-cpus={arguments.client_cpus:g} on {os.cpu_count()} cores"
+    )
     print(f"{'':22}{'s/round':>20}{'':>8}{'round 1 s':>20}{'whole run s':>21}")
-    print(f"{'case':<14}{'strategy':<8}{'flower':>10}{'plain':>10}{'ratio':>8}{'flower':>10}"
-          f"{'plain':>10}{'flwr run':>11}{'plain':>10}")
+    print(
+        f"{'case':<14}{'strategy':<8}{'flower':>10}{'plain':>10}{'ratio':>8}{'flower':>10}"
+        f"{'plain':>10}{'flwr run':>11}{'plain':>10}"
+    )
 
 
 # ----------------------------------------------------------------------
@@ -331,23 +352,44 @@ def parse_case(text: str) -> Case:
 def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command-line options; ``--quick`` changes the defaults of cases, rounds and epochs."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
-    parser.add_argument("--cases", nargs="+", type=parse_case,
-                        default=[Case(10, 1.0), Case(100, 0.1), Case(100, 1.0)],
-                        help="N:fraction per case (default: 10:1.0 100:0.1 100:1.0)")
+    parser.add_argument(
+        "--cases",
+        nargs="+",
+        type=parse_case,
+        default=[Case(10, 1.0), Case(100, 0.1), Case(100, 1.0)],
+        help="N:fraction per case (default: 10:1.0 100:0.1 100:1.0)",
+    )
     parser.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=list(STRATEGIES))
     parser.add_argument("--rounds", type=int, default=5, help="rounds per run (at least 2)")
-    parser.add_argument("--local-epochs", type=int, default=None,
-                        help="local epochs per round (default: the app's, pyproject.toml)")
-    parser.add_argument("--client-cpus", type=float, default=1.0,
-                        help="client-resources-num-cpus of the simulation (default: 1)")
-    parser.add_argument("--plain-threads", type=int, default=None,
-                        help="torch threads of the plain loop (default: --client-cpus; 0: torch's)")
+    parser.add_argument(
+        "--local-epochs",
+        type=int,
+        default=None,
+        help="local epochs per round (default: the app's, pyproject.toml)",
+    )
+    parser.add_argument(
+        "--client-cpus",
+        type=float,
+        default=1.0,
+        help="client-resources-num-cpus of the simulation (default: 1)",
+    )
+    parser.add_argument(
+        "--plain-threads",
+        type=int,
+        default=None,
+        help="torch threads of the plain loop (default: --client-cpus; 0: torch's)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per flwr run")
-    parser.add_argument("--grace", type=float, default=60.0,
-                        help="seconds to wait for the federation's processes to end after the stop")
-    parser.add_argument("--quick", action="store_true",
-                        help="10 clients (fraction 1.0), 3 rounds, 1 local epoch")
+    parser.add_argument(
+        "--grace",
+        type=float,
+        default=60.0,
+        help="seconds to wait for the federation's processes to end after the stop",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="10 clients (fraction 1.0), 3 rounds, 1 local epoch"
+    )
     arguments = parser.parse_args(argv)
     if arguments.quick:  # new defaults; options given explicitly still win
         parser.set_defaults(cases=[Case(10, 1.0)], rounds=3, local_epochs=1, timeout=600.0)
@@ -398,8 +440,9 @@ def run_all(arguments: argparse.Namespace, home: Path) -> Report:
         for case in arguments.cases:
             for strategy in arguments.strategies:
                 overrides = run_overrides(arguments, case, strategy, home / "outputs")
-                simulation = flwr_run(spec.environment(), case, arguments.client_cpus, overrides,
-                                      arguments.timeout)
+                simulation = flwr_run(
+                    spec.environment(), case, arguments.client_cpus, overrides, arguments.timeout
+                )
                 cfg = RunConfig.from_mapping({**app_defaults(APP), **overrides})
                 try:
                     plain = time_plain(cfg, case.clients)
@@ -426,8 +469,10 @@ def main(argv: Sequence[str] | None = None) -> Report:
             report = run_all(arguments, Path(directory))
     finally:
         torch.set_num_threads(threads)  # main() may run inside another program
-    print(f"processes of the federation: {report.processes_while_running} before stopping it, "
-          f"{len(report.after_stop)} right after")
+    print(
+        f"processes of the federation: {report.processes_while_running} before stopping it, "
+        f"{len(report.after_stop)} right after"
+    )
     for pid, command in sorted(report.after_stop.items()):
         print(f"  alive after the stop: {pid} {command[:160]}")
     if report.gone_after is not None:
@@ -438,8 +483,6 @@ def main(argv: Sequence[str] | None = None) -> Report:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except Exception:  # pylint: disable=broad-exception-caught
-        traceback.print_exc()
-    sys.exit(0)
+    from _report import run_reporting_errors  # this script's folder is first on sys.path
+
+    run_reporting_errors(main)

@@ -28,12 +28,15 @@ def comment(text: str) -> str:
     return textwrap.fill(text, WIDTH, initial_indent="# ", subsequent_indent="# ")
 
 
-COMMON = "\n" + comment(
-    "Every method: 10% of the clients per round, SGD lr 0.01, momentum 0.9, batch 50, "
-    "5 local epochs (FedMR Sec. 5.1, FedMut \"Settings\"; FedCross Sec. 4.1 writes "
-    "momentum 0.5). The papers give no round budget: 2000 rounds is our choice (the "
-    "authors' FedMR code defaults to 500)."
-) + """
+COMMON = (
+    "\n"
+    + comment(
+        "Every method: 10% of the clients per round, SGD lr 0.01, momentum 0.9, batch 50, "
+        '5 local epochs (FedMR Sec. 5.1, FedMut "Settings"; FedCross Sec. 4.1 writes '
+        "momentum 0.5). The papers give no round budget: 2000 rounds is our choice (the "
+        "authors' FedMR code defaults to 500)."
+    )
+    + """
 fraction-train = 0.1
 min-train-nodes = {per_round}
 min-available-nodes = {clients}
@@ -45,6 +48,7 @@ local-epochs = 5
 num-server-rounds = 2000
 eval-every = 10
 """
+)
 
 METHODS = """
 {mu_comment}
@@ -97,29 +101,45 @@ _NO_TWO_STAGE = (
 )
 MODELS = {
     "cnn": Model(
-        "cnn", "CNN", 50,
+        "cnn",
+        "CNN",
+        50,
         _NO_TWO_STAGE.format(
             which=" for the CNN",
-            why=": \"without pre-training a global model, since CNN here only has four "
-            "layers\", Sec. 5.1",
+            why=': "without pre-training a global model, since CNN here only has four '
+            'layers", Sec. 5.1',
             what=" for the CNN",
         ),
-        0.3, "FedMut's value for CNN and VGG-16",
+        0.3,
+        "FedMut's value for CNN and VGG-16",
     ),
     "resnet20": Model(
-        "resnet20", "ResNet-20", 100, _TWO_STAGE,
-        0.5, "FedMut's value for its ResNet, ResNet-18 there",
+        "resnet20",
+        "ResNet-20",
+        100,
+        _TWO_STAGE,
+        0.5,
+        "FedMut's value for its ResNet, ResNet-18 there",
     ),
     "vgg16": Model(
-        "vgg16", "VGG-16", 100, _TWO_STAGE,
-        0.3, "FedMut's value for CNN and VGG-16",
+        "vgg16",
+        "VGG-16",
+        100,
+        _TWO_STAGE,
+        0.3,
+        "FedMut's value for CNN and VGG-16",
     ),
     "lstm": Model(
-        "lstm", "LSTM", 50,
+        "lstm",
+        "LSTM",
+        50,
         _NO_TWO_STAGE.format(
-            which="", why="; FedMR has no text task", what=" for an LSTM",
+            which="",
+            why="; FedMR has no text task",
+            what=" for an LSTM",
         ),
-        0.3, "FedMut gives none for its LSTM: its CNN and VGG-16 value, the authors' code default",
+        0.3,
+        "FedMut gives none for its LSTM: its CNN and VGG-16 value, the authors' code default",
     ),
 }
 
@@ -171,7 +191,7 @@ class Setting:
             first_stage_comment=comment(f"FedMR: {self.model.first_stage_note}"),
             beta0=self.model.beta0,
             beta0_comment=comment(
-                f"FedMut: alpha = 4.0 (Sec. \"Comparison of Accuracy\"); beta0 = "
+                f'FedMut: alpha = 4.0 (Sec. "Comparison of Accuracy"); beta0 = '
                 f"{self.model.beta0} ({self.model.beta0_source}); T_b = 100 (authors' code)."
             ),
         )
@@ -222,11 +242,11 @@ def femnist_setting() -> Setting:
     )
     description = (
         "FEMNIST, CNN, LEAF's natural non-IID split: Table 1 of FedMR (KDD'24) and FedCross "
-        "(ICDE'24), \"180 clients, where each client hosts more than 100 local data samples\" "
+        '(ICDE\'24), "180 clients, where each client hosts more than 100 local data samples" '
         "(FedMR Sec. 5.1, FedCross Sec. 4.1.1). fedx draws the 180 by seed from the writers "
         "with more than 100 samples (fedx.data.leaf.select_users); each writer is one client. "
         "Data: in leaf/data/femnist run `./preprocess.sh -s niid --sf 0.1 -k 100 -t sample` "
-        "and point data-root at leaf/data (data-root=\"/path/to/leaf/data\")."
+        'and point data-root at leaf/data (data-root="/path/to/leaf/data").'
     )
     return Setting(
         "femnist", MODELS["cnn"], "natural", description, 180, _MU["femnist"], _MU_SOURCE, data
@@ -241,16 +261,22 @@ def shakespeare_setting() -> Setting:
     )
     description = (
         "Shakespeare, LSTM, LEAF's natural non-IID split: Table 2 of FedMut (AAAI'24), which "
-        "\"directly used the non-IID settings in LEAF\" and gives no client count. 128 roles is "
+        '"directly used the non-IID settings in LEAF" and gives no client count. 128 roles is '
         "the count in the authors' public FedMut code (its recorded Shakespeare partition "
         "has num_users 128); fedx draws them by seed from the roles with more than 100 "
         "samples (LEAF's -k 100, our choice). Each role is one client. Data: in "
         "leaf/data/shakespeare run `./preprocess.sh -s niid --sf 0.3 -k 100 -t sample --tf "
-        "0.8` and point data-root at leaf/data (data-root=\"/path/to/leaf/data\")."
+        '0.8` and point data-root at leaf/data (data-root="/path/to/leaf/data").'
     )
     return Setting(
-        "shakespeare", MODELS["lstm"], "natural", description, 128, _MU["shakespeare"],
-        "FedMut's baseline setting, \"Baselines\"", data,
+        "shakespeare",
+        MODELS["lstm"],
+        "natural",
+        description,
+        128,
+        _MU["shakespeare"],
+        'FedMut\'s baseline setting, "Baselines"',
+        data,
     )
 
 

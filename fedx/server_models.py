@@ -1,27 +1,40 @@
-"""The torch side of FedMe's server: initial models and outputs on the unlabeled set.
+"""Models on the server: clients' first models, and models' outputs on an unlabeled set.
 
-:class:`fedx.strategies.FedMe` is numpy-only; the ServerApp hands it the two
-callables of a :class:`ServerModels`. Building a torch module is far slower
-than loading weights into one, so one module per architecture is built once
-and reused for every client's model.
+For strategies that keep one model per client and must run those models on
+the server (numpy-only strategies, given the two callables of a
+:class:`ServerModels`). Building a torch module is far slower than loading
+weights into one, so one module per architecture is built once and reused
+for every client's model.
 """
 
 import functools
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from fedx.data import dataset_info, load_unlabeled
 from fedx.models import build_model
 from fedx.ops import Model
 from fedx.training import get_device, predict_probabilities
 
+if TYPE_CHECKING:
+    from fedx.config import RunConfig
+
+
+def load_run_unlabeled(cfg: "RunConfig") -> Dataset:
+    """The server's unlabeled set of a run (cached per process: loading it again costs nothing)."""
+    return load_unlabeled(cfg.dataset, size=cfg.unlabeled_size, **cfg.data_settings())
+
 
 def to_numpy_model(module: nn.Module) -> Model:
     """A module's state dict as ``{name: np.ndarray}`` (copies, in state-dict order)."""
-    return {name: tensor.detach().cpu().numpy().copy() for name, tensor in module.state_dict().items()}
+    return {
+        name: tensor.detach().cpu().numpy().copy() for name, tensor in module.state_dict().items()
+    }
 
 
 class ServerModels:
@@ -67,6 +80,16 @@ class ServerModels:
         self._load_unlabeled = unlabeled
         self._modules: dict[str, nn.Module] = {}
 
+    @classmethod
+    def for_run(cls, cfg: "RunConfig") -> "ServerModels":
+        """The run's models: its data set's shapes, its seed and its unlabeled set.
+
+        The unlabeled set (``unlabeled-size`` samples of the training split
+        that no client gets) is loaded on first use: :func:`load_run_unlabeled`.
+        """
+        info = dataset_info(cfg.dataset)
+        return cls(info.input_shape, info.num_classes, lambda: load_run_unlabeled(cfg), cfg.seed)
+
     @functools.cached_property
     def unlabeled(self) -> torch.Tensor:
         """The unlabeled inputs as one ``(U, *input_shape)`` tensor, loaded on first use."""
@@ -82,7 +105,7 @@ class ServerModels:
         return self._modules[architecture]
 
     def initial_model(self, architecture: str, client_id: int) -> Model:
-        """Client ``client_id``'s first personalized model (``initial_model_fn`` of FedMe)."""
+        """Client ``client_id``'s first model (a strategy's ``initial_model_fn``)."""
         # A private RNG state: the initial model depends on (seed, client) only,
         # and the process's global torch RNG is left as it was.
         with torch.random.fork_rng(devices=[]):
@@ -90,7 +113,7 @@ class ServerModels:
             return to_numpy_model(build_model(architecture, self.input_shape, self.num_classes))
 
     def probabilities(self, architecture: str, model: Model) -> np.ndarray:
-        """Class probabilities ``(U, M)`` of a model on the unlabeled set (``predict_fn`` of FedMe)."""
+        """Class probabilities ``(U, M)`` of a model on the unlabeled set (a strategy's ``predict_fn``)."""
         module = self.module(architecture)
         module.load_state_dict({name: torch.from_numpy(array) for name, array in model.items()})
         outputs = predict_probabilities(

@@ -158,7 +158,7 @@ def predict_probabilities(
     batches = []
     with torch.no_grad():
         for start in range(0, len(inputs), batch_size):
-            batch = inputs[start:start + batch_size].to(device, non_blocking=True)
+            batch = inputs[start : start + batch_size].to(device, non_blocking=True)
             batches.append(torch.softmax(model(batch), dim=1).float().cpu())
     if not batches:
         return torch.empty(0, 0)

@@ -1,27 +1,13 @@
-"""Shared fixtures: small models made of real arrays."""
+"""Shared fixtures: small models made of real arrays, the app's defaults, a simulation SuperLink."""
+
+from typing import Any
 
 import numpy as np
 import pytest
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedx.ops import Model
-
-
-def make_model(rng: np.random.Generator, scale: float = 1.0) -> Model:
-    """A small CNN-shaped state dict: conv, BatchNorm (with an int counter), linear."""
-    return {
-        "conv1.weight": (scale * rng.normal(size=(4, 1, 3, 3))).astype(np.float32),
-        "conv1.bias": (scale * rng.normal(size=(4,))).astype(np.float32),
-        "bn1.weight": (scale * rng.normal(size=(4,))).astype(np.float32),
-        "bn1.bias": (scale * rng.normal(size=(4,))).astype(np.float32),
-        "bn1.running_mean": (scale * rng.normal(size=(4,))).astype(np.float32),
-        "bn1.running_var": np.abs(scale * rng.normal(size=(4,))).astype(np.float32),
-        "bn1.num_batches_tracked": np.array(int(rng.integers(0, 100)), dtype=np.int64),
-        "fc1.weight": (scale * rng.normal(size=(8, 16))).astype(np.float32),
-        "fc1.bias": (scale * rng.normal(size=(8,))).astype(np.float32),
-        "fc2.weight": (scale * rng.normal(size=(3, 8))).astype(np.float32),
-        "fc2.bias": (scale * rng.normal(size=(3,))).astype(np.float32),
-    }
+from tests.helpers import DEFAULTS, PLAIN_FEDMR, make_model
 
 
 @pytest.fixture
@@ -29,6 +15,22 @@ def models() -> list[Model]:
     """Six different models of the same architecture."""
     rng = np.random.default_rng(123)
     return [make_model(rng) for _ in range(6)]
+
+
+@pytest.fixture
+def one_torch_thread():
+    """One intra-op torch thread for the test.
+
+    The tests' models are tiny: with several threads on a small, busy machine
+    (CI, or other test processes) the threads mostly wait for each other and
+    run times swing by an order of magnitude. One thread is fast and steady.
+    """
+    import torch  # pylint: disable=import-outside-toplevel  (not every test needs torch)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture
@@ -46,9 +48,10 @@ def initial() -> Model:
     return make_model(np.random.default_rng(0))
 
 
-# The tests that go through `flwr run` share one simulation SuperLink and one
-# plain FedMR run: each Flower simulation costs a Ray start-up.
-PLAIN_FEDMR = {"rounds": 3, "seed": 3}
+@pytest.fixture
+def defaults() -> dict[str, Any]:
+    """The app's run-config defaults (pyproject.toml), a copy to change."""
+    return dict(DEFAULTS)
 
 
 @pytest.fixture(scope="session")
@@ -63,12 +66,12 @@ def superlink(tmp_path_factory):
 @pytest.fixture(scope="session")
 def plain_fedmr_run(superlink, tmp_path_factory):
     """FedMR on digits through `flwr run`: 4 nodes, 3 rounds, seed 3; the run's folder and output."""
-    from tests.simulation import flwr_run  # pylint: disable=import-outside-toplevel
+    from tests.simulation import run_app  # pylint: disable=import-outside-toplevel
 
     outputs = tmp_path_factory.mktemp("plain-fedmr")
-    run = flwr_run(
-        superlink,
-        f'num-server-rounds={PLAIN_FEDMR["rounds"]} seed={PLAIN_FEDMR["seed"]} '
-        f'round-timeout=120.0 run-name="plain" output-dir="{outputs}"',
+    settings = (
+        f"num-server-rounds={PLAIN_FEDMR['rounds']} seed={PLAIN_FEDMR['seed']} round-timeout=120.0"
     )
-    return outputs / "plain", run.stdout + run.stderr
+    return outputs / "plain", run_app(
+        superlink, f'{settings} run-name="plain" output-dir="{outputs}"'
+    )

@@ -3,11 +3,12 @@
 import json
 import re
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from fedx.deploy.local import FederationSpec, LocalFederation, free_port
+from tests.helpers import REPO, flwr_run
 
-REPO = Path(__file__).resolve().parents[1]
 WIRE_APP = REPO / "tests" / "wire_app"
 
 
@@ -23,21 +24,34 @@ def spec_on_free_ports(num_supernodes: int, state_dir: Path, **kwargs) -> Federa
     )
 
 
-def flwr_run(
-    federation: LocalFederation, app: Path, run_config: str, timeout: float = 300
-) -> str:
-    """``flwr run --stream`` to the end; returns everything it printed."""
-    done = federation.flwr(
-        "run", str(app), federation.spec.connection, "--stream", "--run-config", run_config,
-        timeout=timeout,
+@contextmanager
+def running(spec: FederationSpec, timeout: float = 180):
+    """The federation of ``spec``, started, every SuperNode connected; stopped at the end."""
+    with LocalFederation(spec) as federation:
+        federation.start()
+        for index in range(spec.num_supernodes):
+            federation.node_id(index, timeout=timeout)
+        yield federation
+
+
+def run_app(federation: LocalFederation, app: Path, run_config: str, timeout: float = 300) -> str:
+    """``flwr run --stream`` of ``app`` on ``federation`` to the end; everything it printed."""
+    spec = federation.spec
+    return flwr_run(
+        spec.environment(), app, run_config, spec.connection, timeout=timeout, bin_dir=spec.bin_dir
     )
-    return done.stdout + done.stderr
 
 
 def flwr_submit(federation: LocalFederation, app: Path, run_config: str) -> int:
     """``flwr run`` without waiting; returns the run id."""
     done = federation.flwr(
-        "run", str(app), federation.spec.connection, "--format", "json", "--run-config", run_config,
+        "run",
+        str(app),
+        federation.spec.connection,
+        "--format",
+        "json",
+        "--run-config",
+        run_config,
         timeout=120,
     )
     try:

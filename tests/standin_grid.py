@@ -7,7 +7,7 @@ import numpy as np
 from flwr.app import ConfigRecord, Error, Message, MetricRecord, RecordDict
 
 from fedx.ops import Model
-from fedx.strategies.multi_model import to_arrayrecord, to_model
+from fedx.strategies import to_arrayrecord, to_model
 
 # Node ids are unsigned 64-bit: values above 2**63 break if they pass through int64.
 NODE_IDS = [2**64 - 1, 2**63 + 17, 12, 9_007_199_254_740_993, 5]

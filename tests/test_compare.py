@@ -1,5 +1,6 @@
 """fedx-compare: planning, resuming, the report, and a small digits grid in Flower simulation."""
 
+import argparse
 import csv
 import json
 import signal
@@ -15,7 +16,7 @@ import pytest
 
 from fedx.compare.cli import main, parse_override, parse_seeds
 from fedx.compare.plan import RUN_RECORD, Setting, app_defaults, plan_runs
-from fedx.compare.report import load_result, summarize, write_report
+from fedx.compare.report import load_result, summarize_runs, write_report
 from fedx.compare.runner import finished_record, write_run_config
 from fedx.config import ConfigError
 from fedx.outputs import METRICS_FILE
@@ -44,12 +45,24 @@ def fake_finished_run(run, curve: list[float], wall: float) -> None:
 
 
 def test_plan_sets_strategy_seed_and_folders_on_top_of_the_setting(tmp_path):
-    setting = write_setting(tmp_path / "digits-x.toml", **{
-        "num-server-rounds": 8, "first-stage-rounds": 3, "proximal-mu": 0.01,
-        "min-available-nodes": 5, "min-train-nodes": 5,
-    })
-    runs = plan_runs([setting], ["fedavg", "fedprox", "fedmr", "fedmr-two-stage"], [0, 4],
-                     {"local-epochs": 2}, DEFAULTS, tmp_path / "out")
+    setting = write_setting(
+        tmp_path / "digits-x.toml",
+        **{
+            "num-server-rounds": 8,
+            "first-stage-rounds": 3,
+            "proximal-mu": 0.01,
+            "min-available-nodes": 5,
+            "min-train-nodes": 5,
+        },
+    )
+    runs = plan_runs(
+        [setting],
+        ["fedavg", "fedprox", "fedmr", "fedmr-two-stage"],
+        [0, 4],
+        {"local-epochs": 2},
+        DEFAULTS,
+        tmp_path / "out",
+    )
     assert [(r.method, r.seed) for r in runs] == [
         (m, s) for m in ("fedavg", "fedprox", "fedmr", "fedmr-two-stage") for s in (0, 4)
     ]
@@ -65,8 +78,10 @@ def test_plan_sets_strategy_seed_and_folders_on_top_of_the_setting(tmp_path):
         assert run.directory == (tmp_path / "out/runs/digits-x" / run.method / f"seed-{run.seed}")
         assert Path(run.run_config["output-dir"]) / run.run_config["run-name"] == run.directory
     # The same seed differs only in the method's keys: same data, same initial model.
-    fedavg, fedmr = (next(r.run_config for r in runs if r.method == m and r.seed == 0)
-                     for m in ("fedavg", "fedmr"))
+    fedavg, fedmr = (
+        next(r.run_config for r in runs if r.method == m and r.seed == 0)
+        for m in ("fedavg", "fedmr")
+    )
     differing = {k for k in fedavg.keys() | fedmr.keys() if fedavg.get(k) != fedmr.get(k)}
     assert differing == {"strategy", "first-stage-rounds", "output-dir"}
 
@@ -76,10 +91,19 @@ def test_plan_sets_strategy_seed_and_folders_on_top_of_the_setting(tmp_path):
     [
         ({"proximal-mu": 0.0}, "fedprox", "needs proximal-mu > 0"),
         ({"first-stage-rounds": 0}, "fedmr-two-stage", "0 < first-stage-rounds"),
-        ({"first-stage-rounds": 20, "num-server-rounds": 20}, "fedmr-two-stage",
-         "first-stage-rounds=20"),
+        (
+            {"first-stage-rounds": 20, "num-server-rounds": 20},
+            "fedmr-two-stage",
+            "first-stage-rounds=20",
+        ),
         ({}, "fedfoo", "unknown method 'fedfoo'"),
         ({"learning-rate": -1.0}, "fedavg", "learning-rate=-1.0"),
+        # The method's own checks run before anything starts.
+        (
+            {"fedcross-alpha": 1.5},
+            "fedcross",
+            r"fedcross-alpha=1.5: must be a number in \[0.5, 1\)",
+        ),
     ],
 )
 def test_plan_rejects_runs_that_cannot_work(tmp_path, keys, method, message):
@@ -98,8 +122,14 @@ def test_settings_and_overrides_cannot_set_what_the_comparison_owns(tmp_path):
 
 
 def test_run_config_file_reads_back_as_written(tmp_path):
-    config = {"strategy": "fedmr", "seed": 3, "learning-rate": 0.01, "download": False,
-              "output-dir": str(tmp_path / 'a "quoted" dir'), "dirichlet-alpha": 1e-3}
+    config = {
+        "strategy": "fedmr",
+        "seed": 3,
+        "learning-rate": 0.01,
+        "download": False,
+        "output-dir": str(tmp_path / 'a "quoted" dir'),
+        "dirichlet-alpha": 1e-3,
+    }
     write_run_config(tmp_path / "c.toml", config)
     with (tmp_path / "c.toml").open("rb") as file:
         assert tomllib.load(file) == config
@@ -112,8 +142,12 @@ def test_command_line_values():
     assert parse_override("dataset=digits") == ("dataset", "digits")
     assert parse_override('model="cnn"') == ("model", "cnn")
     assert parse_seeds("0, 2,5") == [0, 2, 5]
-    for bad in ("1,1", "-1", "a"):
-        with pytest.raises(Exception):
+    for bad, message in (
+        ("1,1", "distinct"),
+        ("-1", "distinct integers >= 0"),
+        ("a", "comma-separated integers"),
+    ):
+        with pytest.raises(argparse.ArgumentTypeError, match=message):
             parse_seeds(bad)
 
 
@@ -123,13 +157,25 @@ def test_finished_run_is_kept_and_a_changed_setting_is_refused(tmp_path):
     assert finished_record(run) is None
     fake_finished_run(run, [0.1, 0.5], wall=3.0)
     assert finished_record(run)["wall-seconds"] == 3.0
-    [changed] = plan_runs([setting], ["fedavg"], [0], {"local-epochs": 3}, DEFAULTS,
-                          tmp_path / "out")
+    [changed] = plan_runs(
+        [setting], ["fedavg"], [0], {"local-epochs": 3}, DEFAULTS, tmp_path / "out"
+    )
     with pytest.raises(ConfigError, match="another run config"):
         finished_record(changed)
     # The command refuses before starting anything, with exit status 2.
-    code = main([str(tmp_path / "s.toml"), "--methods", "fedavg", "--seeds", "0",
-                 "--out", str(tmp_path / "out"), "--set", "local-epochs=3"])
+    code = main(
+        [
+            str(tmp_path / "s.toml"),
+            "--methods",
+            "fedavg",
+            "--seeds",
+            "0",
+            "--out",
+            str(tmp_path / "out"),
+            "--set",
+            "local-epochs=3",
+        ]
+    )
     assert code == 2
 
 
@@ -140,9 +186,11 @@ def test_report_means_stds_rounds_to_target_and_files(tmp_path):
     setting = write_setting(tmp_path / "grid.toml")
     runs = plan_runs([setting], ["fedavg", "fedmr"], [0, 1, 2], {}, DEFAULTS, tmp_path / "out")
     curves = {
-        ("fedavg", 0): [0.1, 0.5, 0.8, 0.80], ("fedavg", 1): [0.1, 0.6, 0.7, 0.82],
+        ("fedavg", 0): [0.1, 0.5, 0.8, 0.80],
+        ("fedavg", 1): [0.1, 0.6, 0.7, 0.82],
         ("fedavg", 2): [0.1, 0.4, 0.6, 0.78],
-        ("fedmr", 0): [0.1, 0.3, 0.9, 0.90], ("fedmr", 1): [0.1, 0.2, 0.5, 0.92],
+        ("fedmr", 0): [0.1, 0.3, 0.9, 0.90],
+        ("fedmr", 1): [0.1, 0.2, 0.5, 0.92],
         ("fedmr", 2): [0.1, 0.2, 0.4, 0.70],
     }
     for run in runs:
@@ -163,7 +211,9 @@ def test_report_means_stds_rounds_to_target_and_files(tmp_path):
     with (tmp_path / "out/results.csv").open() as file:
         table = list(csv.DictReader(file))
     assert [(r["method"], r["seeds"], r["seeds_reaching_target"]) for r in table] == [
-        ("fedavg", "0 1 2", "3"), ("fedmr", "0 1 2", "2")]
+        ("fedavg", "0 1 2", "3"),
+        ("fedmr", "0 1 2", "2"),
+    ]
     with (tmp_path / "out/runs.csv").open() as file:
         assert len(list(csv.DictReader(file))) == 6
     plot = tmp_path / "out/grid.png"
@@ -178,7 +228,7 @@ def test_default_target_is_a_share_of_the_best_mean_and_unfinished_runs_are_left
     fake_finished_run(runs[2], [0.1, 0.9], 1.0)  # fedmr seed 0; fedmr seed 1 never ran
     results = [r for run in runs if (r := load_result(run))]
     assert len(results) == 3
-    rows = summarize(results, target=None)
+    rows = summarize_runs(results, target=None)
     assert [row.target for row in rows] == [round(0.95 * 0.9, 3)] * 2
     assert rows[1].seeds == (0,)
 
@@ -203,12 +253,25 @@ def digits_comparison(tmp_path_factory):
     """``fedx-compare`` on a 2 methods x 2 seeds digits grid: stopped by SIGTERM
     during its second run, then run to the end, then run once more."""
     folder = tmp_path_factory.mktemp("compare")
-    write_run_config(folder / "digits-tiny.toml", {
-        "num-server-rounds": 2, "min-available-nodes": 3,
-        "min-train-nodes": 3, "partitioning": "iid",
-    })
-    command = [str(BIN / "fedx-compare"), str(folder / "digits-tiny.toml"),
-               "--methods", "fedmut,fedcross", "--seeds", "0,1", "--out", str(folder / "out")]
+    write_run_config(
+        folder / "digits-tiny.toml",
+        {
+            "num-server-rounds": 2,
+            "min-available-nodes": 3,
+            "min-train-nodes": 3,
+            "partitioning": "iid",
+        },
+    )
+    command = [
+        str(BIN / "fedx-compare"),
+        str(folder / "digits-tiny.toml"),
+        "--methods",
+        "fedmut,fedcross",
+        "--seeds",
+        "0,1",
+        "--out",
+        str(folder / "out"),
+    ]
 
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     watchdog = threading.Timer(600, process.kill)
@@ -222,7 +285,9 @@ def digits_comparison(tmp_path_factory):
     process.send_signal(signal.SIGTERM)
     rest, errors = process.communicate(timeout=120)
     watchdog.cancel()
-    stopped = subprocess.CompletedProcess(command, process.returncode, "".join(lines) + rest, errors)
+    stopped = subprocess.CompletedProcess(
+        command, process.returncode, "".join(lines) + rest, errors
+    )
     leftovers = processes_mentioning(str(folder / "out"))
 
     resumed = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
@@ -255,11 +320,15 @@ def test_compare_resumes_the_grid_and_writes_table_and_plot(digits_comparison):
     for method, row in table.items():
         finals = [float(r["final_accuracy"]) for r in runs if r["method"] == method]
         assert row["seeds"] == "0 1"
-        assert float(row["final_accuracy_mean"]) == pytest.approx(statistics.fmean(finals), abs=1e-4)
+        assert float(row["final_accuracy_mean"]) == pytest.approx(
+            statistics.fmean(finals), abs=1e-4
+        )
         assert float(row["final_accuracy_std"]) == pytest.approx(statistics.stdev(finals), abs=1e-4)
         assert 0.1 < float(row["final_accuracy_mean"]) <= 1.0  # learned beyond chance
-        assert f"| {method} | 2 | {float(row['final_accuracy_mean']):.4f} ±" in (
-            out / "results.md").read_text()
+        assert (
+            f"| {method} | 2 | {float(row['final_accuracy_mean']):.4f} ±"
+            in (out / "results.md").read_text()
+        )
     assert (out / "digits-tiny.png").read_bytes()[:4] == b"\x89PNG"
 
     # Each run is the app's own: its strategy, every slot trained, learning under way.
@@ -278,7 +347,10 @@ def test_compare_resumes_the_grid_and_writes_table_and_plot(digits_comparison):
     for seed in (0, 1):
         initial = [metrics(m, seed)["rounds"][0] for m in ("fedmut", "fedcross")]
         assert initial[0]["round"] == 0
-        assert (initial[0]["accuracy"], initial[0]["loss"]) == (initial[1]["accuracy"], initial[1]["loss"])
+        assert (initial[0]["accuracy"], initial[0]["loss"]) == (
+            initial[1]["accuracy"],
+            initial[1]["loss"],
+        )
     assert not list(out.glob(".superlink-*"))  # the SuperLink's state is cleaned up
 
 

@@ -20,17 +20,29 @@ import pytest
 
 from fedx.deploy.local import FederationSpec, LocalFederation, free_port
 from fedx.strategies import OLDEST_FLWR
-from tests.deployment import REPO, WIRE_APP, flwr_run
+from tests.deployment import REPO, WIRE_APP, run_app
 
 PIN = "flwr==" + ".".join(OLDEST_FLWR.split(".")[:2]) + ".*"
-VENV = REPO / ".fedx-cache" / f"venv-{PIN.replace('==', '-').rstrip('.*')}-py{sys.version_info.major}.{sys.version_info.minor}"
+VENV = (
+    REPO
+    / ".fedx-cache"
+    / f"venv-{PIN.replace('==', '-').rstrip('.*')}-py{sys.version_info.major}.{sys.version_info.minor}"
+)
 READY = VENV / "fedx-ready.txt"
 
 
 def _run(command: list, timeout: float) -> None:
-    done = subprocess.run([str(part) for part in command], capture_output=True, text=True, timeout=timeout, check=False)
+    done = subprocess.run(
+        [str(part) for part in command],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
     if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(map(str, command))} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+        raise RuntimeError(
+            f"{' '.join(map(str, command))} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+        )
 
 
 def _usable(venv: Path) -> bool:
@@ -40,9 +52,15 @@ def _usable(venv: Path) -> bool:
         return False
     probe = subprocess.run(
         [str(python), "-c", "import fedx.strategies; print(fedx.strategies.__file__)"],
-        capture_output=True, text=True, timeout=120, check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
-    return probe.returncode == 0 and Path(probe.stdout.strip()) == REPO / "fedx" / "strategies" / "__init__.py"
+    return (
+        probe.returncode == 0
+        and Path(probe.stdout.strip()) == REPO / "fedx" / "strategies" / "__init__.py"
+    )
 
 
 def compat_environment() -> Path:
@@ -91,19 +109,23 @@ def test_the_environment_has_flower_136_and_no_torch(flower136):
         "print(m.version('flwr')); print(any(n == 'torch' or n.startswith('torch.') for n in sys.modules)); "
         "print(fedx.strategies.__file__)"
     )
-    done = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    done = subprocess.run(
+        [str(python), "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
     flwr_version, torch_loaded, location = done.stdout.split()
     assert flwr_version.startswith(OLDEST_FLWR.rsplit(".", 1)[0] + ".")
     assert torch_loaded == "False"
     assert Path(location) == REPO / "fedx" / "strategies" / "__init__.py"
-    missing = subprocess.run([str(python), "-c", "import torch"], capture_output=True, timeout=120, check=False)
+    missing = subprocess.run(
+        [str(python), "-c", "import torch"], capture_output=True, timeout=120, check=False
+    )
     assert missing.returncode != 0, "the compatibility environment must not have torch"
 
 
 def test_fedmr_fedmut_fedcross_run_on_grpc_supernodes(flower136, tmp_path):
     superlink_log = (flower136.spec.log_dir / "superlink.log").read_text(errors="replace")
     assert f"Starting Fleet API (gRPC-rere) on {flower136.spec.fleet_address}" in superlink_log
-    output = flwr_run(
+    output = run_app(
         flower136,
         WIRE_APP,
         f'strategies="fedmr,fedmut,fedcross" num-server-rounds=2 result-file="{tmp_path / "result.json"}"',

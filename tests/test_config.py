@@ -1,55 +1,51 @@
-"""Run-config validation: every default is valid, every bad value names its key."""
+"""Run-config checking: every default is valid, every bad value names its key; the configs/ files.
+
+How a checked run config becomes a strategy (the methods' own checks) is in
+tests/test_building.py.
+"""
 
 import importlib.util
 import tomllib
-from pathlib import Path
 
 import pytest
 
-from fedx.config import RULES, STRATEGY_NAMES, ConfigError, RunConfig
+from fedx.config import APP_KEYS, ConfigError, RunConfig
 from fedx.data import DATASET_NAMES
-from fedx.server_app import STRATEGY_BUILDERS, build_strategy
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture
-def defaults() -> dict:
-    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
-    return pyproject["tool"]["flwr"]["app"]["config"]
+from fedx.registry import method_names
+from fedx.server.building import build_strategy
+from tests.helpers import REPO
 
 
-def test_pyproject_declares_exactly_the_validated_keys(defaults):
-    assert list(defaults) == list(RULES)
+def config_error(defaults: dict, overrides: dict) -> str:
+    """The one-line error of a run config: from checking it, or from building its strategy."""
+    with pytest.raises(ConfigError) as error:
+        build_strategy(RunConfig.from_mapping({**defaults, **overrides}))
+    return str(error.value)
+
+
+def test_the_defaults_are_valid_and_typed(defaults):
     cfg = RunConfig.from_mapping(defaults)
-    assert cfg.to_dict() == {k: (float(v) if RULES[k].kind is float else v) for k, v in defaults.items()}
-
-
-def test_every_strategy_name_builds(defaults):
-    assert set(STRATEGY_BUILDERS) == set(STRATEGY_NAMES)
-    for name in STRATEGY_NAMES:
-        strategy = build_strategy(RunConfig.from_mapping({**defaults, "strategy": name}))
-        assert type(strategy).__name__.lower() == name.replace("-", "")
+    assert cfg.to_dict() == {
+        k: (float(v) if isinstance(cfg[k], float) else v) for k, v in defaults.items()
+    }
+    assert cfg == RunConfig.from_mapping({})  # a key the run config lacks takes its default
+    assert isinstance(cfg.learning_rate, float) and isinstance(cfg.batch_size, int)
+    assert list(cfg.to_dict())[: len(APP_KEYS)] == [key.name for key in APP_KEYS]
 
 
 @pytest.mark.parametrize(
     "key, value, allowed",
     [
-        ("strategy", "fedfoo", "one of fedavg, fedprox, fedmr, fedindep, fedmut, fedcross, fedme, fedavg-ft"),
-        ("fedcross-alpha", 1.0, "a number in [0.5, 1)"),
-        ("fedcross-alpha", 0.4, "a number in [0.5, 1)"),
-        ("fedmut-alpha", -1.0, "a number in [0, inf)"),
-        ("fedmut-beta0", 1.2, "a number in [0, 1]"),
-        ("fedcross-selection", "random", "one of in_order, highest_similarity, lowest_similarity"),
-        ("model", "resnet99", "one of cnn, resnet20, vgg16, lstm, cnn-1, cnn-2, cnn-3, cnn-4, vgg11, vgg13, vgg19"),
+        ("strategy", "fedfoo", f"one of {', '.join(method_names())}"),
+        (
+            "model",
+            "resnet99",
+            "one of cnn, resnet20, vgg16, lstm, cnn-1, cnn-2, cnn-3, cnn-4, vgg11, vgg13, vgg19",
+        ),
         ("dataset", "mnist", "one of digits, cifar10, cifar100, femnist, shakespeare"),
         ("fraction-train", 0.0, "a number in (0, 1]"),
         ("fraction-train", 1.5, "a number in (0, 1]"),
         ("learning-rate", -0.1, "a number in (0, inf)"),
-        ("segment-fraction", -0.5, "0 (off: layer-wise recombination) or a number in (0, 1]"),
-        ("segment-fraction", 2.0, "0 (off: layer-wise recombination) or a number in (0, 1]"),
-        ("grouping", "layer", "one of tensor, module"),
-        ("pool-mean", "median", "one of uniform, weighted"),
         ("partitioning", "pathological", "one of iid, dirichlet, dirichlet-size-label, natural"),
         ("leaf-users", -1, "0 (every user with more than leaf-min-samples) or an integer >= 1"),
         ("leaf-min-samples", 1.5, "an integer >= 0"),
@@ -57,21 +53,14 @@ def test_every_strategy_name_builds(defaults):
         ("unlabeled-size", -1, "0 (the dataset's default) or an integer >= 1"),
         ("local-test-fraction", 1.0, "a number in (0, 1)"),
         ("local-validation-fraction", 0.0, "a number in (0, 1)"),
-        ("finetune-epochs", -1, "an integer >= 0"),
-        ("fedme-architectures", "cnn-1,resnet99",
-         "comma-separated model names from cnn, resnet20, vgg16, lstm, cnn-1, cnn-2, cnn-3, cnn-4, vgg11, vgg13, vgg19"),
-        ("fedme-architectures", " , ",
-         "comma-separated model names from cnn, resnet20, vgg16, lstm, cnn-1, cnn-2, cnn-3, cnn-4, vgg11, vgg13, vgg19"),
-        ("fedme-cluster-rounds", "10,5", "comma-separated increasing rounds >= 2 (empty: always one cluster)"),
-        ("fedme-cluster-rounds", "1,5", "comma-separated increasing rounds >= 2 (empty: always one cluster)"),
-        ("fedme-cluster-rounds", "ten", "comma-separated increasing rounds >= 2 (empty: always one cluster)"),
-        ("fedme-model-tuning", "off", "true or false"),
-        ("fedme-clustering", 1, "true or false"),
         ("num-server-rounds", 0, "an integer >= 1"),
         ("local-epochs", 2.5, "an integer >= 1"),
         ("batch-size", True, "an integer >= 1"),
         ("momentum", 1.0, "a number in [0, 1)"),
         ("download", "yes", "true or false"),
+        # A method's key has its type checked whichever method runs.
+        ("fedme-clustering", 1, "true or false"),
+        ("fedmut-alpha", "four", "a number in [0, inf)"),
     ],
 )
 def test_bad_values_name_key_value_and_allowed_range(defaults, key, value, allowed):
@@ -80,62 +69,80 @@ def test_bad_values_name_key_value_and_allowed_range(defaults, key, value, allow
     assert str(error.value) == f"invalid run config {key}={value!r}: must be {allowed}"
 
 
-def test_combinations_the_strategy_rejects_are_config_errors(defaults):
-    cfg = RunConfig.from_mapping(
-        {**defaults, "strategy": "fedcross", "fedcross-alpha": 0.9, "fedcross-alpha-start": 0.95}
-    )
-    with pytest.raises(ConfigError, match="strategy='fedcross': alpha_start must be in"):
-        build_strategy(cfg)
+@pytest.mark.parametrize(
+    "strategy, key, value, allowed",
+    [
+        ("fedcross", "fedcross-alpha", 1.0, "a number in [0.5, 1)"),
+        ("fedcross", "fedcross-alpha", 0.4, "a number in [0.5, 1)"),
+        (
+            "fedcross",
+            "fedcross-selection",
+            "random",
+            "one of in_order, highest_similarity, lowest_similarity",
+        ),
+        ("fedmut", "fedmut-alpha", -1.0, "a number in [0, inf)"),
+        ("fedmut", "fedmut-beta0", 1.2, "a number in [0, 1]"),
+        (
+            "fedmr",
+            "segment-fraction",
+            -0.5,
+            "0 (off: layer-wise recombination) or a number in (0, 1]",
+        ),
+        (
+            "fedmr",
+            "segment-fraction",
+            2.0,
+            "0 (off: layer-wise recombination) or a number in (0, 1]",
+        ),
+        ("fedmr", "grouping", "layer", "one of tensor, module"),
+        ("fedmut", "pool-mean", "median", "one of uniform, weighted"),
+        ("fedprox", "proximal-mu", -0.5, "a number in [0, inf)"),
+        ("fedavg-ft", "finetune-epochs", -1, "an integer >= 0"),
+        ("fedme", "finetune-epochs", -1, "an integer >= 0"),
+        ("fedme", "fedme-architectures", " , ", "comma-separated `model` names"),
+        (
+            "fedme",
+            "fedme-cluster-rounds",
+            "10,5",
+            "comma-separated increasing rounds >= 2 (empty: always one cluster)",
+        ),
+        (
+            "fedme",
+            "fedme-cluster-rounds",
+            "1,5",
+            "comma-separated increasing rounds >= 2 (empty: always one cluster)",
+        ),
+        (
+            "fedme",
+            "fedme-cluster-rounds",
+            "ten",
+            "comma-separated increasing rounds >= 2 (empty: always one cluster)",
+        ),
+    ],
+)
+def test_a_methods_bad_values_are_named_when_it_runs(defaults, strategy, key, value, allowed):
+    """A method's bad value is named, also when another method runs (it would stop a later run)."""
+    message = f"invalid run config {key}={value!r}: must be {allowed}"
+    assert config_error(defaults, {"strategy": strategy, key: value}) == message
+    other = "fedavg" if strategy != "fedavg" else "fedmr"
+    assert config_error(defaults, {"strategy": other, key: value}) == message
 
 
-def test_fedme_settings_reach_the_strategy(defaults):
-    cfg = RunConfig.from_mapping(
-        {**defaults, "strategy": "fedme", "fedme-architectures": "cnn-3, cnn-1",
-         "fedme-cluster-rounds": "", "fedme-mutual-learning": False, "finetune-epochs": 2}
-    )
-    strategy = build_strategy(cfg)
-    assert strategy.architectures == ("cnn-3", "cnn-1")
-    assert strategy.cluster_rounds == ()
-    assert strategy.mutual_learning is False and strategy.model_tuning and strategy.clustering
-    assert strategy.finetune_epochs == 2 and strategy.seed == cfg.seed
-    assert build_strategy(RunConfig.from_mapping({**defaults, "strategy": "fedme"})).cluster_rounds == (10, 15, 18)
-
-
-def test_architectures_that_do_not_fit_the_dataset_are_config_errors(defaults):
-    cfg = RunConfig.from_mapping({**defaults, "strategy": "fedme", "fedme-architectures": "cnn-2,vgg11"})
-    with pytest.raises(ConfigError) as error:
-        build_strategy(cfg)
-    assert str(error.value).startswith(
-        "invalid run config fedme-architectures='cnn-2,vgg11': vgg11 needs inputs of at least 32x32"
-    )
-    cfg = RunConfig.from_mapping({**defaults, "strategy": "fedme", "min-train-nodes": 1})
-    with pytest.raises(ConfigError, match="strategy='fedme': min_train_nodes must be at least 2"):
-        build_strategy(cfg)
-    cfg = RunConfig.from_mapping({**defaults, "strategy": "fedavg-ft", "min-partition-size": 2})
-    with pytest.raises(ConfigError, match=r"^invalid run config min-partition-size=2: must be an integer >= 3"):
-        build_strategy(cfg)
-
-
-def test_unknown_and_missing_keys(defaults):
+def test_unknown_keys_and_keys_of_another_method(defaults):
     with pytest.raises(ConfigError, match=r"unknown run-config key\(s\) \['lr'\]"):
         RunConfig.from_mapping({**defaults, "lr": 0.1})
-    incomplete = dict(defaults)
-    del incomplete["seed"]
-    with pytest.raises(ConfigError, match="lacks 'seed'"):
-        RunConfig.from_mapping(incomplete)
+    with pytest.raises(ConfigError) as error:
+        RunConfig.from_mapping({**defaults, "strategy": "fedmut", "secure-recombination": True})
+    assert (
+        str(error.value)
+        == "secure-recombination=true needs strategy='fedmr', got strategy='fedmut'"
+    )
 
 
 def test_integers_are_accepted_for_numbers(defaults):
     cfg = RunConfig.from_mapping({**defaults, "learning-rate": 1, "segment-fraction": 1})
     assert cfg.learning_rate == 1.0 and isinstance(cfg.learning_rate, float)
-    assert cfg.segment_fraction == 1.0
-
-
-def test_segment_fraction_zero_means_layer_wise(defaults):
-    strategy = build_strategy(RunConfig.from_mapping({**defaults, "segment-fraction": 0.0}))
-    assert strategy.segment_fraction is None
-    strategy = build_strategy(RunConfig.from_mapping({**defaults, "segment-fraction": 0.25}))
-    assert strategy.segment_fraction == 0.25
+    assert cfg["segment-fraction"] == 1.0 and isinstance(cfg["segment-fraction"], float)
 
 
 CONFIG_DIR = REPO / "configs"
@@ -168,12 +175,18 @@ def test_every_config_file_validates_and_builds(defaults, path):
     assert overrides, f"{path.name} sets nothing"
     cfg = RunConfig.from_mapping({**defaults, **overrides})
     # build_strategy also checks that the model reads the dataset's inputs.
-    assert build_strategy(cfg) is not None
+    strategy = build_strategy(cfg)
+    assert type(strategy) is cfg.method.strategy  # pylint: disable=unidiomatic-typecheck
+    assert strategy.fraction_train == cfg.fraction_train
     # It says what it reproduces and how to run it.
     assert text.startswith("# ") and "flwr run . " in text
     assert f"--run-config configs/{path.name}" in text
     if path not in SETTING_FILES:
-        assert path.stem.startswith(cfg.strategy) and cfg.dataset in path.stem and cfg.model in path.stem
+        assert (
+            path.stem.startswith(cfg.strategy)
+            and cfg.dataset in path.stem
+            and cfg.model in path.stem
+        )
 
 
 @pytest.mark.parametrize("path", SETTING_FILES, ids=lambda p: p.name)
@@ -190,7 +203,8 @@ def test_setting_files_are_named_by_their_data(defaults, path):
         assert overrides["dirichlet-alpha"] == float(partition.removeprefix("dir"))
     # A comparison switches the strategy and nothing else.
     for strategy in COMPARED_STRATEGIES:
-        assert build_strategy(RunConfig.from_mapping({**cfg.to_dict(), "strategy": strategy}))
+        built = build_strategy(RunConfig.from_mapping({**cfg.to_dict(), "strategy": strategy}))
+        assert type(built).__name__.lower() == strategy  # pylint: disable=unidiomatic-typecheck
 
 
 @pytest.mark.parametrize("path", PAPER_FILES, ids=lambda p: p.name)
@@ -201,13 +215,21 @@ def test_paper_setting_files_hold_every_methods_paper_values(defaults, path):
     model, partition = path.stem.split("-")[1], path.stem.split("-")[-1]
     for key, value in PAPER_VALUES.items():
         assert overrides.get(key) == value, f"{path.name}: {key}"
-    for key in ("num-server-rounds", "proximal-mu", "first-stage-rounds", "fedmut-beta0",
-                "min-train-nodes", "min-available-nodes"):
+    for key in (
+        "num-server-rounds",
+        "proximal-mu",
+        "first-stage-rounds",
+        "fedmut-beta0",
+        "min-train-nodes",
+        "min-available-nodes",
+    ):
         assert key in overrides, f"{path.name} leaves {key} to pyproject's default"
-    assert cfg.proximal_mu > 0
+    assert cfg["proximal-mu"] > 0
     # The two-stage FedMR's first stage (fedx-compare's fedmr sets 0).
-    assert cfg.first_stage_rounds == {"resnet20": 100, "vgg16": 100, "cnn": 50, "lstm": 50}[model]
-    assert cfg.fedmut_beta0 == (0.5 if model == "resnet20" else 0.3)
+    assert (
+        cfg["first-stage-rounds"] == {"resnet20": 100, "vgg16": 100, "cnn": 50, "lstm": 50}[model]
+    )
+    assert cfg["fedmut-beta0"] == (0.5 if model == "resnet20" else 0.3)
     clients = cfg.leaf_users if partition == "natural" else 100
     assert cfg.min_available_nodes == clients
     assert cfg.min_train_nodes == int(clients * cfg.fraction_train)

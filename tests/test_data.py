@@ -351,15 +351,22 @@ def _write_cifar100(root: Path, num_train: int = 12, num_test: int = 5) -> dict[
     return labels
 
 
-def test_cifar10_loads_from_torchvision_files(tmp_path: Path, monkeypatch) -> None:
-    labels = _write_cifar10(tmp_path)
-    _expect_generated_checksums(monkeypatch, CIFAR10, tmp_path / "cifar-10-batches-py")
+def _load_written(tmp_path: Path, monkeypatch, name: str):
+    """Write a small CIFAR in torchvision's format; load both splits; their labels are the ones written."""
+    write, dataset, folder = {
+        "cifar10": (_write_cifar10, CIFAR10, "cifar-10-batches-py"),
+        "cifar100": (_write_cifar100, CIFAR100, "cifar-100-python"),
+    }[name]
+    labels = write(tmp_path)
+    _expect_generated_checksums(monkeypatch, dataset, tmp_path / folder)
+    train, test = (load_split(name, split, root=str(tmp_path)) for split in ("train", "test"))
+    assert list(train.targets) == labels["train"] and list(test.targets) == labels["test"]
+    return labels, train, test
 
-    train = load_split("cifar10", "train", root=str(tmp_path))
-    test = load_split("cifar10", "test", root=str(tmp_path))
+
+def test_cifar10_loads_from_torchvision_files(tmp_path: Path, monkeypatch) -> None:
+    labels, train, test = _load_written(tmp_path, monkeypatch, "cifar10")
     assert len(train) == 20 and len(test) == 6
-    assert list(train.targets) == labels["train"]
-    assert list(test.targets) == labels["test"]
 
     mean = torch.tensor(CIFAR10_MEAN).view(3, 1, 1)
     std = torch.tensor(CIFAR10_STD).view(3, 1, 1)
@@ -390,14 +397,8 @@ def test_cifar10_partitions_cover_the_generated_training_set(tmp_path: Path, mon
 
 
 def test_cifar100_loads_fine_labels(tmp_path: Path, monkeypatch) -> None:
-    labels = _write_cifar100(tmp_path)
-    _expect_generated_checksums(monkeypatch, CIFAR100, tmp_path / "cifar-100-python")
-
-    train = load_split("cifar100", "train", root=str(tmp_path))
-    test = load_split("cifar100", "test", root=str(tmp_path))
-    assert len(train) == 12 and len(test) == 5
-    assert list(train.targets) == labels["train"] and max(train.targets) == 99
-    assert list(test.targets) == labels["test"]
+    labels, train, test = _load_written(tmp_path, monkeypatch, "cifar100")
+    assert len(train) == 12 and len(test) == 5 and max(train.targets) == 99
     assert len(train.classes) == dataset_info("cifar100").num_classes
 
     mean = torch.tensor((0.5071, 0.4865, 0.4409)).view(3, 1, 1)

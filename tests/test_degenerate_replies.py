@@ -18,7 +18,9 @@ FLOAT32_LARGE = np.float32(3e38)  # finite; the sum of two overflows float32
 
 
 def _zero_model():
-    return {name: np.zeros_like(array) for name, array in make_model(np.random.default_rng(0)).items()}
+    return {
+        name: np.zeros_like(array) for name, array in make_model(np.random.default_rng(0)).items()
+    }
 
 
 def _assert_finite(model):
@@ -82,10 +84,11 @@ def test_finite_but_huge_replies_give_a_finite_global_model(strategy):
     # so that their plain float32 sum overflows.
     positive = [node for node in NODE_IDS if node % 2][:3]
     grid = StandInGrid(positive, _huge_reply)
-    result = strategy.start(grid, to_arrayrecord(make_model(np.random.default_rng(1))),
-                            num_rounds=2, timeout=5)
+    result = strategy.start(
+        grid, to_arrayrecord(make_model(np.random.default_rng(1))), num_rounds=2, timeout=5
+    )
     final = to_model(result.arrays)
     _assert_finite(final)
-    for name, array in final.items():
+    for array in final.values():
         if array.dtype.kind == "f":
             np.testing.assert_allclose(array, FLOAT32_LARGE, rtol=1e-6)

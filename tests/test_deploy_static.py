@@ -29,13 +29,20 @@ from fedx.deploy.local import FederationSpec
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 FLWR_VERSION = version("flwr")
-COMPOSE_FILES = ["docker-compose.yml", "docker-compose.auth.yml", "docker-compose.gpu.yml", "docker-compose.insecure.yml"]
+COMPOSE_FILES = [
+    "docker-compose.yml",
+    "docker-compose.auth.yml",
+    "docker-compose.gpu.yml",
+    "docker-compose.insecure.yml",
+]
 
 
 @functools.cache
 def help_flags(executable: str) -> frozenset[str]:
     """The ``--flags`` an installed Flower executable documents in ``--help``."""
-    done = subprocess.run([str(BIN / executable), "--help"], capture_output=True, text=True, timeout=120, check=True)
+    done = subprocess.run(
+        [str(BIN / executable), "--help"], capture_output=True, text=True, timeout=120, check=True
+    )
     return frozenset(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", done.stdout))
 
 
@@ -69,7 +76,10 @@ def test_certificates_chain_to_the_ca_and_name_the_hosts(tmp_path):
 def test_supernode_keys_are_p384_pairs_that_flwr_accepts(tmp_path):
     pairs = write_supernode_keys(tmp_path, 2)
     assert [p.name for pair in pairs for p in pair] == [
-        "supernode-1.key", "supernode-1.pub", "supernode-2.key", "supernode-2.pub",
+        "supernode-1.key",
+        "supernode-1.pub",
+        "supernode-2.key",
+        "supernode-2.pub",
     ]
     private = load_ssh_private_key(pairs[0][0].read_bytes(), None)
     public = load_ssh_public_key(pairs[0][1].read_bytes())
@@ -82,7 +92,12 @@ def test_supernode_keys_are_p384_pairs_that_flwr_accepts(tmp_path):
 def test_the_deploy_command_writes_credentials_and_refuses_to_guess(tmp_path, capsys):
     assert deploy_main(["certs", "--out", str(tmp_path / "c"), "--host", "example.org"]) == 0
     assert deploy_main(["keys", "--out", str(tmp_path / "k"), "--supernodes", "2"]) == 0
-    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["ca.crt", "ca.key", "server.key", "server.pem"]
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == [
+        "ca.crt",
+        "ca.key",
+        "server.key",
+        "server.pem",
+    ]
     assert len(list((tmp_path / "k").iterdir())) == 4
     with pytest.raises(SystemExit):  # neither --certificates nor --insecure
         deploy_main(["up", "--supernodes", "2"])
@@ -116,7 +131,14 @@ def test_local_commands_use_only_flags_the_installed_flwr_has(tmp_path, tls):
 
 
 def test_local_commands_wire_addresses_partitions_and_security(tmp_path, tls):
-    spec = FederationSpec(3, tmp_path, port=8123, supernode_ports=[9101, 9102, 9103], tls=tls, auth_keys=tmp_path / "keys")
+    spec = FederationSpec(
+        3,
+        tmp_path,
+        port=8123,
+        supernode_ports=[9101, 9102, 9103],
+        tls=tls,
+        auth_keys=tmp_path / "keys",
+    )
     superlink = spec.superlink_command()
     assert "--enable-supernode-auth" in superlink and "--insecure" not in superlink
     assert superlink[superlink.index("--port") + 1] == "8123"
@@ -128,21 +150,31 @@ def test_local_commands_wire_addresses_partitions_and_security(tmp_path, tls):
         assert node[node.index("--port") + 1] == str(9101 + index)
         assert node[node.index("--node-config") + 1] == f"partition-id={index} num-partitions=3"
         assert node[node.index("--root-certificates") + 1] == str(tls.ca_cert)
-        assert node[node.index("--auth-supernode-private-key") + 1].endswith(f"supernode-{index + 1}.key")
+        assert node[node.index("--auth-supernode-private-key") + 1].endswith(
+            f"supernode-{index + 1}.key"
+        )
     connection = tomllib.loads(spec.config_toml())["superlink"]
     assert connection["default"] == "fedx-local"
-    assert connection["fedx-local"] == {"address": "127.0.0.1:8123", "root-certificates": str(tls.ca_cert.resolve())}
+    assert connection["fedx-local"] == {
+        "address": "127.0.0.1:8123",
+        "root-certificates": str(tls.ca_cert.resolve()),
+    }
     assert spec.environment()["FLWR_HOME"] == str(spec.flwr_home.resolve())
 
 
 def test_grpc_transport_commands_for_flower_136(tmp_path):
-    spec = FederationSpec(2, tmp_path, insecure=True, transport="grpc", fleet_port=9192, control_port=9193, port=9191)
+    spec = FederationSpec(
+        2, tmp_path, insecure=True, transport="grpc", fleet_port=9192, control_port=9193, port=9191
+    )
     superlink = spec.superlink_command()
     assert superlink[superlink.index("--fleet-api-address") + 1] == "127.0.0.1:9192"
     assert superlink[superlink.index("--control-api-address") + 1] == "127.0.0.1:9193"
     node = spec.supernode_command(1)
     assert node[node.index("--superlink") + 1] == "127.0.0.1:9192"
-    assert tomllib.loads(spec.config_toml())["superlink"]["fedx-local"] == {"address": "127.0.0.1:9193", "insecure": True}
+    assert tomllib.loads(spec.config_toml())["superlink"]["fedx-local"] == {
+        "address": "127.0.0.1:9193",
+        "insecure": True,
+    }
 
 
 @pytest.mark.parametrize(
@@ -180,7 +212,11 @@ def load_compose(*names: str) -> dict:
     return merged["services"]
 
 
-ENTRYPOINTS = {"superlink": "flower-superlink", "supernode": "flower-supernode", "superexec": "flower-superexec"}
+ENTRYPOINTS = {
+    "superlink": "flower-superlink",
+    "supernode": "flower-supernode",
+    "superexec": "flower-superexec",
+}
 
 
 def executable_of(service: str) -> str:
@@ -198,7 +234,15 @@ SUPERNODES = [f"supernode-{i}" for i in range(1, NUM_NODES + 1)]
 CLIENT_EXECS = [f"superexec-clientapp-{i}" for i in range(1, NUM_NODES + 1)]
 
 
-@pytest.mark.parametrize("variant", [(), ("docker-compose.auth.yml",), ("docker-compose.gpu.yml",), ("docker-compose.insecure.yml",)])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        (),
+        ("docker-compose.auth.yml",),
+        ("docker-compose.gpu.yml",),
+        ("docker-compose.insecure.yml",),
+    ],
+)
 def test_compose_services_use_flags_the_installed_flwr_has(variant):
     services = load_compose("docker-compose.yml", *variant)
     assert set(services) == {"superlink", "superexec-serverapp", *SUPERNODES, *CLIENT_EXECS}
@@ -221,12 +265,17 @@ def test_dockerfile_installs_fedx_without_replacing_the_images_flwr():
     dockerfile = (REPO / "docker" / "superexec.Dockerfile").read_text()
     assert "COPY --chown=49999:49999 pyproject.toml README.md ./" in dockerfile
     assert "COPY --chown=49999:49999 fedx ./fedx" in dockerfile
-    pattern = re.search(r"sed -i 's/(.*?)//' pyproject.toml", dockerfile).group(1)  # sed BRE: \[ is a literal [ in Python too
+    pattern = re.search(r"sed -i 's/(.*?)//' pyproject.toml", dockerfile).group(
+        1
+    )  # sed BRE: \[ is a literal [ in Python too
     pyproject = (REPO / "pyproject.toml").read_text()
     edited = "\n".join(line for line in pyproject.splitlines() if not re.search(pattern, line))
     dependencies = tomllib.loads(edited)["project"]["dependencies"]
     assert not any(d.startswith("flwr[") or d.startswith("flwr>") for d in dependencies)
-    assert any(d.startswith("torch") for d in dependencies) and len(dependencies) == len(tomllib.loads(pyproject)["project"]["dependencies"]) - 1
+    assert (
+        any(d.startswith("torch") for d in dependencies)
+        and len(dependencies) == len(tomllib.loads(pyproject)["project"]["dependencies"]) - 1
+    )
 
 
 def test_compose_wires_addresses_partitions_and_volumes():
@@ -234,20 +283,28 @@ def test_compose_wires_addresses_partitions_and_volumes():
     superlink = services["superlink"]["command"]
     port = option(superlink, "--port")
     assert services["superlink"]["ports"] == [f"{port}:{port}"]
-    assert option(superlink, "--isolation") == "process"  # the ServerApp runs in superexec-serverapp
-    assert option(services["superexec-serverapp"]["command"], "--runtime-api-address") == f"superlink:{port}"
+    assert (
+        option(superlink, "--isolation") == "process"
+    )  # the ServerApp runs in superexec-serverapp
+    assert (
+        option(services["superexec-serverapp"]["command"], "--runtime-api-address")
+        == f"superlink:{port}"
+    )
     partitions = set()
-    for index, (node, executor) in enumerate(zip(SUPERNODES, CLIENT_EXECS, strict=True)):
+    for node, executor in zip(SUPERNODES, CLIENT_EXECS, strict=True):
         command = services[node]["command"]
         assert option(command, "--superlink") == f"superlink:{port}"
         assert option(command, "--isolation") == "process"
         assert option(command, "--host") == "0.0.0.0"
-        assert option(services[executor]["command"], "--runtime-api-address") == f"{node}:{option(command, '--port')}"
+        assert (
+            option(services[executor]["command"], "--runtime-api-address")
+            == f"{node}:{option(command, '--port')}"
+        )
         config = dict(item.split("=") for item in option(command, "--node-config").split())
         assert config["num-partitions"] == str(NUM_NODES)
         partitions.add(int(config["partition-id"]))
         assert "/app/data" in {v.split(":")[1] for v in services[executor]["volumes"]}
-        assert executor in services[executor]["depends_on"] or node in services[executor]["depends_on"]
+        assert services[executor]["depends_on"] == [node]  # it serves that SuperNode's ClientApps
     assert partitions == set(range(NUM_NODES))
     server_volumes = {v.split(":")[1]: v for v in services["superexec-serverapp"]["volumes"]}
     assert server_volumes["/app/outputs"] == "./outputs:/app/outputs"  # writable: checkpoints
@@ -261,7 +318,12 @@ def test_compose_is_tls_by_default_auth_and_insecure_only_when_asked():
         command = service["command"]
         assert "--insecure" not in command, name
         for part in command:  # every certificate path is mounted into the container
-            if part.split("=")[0] in ("--ssl-certfile", "--ssl-keyfile", "--ssl-ca-certfile", "--root-certificates"):
+            if part.split("=")[0] in (
+                "--ssl-certfile",
+                "--ssl-keyfile",
+                "--ssl-ca-certfile",
+                "--root-certificates",
+            ):
                 assert part.split("=", 1)[1].startswith("/app/certificates/"), name
                 assert "./certificates:/app/certificates:ro" in service["volumes"], name
         if name != "superlink":
@@ -289,7 +351,9 @@ def test_gpu_variant_reserves_a_gpu_for_every_clientapp_container():
         assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
         assert services[name]["build"]["args"]["TORCH_INDEX_URL"] == "https://pypi.org/simple"
         assert services[name]["command"] == load_compose("docker-compose.yml")[name]["command"]
-    assert all("deploy" not in services[n] for n in ["superlink", "superexec-serverapp", *SUPERNODES])
+    assert all(
+        "deploy" not in services[n] for n in ["superlink", "superexec-serverapp", *SUPERNODES]
+    )
 
 
 def test_up_starts_the_federation_and_runs_the_app_once(tmp_path, monkeypatch, capsys):
@@ -320,15 +384,36 @@ def test_up_starts_the_federation_and_runs_the_app_once(tmp_path, monkeypatch, c
     monkeypatch.setattr("fedx.deploy.cli.LocalFederation", FakeFederation)
     monkeypatch.setattr("fedx.deploy.cli.subprocess.run", fake_run)
     monkeypatch.chdir(tmp_path)
-    code = deploy_main([
-        "up", "--insecure", "--supernodes", "2", "--port", "8123", "--supernode-port", "9200",
-        "--state-dir", "state", "--run", "some/app", "--run-config", "num-server-rounds=2",
-    ])
+    code = deploy_main(
+        [
+            "up",
+            "--insecure",
+            "--supernodes",
+            "2",
+            "--port",
+            "8123",
+            "--supernode-port",
+            "9200",
+            "--state-dir",
+            "state",
+            "--run",
+            "some/app",
+            "--run-config",
+            "num-server-rounds=2",
+        ]
+    )
     assert code == 0 and started["started"] and started["stopped"]
     spec = started["spec"]
     assert (spec.num_supernodes, spec.port, spec.supernode_ports) == (2, 8123, [9200, 9201])
     assert spec.insecure and spec.tls is None and spec.workdir == tmp_path
     assert spec.state_dir == tmp_path / "state"
-    assert started["command"][1:] == ["run", "some/app", "fedx-local", "--stream", "--run-config", "num-server-rounds=2"]
+    assert started["command"][1:] == [
+        "run",
+        "some/app",
+        "fedx-local",
+        "--stream",
+        "--run-config",
+        "num-server-rounds=2",
+    ]
     assert started["env"]["FLWR_HOME"] == str(tmp_path / "state" / "flwr-home")
     assert "SuperNodes [100, 101]" in capsys.readouterr().out

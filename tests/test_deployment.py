@@ -25,12 +25,13 @@ from fedx.deploy.credentials import (
     write_supernode_keys,
     write_tls_certificates,
 )
-from fedx.deploy.local import LocalFederation, free_port
+from fedx.deploy.local import free_port
 from tests.deployment import (
     REPO,
     WIRE_APP,
-    flwr_run,
     flwr_submit,
+    run_app,
+    running,
     spec_on_free_ports,
     wait_for,
 )
@@ -43,10 +44,7 @@ def secure(tmp_path_factory):
     tls = write_tls_certificates(base / "certificates", ["localhost", "127.0.0.1"])
     write_supernode_keys(base / "keys", 4)
     spec = spec_on_free_ports(3, base / "state", tls=tls, auth_keys=base / "keys")
-    with LocalFederation(spec) as federation:
-        federation.start()
-        for index in range(3):
-            federation.node_id(index, timeout=180)
+    with running(spec) as federation:
         yield federation
 
 
@@ -56,7 +54,7 @@ def secure(tmp_path_factory):
 
 
 def test_fedmr_over_tls_with_supernode_authentication_writes_metrics(secure, tmp_path):
-    output = flwr_run(
+    output = run_app(
         secure,
         REPO,
         f'num-server-rounds=2 local-epochs=1 min-available-nodes=3 run-name="tls" output-dir="{tmp_path}"',
@@ -103,13 +101,18 @@ def test_unregistered_and_plain_text_supernodes_are_refused(secure):
         return [*command[: port + 1], str(free_port()), *command[port + 2 :]]
 
     attempts = {
-        "unregistered-key": variant([*base[: key_at + 1], str(unregistered_key), *base[key_at + 2 :]]),
+        "unregistered-key": variant(
+            [*base[: key_at + 1], str(unregistered_key), *base[key_at + 2 :]]
+        ),
         "no-key": variant([*base[:key_at], *base[key_at + 2 :]]),
         # No TLS on the SuperNode's side (and no key, which needs TLS): the
         # SuperLink only speaks HTTPS, so it never gets in.
         "plain-text": variant(
-            ["--insecure" if a == "--root-certificates" else a
-             for a in [*base[:key_at], *base[key_at + 2 :]] if a != str(spec.tls.ca_cert)]
+            [
+                "--insecure" if a == "--root-certificates" else a
+                for a in [*base[:key_at], *base[key_at + 2 :]]
+                if a != str(spec.tls.ca_cert)
+            ]
             + ["--max-retries", "2"]
         ),
     }
@@ -119,7 +122,10 @@ def test_unregistered_and_plain_text_supernodes_are_refused(secure):
         for name, command in attempts.items():
             with open(logs[name], "w", encoding="utf-8") as log:
                 processes[name] = subprocess.Popen(  # pylint: disable=consider-using-with
-                    command, env=spec.environment(), stdout=log, stderr=subprocess.STDOUT,
+                    command,
+                    env=spec.environment(),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
                     start_new_session=True,
                 )
         codes = {name: process.wait(timeout=180) for name, process in processes.items()}
@@ -131,7 +137,9 @@ def test_unregistered_and_plain_text_supernodes_are_refused(secure):
                 pass
     text = {name: log.read_text(errors="replace") for name, log in logs.items()}
     assert all(code != 0 for code in codes.values()), codes
-    assert "Failed to activate SuperNode" in text["unregistered-key"], text["unregistered-key"][-2000:]
+    assert "Failed to activate SuperNode" in text["unregistered-key"], text["unregistered-key"][
+        -2000:
+    ]
     assert "All SuperNodes must be registered" in text["no-key"], text["no-key"][-2000:]
     assert all("SuperNode ID:" not in log for log in text.values())
 
@@ -145,7 +153,7 @@ def test_unregistered_and_plain_text_supernodes_are_refused(secure):
 def wire_reference(secure, tmp_path_factory):
     """FedMR for 2 rounds with misbehaving ClientApps, checkpointing, never interrupted."""
     base = tmp_path_factory.mktemp("wire-reference")
-    output = flwr_run(
+    output = run_app(
         secure,
         WIRE_APP,
         f'misbehave="wire" num-server-rounds=2 checkpoint-dir="{base / "checkpoints"}" '
@@ -172,14 +180,20 @@ def test_bad_replies_at_the_wire_are_dropped_and_the_run_goes_on(secure, wire_re
 def test_a_crashed_serverapp_resumes_to_the_same_final_pool(secure, wire_reference, tmp_path):
     _, reference = wire_reference
     settings = f'misbehave="wire" num-server-rounds=2 checkpoint-dir="{tmp_path / "checkpoints"}"'
-    flwr_submit(secure, WIRE_APP, f'{settings} crash-after-round=1 result-file="{tmp_path / "crashed.json"}"')
+    flwr_submit(
+        secure,
+        WIRE_APP,
+        f'{settings} crash-after-round=1 result-file="{tmp_path / "crashed.json"}"',
+    )
     checkpoint = tmp_path / "checkpoints" / "fedmr" / "checkpoint.json"
     wait_for(checkpoint.exists, 300, "the checkpoint of round 1")
     time.sleep(2.0)  # the ServerApp exits right after writing it
     assert json.loads(checkpoint.read_text())["round"] == 1
     assert not (tmp_path / "crashed.json").exists(), "the crashed run must not have finished"
 
-    output = flwr_run(secure, WIRE_APP, f'{settings} resume=true result-file="{tmp_path / "resumed.json"}"')
+    output = run_app(
+        secure, WIRE_APP, f'{settings} resume=true result-file="{tmp_path / "resumed.json"}"'
+    )
     assert (tmp_path / "resumed.json").exists(), output[-4000:]
     resumed = json.loads((tmp_path / "resumed.json").read_text())["strategies"]["fedmr"]
     assert "Resuming after round 1" in output

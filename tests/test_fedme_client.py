@@ -5,9 +5,6 @@ message layout, the client's choice and personalized evaluation are checked
 without starting Flower's simulation.
 """
 
-import tomllib
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -18,39 +15,39 @@ from fedx import client_app
 from fedx.config import RunConfig
 from fedx.data import load_local_splits, load_unlabeled
 from fedx.models import build_model
-from fedx.server_app import build_strategy, training_config
+from fedx.protocol.common import TrainingSettings
+from fedx.server.building import build_strategy
 from fedx.server_models import ServerModels
-from fedx.strategies.multi_model import to_arrayrecord, to_model
+from fedx.strategies import to_arrayrecord, to_model
 from fedx.training import evaluate
+from tests.helpers import DEFAULTS
 from tests.standin_grid import StandInGrid
 
-pytestmark = pytest.mark.usefixtures("server_task_identity")
-
-REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("server_task_identity", "one_torch_thread")
 NODES = [2**64 - 3, 17, 2**63 + 5, 8]
-HANDLERS = {"query": client_app.identify, "train": client_app.train_model,
-            "evaluate": client_app.evaluate_model}
-
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    # Tiny models on a small, busy machine: one intra-op thread is fast and steady.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+HANDLERS = {
+    "query": client_app.identify,
+    "train": client_app.train_model,
+    "evaluate": client_app.evaluate_model,
+}
 
 
 def run_config(**overrides) -> dict:
-    defaults = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
-    return {**defaults, "partitioning": "dirichlet-size-label", "dirichlet-alpha": 0.5,
-            "local-epochs": 1, **overrides}
+    return {
+        **DEFAULTS,
+        "partitioning": "dirichlet-size-label",
+        "dirichlet-alpha": 0.5,
+        "local-epochs": 1,
+        **overrides,
+    }
 
 
 def grid_of_clients(config: dict) -> StandInGrid:
     """Four nodes, partitions 0..3, each answering with the real ClientApp functions."""
     contexts = {
-        node: Context(1, node, {"partition-id": i, "num-partitions": len(NODES)}, RecordDict(), config)
+        node: Context(
+            1, node, {"partition-id": i, "num-partitions": len(NODES)}, RecordDict(), config
+        )
         for i, node in enumerate(NODES)
     }
     return StandInGrid(
@@ -67,11 +64,23 @@ def fedme_message(server_models: ServerModels, node: int, **config) -> Message:
     # cnn-1 learns fastest on digits: after one epoch the exchanged model wins.
     personalized = server_models.initial_model("cnn-3", 0)
     exchanged = server_models.initial_model("cnn-1", 1)
-    settings = {"server-round": 1, "client-id": 0, "personalized-architecture": "cnn-3",
-                "exchanged-architecture": "cnn-1", "exchanged-from": 1, "model-tuning": True,
-                "mutual-learning": True, **config}
-    content = RecordDict({"personalized": to_arrayrecord(personalized),
-                          "exchanged": to_arrayrecord(exchanged), "config": ConfigRecord(settings)})
+    settings = {
+        "server-round": 1,
+        "client-id": 0,
+        "personalized-architecture": "cnn-3",
+        "exchanged-architecture": "cnn-1",
+        "exchanged-from": 1,
+        "model-tuning": True,
+        "mutual-learning": True,
+        **config,
+    }
+    content = RecordDict(
+        {
+            "personalized": to_arrayrecord(personalized),
+            "exchanged": to_arrayrecord(exchanged),
+            "config": ConfigRecord(settings),
+        }
+    )
     return Message(content, dst_node_id=node, message_type="train")
 
 
@@ -116,11 +125,16 @@ def test_server_models_reuse_one_module_per_architecture_and_batch(server_models
     probabilities = server_models.probabilities("cnn-2", model)
     assert probabilities.shape == (200, 10)
     np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, rtol=1e-5)
-    small_batches = ServerModels((1, 8, 8), 10, lambda: load_unlabeled("digits"), seed=0, batch_size=7)
-    np.testing.assert_allclose(small_batches.probabilities("cnn-2", model), probabilities, atol=1e-6)
+    small_batches = ServerModels(
+        (1, 8, 8), 10, lambda: load_unlabeled("digits"), seed=0, batch_size=7
+    )
+    np.testing.assert_allclose(
+        small_batches.probabilities("cnn-2", model), probabilities, atol=1e-6
+    )
     # Another model through the same module gives other outputs: the weights were loaded.
-    assert not np.allclose(server_models.probabilities("cnn-2", server_models.initial_model("cnn-2", 4)),
-                           probabilities)
+    assert not np.allclose(
+        server_models.probabilities("cnn-2", server_models.initial_model("cnn-2", 4)), probabilities
+    )
 
 
 def test_initial_models_depend_on_seed_and_client_only(server_models):
@@ -143,9 +157,14 @@ def test_fedavg_ft_fine_tunes_the_global_model_on_each_client():
         strategy = build_strategy(cfg)
         torch.manual_seed(0)
         initial = ArrayRecord(build_model("cnn", (1, 8, 8), 10).state_dict())
-        strategy.start(grid=grid_of_clients(config), initial_arrays=initial, num_rounds=1,
-                       timeout=60, train_config=training_config(cfg),
-                       evaluate_config=training_config(cfg))
+        strategy.start(
+            grid=grid_of_clients(config),
+            initial_arrays=initial,
+            num_rounds=1,
+            timeout=60,
+            train_config=TrainingSettings.from_run_config(cfg).to_record(),
+            evaluate_config=TrainingSettings.from_run_config(cfg).to_record(),
+        )
         results = strategy.evaluations[1]
         assert [r.client_id for r in results] == [0, 1, 2, 3]
         assert [r.num_examples for r in results] == [

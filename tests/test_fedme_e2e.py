@@ -14,30 +14,26 @@ import torch
 
 from fedx.models import build_model
 from fedx.strategies.fedme import FedMe
-from tests.simulation import flwr_run
+from tests.helpers import metrics_rows
+from tests.simulation import run_app
 
 ARCHITECTURES = ("cnn-1", "cnn-2", "cnn-3", "cnn-4")
-
-
-def _rounds(metrics: dict) -> dict[int, dict]:
-    return {row["round"]: row for row in metrics["rounds"]}
 
 
 def test_fedme_clients_adopt_other_architectures_and_report_personalized_accuracy(
     superlink, tmp_path
 ):
-    run = flwr_run(
+    output = run_app(
         superlink,
         f'strategy="fedme" num-server-rounds=3 local-epochs=2 seed=0 '
         f'fedme-architectures="{",".join(ARCHITECTURES)}" fedme-cluster-rounds="2" '
         f'finetune-epochs=0 partitioning="dirichlet-size-label" dirichlet-alpha=0.5 '
         f'run-name="fedme" output-dir="{tmp_path}"',
     )
-    output = run.stdout + run.stderr
     directory = tmp_path / "fedme"
     assert (directory / "metrics.json").exists(), output[-3000:]
     metrics = json.loads((directory / "metrics.json").read_text())
-    rounds = _rounds(metrics)
+    rounds = metrics_rows(directory)
     assert sorted(rounds) == [1, 2, 3]
 
     # Every client trained every round; clustering ran once there were two clusters.
@@ -49,8 +45,12 @@ def test_fedme_clients_adopt_other_architectures_and_report_personalized_accurac
     # Each of the four clients started with its own architecture (round-robin
     # from the seeded offset); a client that adopted an exchanged model of
     # another architecture now reports that architecture.
-    same_seed = FedMe(architectures=ARCHITECTURES, initial_model_fn=lambda arch, cid: {},
-                      predict_fn=lambda arch, model: np.empty((0, 0)), seed=0)
+    same_seed = FedMe(
+        architectures=ARCHITECTURES,
+        initial_model_fn=lambda arch, cid: {},
+        predict_fn=lambda arch, model: np.empty((0, 0)),
+        seed=0,
+    )
     initial = {str(c): same_seed.architecture_for(c) for c in range(4)}
     assert sorted(initial.values()) == sorted(ARCHITECTURES)
     assert sum(rounds[r]["adopted-other-architecture"] for r in (1, 2, 3)) >= 1

@@ -6,7 +6,6 @@ folder and read them through the public loaders.
 """
 
 import json
-import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -30,20 +29,14 @@ from fedx.data import (
 )
 from fedx.data.leaf import SHAKESPEARE_LETTERS, select_users
 from fedx.models import build_model
-from fedx.server_app import build_strategy, check_natural_clients
+from fedx.server.building import build_strategy, check_natural_clients
+from fedx.strategies import FedMR
 from fedx.training import evaluate, train
+from tests.helpers import run_config
 
-REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 CPU = torch.device("cpu")
-
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    # Small models on a small, busy machine: one intra-op thread is fast and steady.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 # --- writing LEAF files -----------------------------------------------------
@@ -81,7 +74,7 @@ _TEXT = (SHAKESPEARE_LETTERS + " To be, or not to be: that is the question.\n") 
 
 def shakespeare_samples(offset: int, count: int) -> tuple[list, list]:
     """``count`` LEAF samples: 80 characters of text and the character after them."""
-    xs = [_TEXT[offset + i:offset + i + 80] for i in range(count)]
+    xs = [_TEXT[offset + i : offset + i + 80] for i in range(count)]
     ys = [_TEXT[offset + i + 80] for i in range(count)]
     return xs, ys
 
@@ -159,8 +152,10 @@ def test_selection_keeps_users_with_more_than_min_samples():
     assert select_users(train, test, 0, 4, seed=0) == ("a", "c", "d")
     assert select_users(train, test, 0, 5, seed=0) == ("a",)
     assert select_users(train, test, 0, 0, seed=0) == ("a", "b", "c", "d")
-    with pytest.raises(ValueError, match="leaf-users=4 but only 3 of the 5 users have more than "
-                                         "leaf-min-samples=4 samples"):
+    with pytest.raises(
+        ValueError,
+        match="leaf-users=4 but only 3 of the 5 users have more than leaf-min-samples=4 samples",
+    ):
         select_users(train, test, 4, 4, seed=0)
     with pytest.raises(ValueError, match="no user has more than leaf-min-samples=8"):
         select_users(train, test, 0, 8, seed=0)
@@ -210,22 +205,25 @@ def test_femnist_users_become_natural_partitions(tmp_path):
 def test_leaf_users_draws_a_seeded_subset(tmp_path):
     write_femnist(tmp_path)
     chosen = {
-        seed: load_split("femnist", "train", root=str(tmp_path), leaf_users=2,
-                         leaf_min_samples=4, seed=seed).users
+        seed: load_split(
+            "femnist", "train", root=str(tmp_path), leaf_users=2, leaf_min_samples=4, seed=seed
+        ).users
         for seed in range(6)
     }
     assert all(len(users) == 2 and set(users) <= {"f_a", "f_c", "f_d"} for users in chosen.values())
     assert len(set(chosen.values())) > 1  # the seed decides which two
-    again = load_split("femnist", "train", root=str(tmp_path), leaf_users=2, leaf_min_samples=4,
-                       seed=5)
+    again = load_split(
+        "femnist", "train", root=str(tmp_path), leaf_users=2, leaf_min_samples=4, seed=5
+    )
     assert again.users == chosen[5]
 
 
 def test_natural_partitioning_needs_one_node_per_user(tmp_path):
     write_femnist(tmp_path)
     with pytest.raises(ValueError) as error:
-        load_partition("femnist", 0, 100, partitioning="natural", root=str(tmp_path),
-                       leaf_min_samples=4)
+        load_partition(
+            "femnist", 0, 100, partitioning="natural", root=str(tmp_path), leaf_min_samples=4
+        )
     message = str(error.value)
     assert "3 users are selected but num-partitions=100" in message
     assert "num-supernodes=3" in message and "leaf-users=100" in message
@@ -286,7 +284,9 @@ def test_a_user_split_without_shared_test_users_is_an_error(tmp_path):
     xs, ys = femnist_samples(0, 5)
     write_leaf_file(tmp_path / "femnist" / "data" / "train", "a_train.json", {"u1": (xs, ys)})
     write_leaf_file(tmp_path / "femnist" / "data" / "test", "a_test.json", {"u2": (xs, ys)})
-    with pytest.raises(ValueError, match="have no samples in .*test: preprocess with LEAF's -t sample"):
+    with pytest.raises(
+        ValueError, match="have no samples in .*test: preprocess with LEAF's -t sample"
+    ):
         load_split("femnist", "test", root=str(tmp_path))
 
 
@@ -340,7 +340,8 @@ def _parameters(model: torch.nn.Module) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(
-    ("name", "model_name", "learning_rate"), [("femnist", "cnn", 0.05), ("shakespeare", "lstm", 0.5)]
+    ("name", "model_name", "learning_rate"),
+    [("femnist", "cnn", 0.05), ("shakespeare", "lstm", 0.5)],
 )
 def test_one_local_training_lowers_the_loss(tmp_path, name, model_name, learning_rate):
     if name == "femnist":
@@ -351,7 +352,9 @@ def test_one_local_training_lowers_the_loss(tmp_path, name, model_name, learning
     info = dataset_info(name)
     torch.manual_seed(0)
     model = build_model(model_name, info.input_shape, info.num_classes)
-    loader = DataLoader(part, batch_size=10, shuffle=True, generator=torch.Generator().manual_seed(0))
+    loader = DataLoader(
+        part, batch_size=10, shuffle=True, generator=torch.Generator().manual_seed(0)
+    )
     inputs, _ = next(iter(loader))
     assert inputs.dtype == (torch.int64 if name == "shakespeare" else torch.float32)
 
@@ -370,21 +373,32 @@ def test_one_local_training_lowers_the_loss(tmp_path, name, model_name, learning
 # --- the app: run config, ClientApp, ServerApp checks -----------------------
 
 
-def _run_config(**overrides) -> dict:
-    defaults = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
-    return {**defaults, **overrides}
-
-
 def test_the_client_app_trains_on_its_writer(tmp_path, server_task_identity):
     samples = write_femnist(tmp_path)
-    config = _run_config(dataset="femnist", model="cnn", partitioning="natural",
-                         **{"data-root": str(tmp_path), "leaf-min-samples": 4, "local-epochs": 1})
+    config = run_config(
+        dataset="femnist",
+        model="cnn",
+        partitioning="natural",
+        **{"data-root": str(tmp_path), "leaf-min-samples": 4, "local-epochs": 1},
+    )
     info = dataset_info("femnist")
     torch.manual_seed(0)
     initial = build_model("cnn", info.input_shape, info.num_classes).state_dict()
-    content = RecordDict({"arrays": ArrayRecord(initial), "config": ConfigRecord(
-        {"server-round": 1, "learning-rate": 0.05, "momentum": 0.0, "weight-decay": 0.0,
-         "batch-size": 4, "local-epochs": 1})})
+    content = RecordDict(
+        {
+            "arrays": ArrayRecord(initial),
+            "config": ConfigRecord(
+                {
+                    "server-round": 1,
+                    "learning-rate": 0.05,
+                    "momentum": 0.0,
+                    "weight-decay": 0.0,
+                    "batch-size": 4,
+                    "local-epochs": 1,
+                }
+            ),
+        }
+    )
     context = Context(1, 7, {"partition-id": 1, "num-partitions": 3}, RecordDict(), config)
     reply = client_app.train_model(Message(content, dst_node_id=7, message_type="train"), context)
     assert reply.content["metrics"]["num-examples"] == len(samples["f_c"][0][1])  # user 1: f_c
@@ -395,35 +409,52 @@ def test_the_client_app_trains_on_its_writer(tmp_path, server_task_identity):
 
 def test_data_and_model_keys_that_do_not_fit_are_config_errors():
     cases = [
-        ({"partitioning": "natural", "dataset": "cifar10"},
-         "invalid run config partitioning='natural': it makes every user of a LEAF dataset"),
-        ({"model": "lstm", "dataset": "cifar10"},
-         "invalid run config model='lstm' for dataset='cifar10': model lstm reads token sequences"),
-        ({"model": "cnn", "dataset": "shakespeare"},
-         "invalid run config model='cnn' for dataset='shakespeare': model cnn reads images"),
-        ({"model": "vgg16", "dataset": "femnist"},
-         "invalid run config model='vgg16' for dataset='femnist': vgg16 needs inputs of at least"),
+        (
+            {"partitioning": "natural", "dataset": "cifar10"},
+            "invalid run config partitioning='natural': it makes every user of a LEAF dataset",
+        ),
+        (
+            {"model": "lstm", "dataset": "cifar10"},
+            "invalid run config model='lstm' for dataset='cifar10': model lstm reads token sequences",
+        ),
+        (
+            {"model": "cnn", "dataset": "shakespeare"},
+            "invalid run config model='cnn' for dataset='shakespeare': model cnn reads images",
+        ),
+        (
+            {"model": "vgg16", "dataset": "femnist"},
+            "invalid run config model='vgg16' for dataset='femnist': vgg16 needs inputs of at least",
+        ),
     ]
     for overrides, message in cases:
-        cfg = RunConfig.from_mapping(_run_config(**overrides))
+        cfg = RunConfig.from_mapping(run_config(**overrides))
         with pytest.raises(ConfigError) as error:
             build_strategy(cfg)
         assert str(error.value).startswith(message)
-    cfg = RunConfig.from_mapping(_run_config(model="lstm", dataset="shakespeare", partitioning="natural"))
-    assert build_strategy(cfg) is not None
+    cfg = RunConfig.from_mapping(
+        run_config(model="lstm", dataset="shakespeare", partitioning="natural")
+    )
+    assert isinstance(build_strategy(cfg), FedMR)
 
 
 def test_the_server_checks_the_node_count_of_natural_partitioning(tmp_path):
     write_femnist(tmp_path)
-    cfg = RunConfig.from_mapping(_run_config(
-        dataset="femnist", partitioning="natural", **{"data-root": str(tmp_path), "leaf-min-samples": 4}
-    ))
+    cfg = RunConfig.from_mapping(
+        run_config(
+            dataset="femnist",
+            partitioning="natural",
+            **{"data-root": str(tmp_path), "leaf-min-samples": 4},
+        )
+    )
     check_natural_clients(cfg, 3)
-    with pytest.raises(ConfigError, match="each of the 3 selected femnist users .* one client, but "
-                                          "100 nodes are connected: run 3 SuperNodes"):
+    with pytest.raises(
+        ConfigError,
+        match="each of the 3 selected femnist users .* one client, but "
+        "100 nodes are connected: run 3 SuperNodes",
+    ):
         check_natural_clients(cfg, 100)
     check_natural_clients(cfg, 2)  # a deployment may run some clients only: logged
     missing = RunConfig.from_mapping({**cfg.to_dict(), "data-root": str(tmp_path / "none")})
     with pytest.raises(ConfigError, match="FEMNIST not found: no .json files in"):
         check_natural_clients(missing, 3)
-    check_natural_clients(RunConfig.from_mapping(_run_config()), 1000)  # not natural: no check
+    check_natural_clients(RunConfig.from_mapping(run_config()), 1000)  # not natural: no check

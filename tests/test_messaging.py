@@ -77,7 +77,9 @@ class ScriptedGrid(Grid):
             if delay == LOST:
                 replies.append(Message(Error(code=0, reason="node offline"), reply_to=message))
             elif self.clock.now - self.pushed_at >= delay:
-                replies.append(Message(RecordDict({"config": ConfigRecord({"node": 1})}), reply_to=message))
+                replies.append(
+                    Message(RecordDict({"config": ConfigRecord({"node": 1})}), reply_to=message)
+                )
             else:
                 continue
             self.delivered.add(message_id)
@@ -112,7 +114,9 @@ def clock(monkeypatch) -> VirtualClock:
 
 def exchange(grid: ScriptedGrid, timeout: float | None) -> list[Message]:
     messages = [
-        Message(RecordDict({"config": ConfigRecord({"x": 1})}), dst_node_id=node, message_type="query")
+        Message(
+            RecordDict({"config": ConfigRecord({"x": 1})}), dst_node_id=node, message_type="query"
+        )
         for node in grid.script
     ]
     return send_and_collect(grid, messages, timeout)
@@ -159,7 +163,9 @@ def test_a_refused_message_is_not_waited_for(server_task_identity, clock, caplog
     assert "1 of 2 message(s) could not be pushed (to node(s) [11])" in caplog.text
 
 
-def test_error_replies_the_superlink_writes_for_lost_nodes_count_as_replies(server_task_identity, clock):
+def test_error_replies_the_superlink_writes_for_lost_nodes_count_as_replies(
+    server_task_identity, clock
+):
     grid = ScriptedGrid(clock, {11: LOST, 12: 0.3})
     replies = exchange(grid, timeout=600)
     assert sorted(replied_nodes(grid, replies)) == [11, 12]
@@ -174,7 +180,9 @@ def test_no_timeout_waits_for_every_reply(server_task_identity, clock):
     assert 4000.0 <= clock.now - grid.pushed_at <= 4000.0 + MAX_PULL_INTERVAL
 
 
-def test_replies_already_there_are_pulled_at_once_even_with_timeout_zero(server_task_identity, clock):
+def test_replies_already_there_are_pulled_at_once_even_with_timeout_zero(
+    server_task_identity, clock
+):
     grid = ScriptedGrid(clock, {11: 0.0, 12: 0.0})
     replies = exchange(grid, timeout=0)
     assert sorted(replied_nodes(grid, replies)) == [11, 12]
@@ -203,3 +211,17 @@ def test_a_grid_without_push_and_pull_is_asked_through_send_and_receive(server_t
 def test_intervals_are_checked():
     with pytest.raises(ValueError, match="first_interval <= max_interval"):
         send_and_collect(None, [], 1.0, first_interval=0.5, max_interval=0.1)
+
+
+def test_a_fixed_interval_from_the_environment_pulls_in_flowers_steps(
+    server_task_identity, clock, monkeypatch
+):
+    monkeypatch.setenv(messaging.PULL_INTERVAL_VARIABLE, "3")
+    grid = ScriptedGrid(clock, {11: 0.05, 12: 4.0})
+    replies = exchange(grid, timeout=600)
+    assert sorted(replied_nodes(grid, replies)) == [11, 12]
+    assert [at - grid.pushed_at for at, _ in grid.pulls] == [0.0, 3.0, 6.0]  # as send_and_receive
+    for bad in ("0", "-1", "soon", "nan"):
+        monkeypatch.setenv(messaging.PULL_INTERVAL_VARIABLE, bad)
+        with pytest.raises(ValueError, match="FEDX_REPLY_PULL_INTERVAL must be a positive number"):
+            exchange(grid, timeout=600)

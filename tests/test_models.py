@@ -7,17 +7,7 @@ from torchvision.models.resnet import BasicBlock
 
 from fedx.models import CNN, MODEL_NAMES, build_model
 
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    # These models are tiny: with several intra-op threads on a small, busy
-    # machine (CI, or other test processes) the threads mostly wait for each
-    # other, and run times swing by an order of magnitude. One thread is fast
-    # and steady.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _num_parameters(model: nn.Module) -> int:
@@ -50,7 +40,16 @@ def test_output_shape(name: str, input_shape: tuple[int, int, int], num_classes:
 
 def test_model_names() -> None:
     assert MODEL_NAMES == (
-        "cnn", "resnet20", "vgg16", "lstm", "cnn-1", "cnn-2", "cnn-3", "cnn-4", "vgg11", "vgg13",
+        "cnn",
+        "resnet20",
+        "vgg16",
+        "lstm",
+        "cnn-1",
+        "cnn-2",
+        "cnn-3",
+        "cnn-4",
+        "vgg11",
+        "vgg13",
         "vgg19",
     )
 
@@ -79,9 +78,15 @@ def test_cnn_2_is_the_fedavg_cnn() -> None:
     assert all(torch.equal(cnn[k], cnn_2[k]) for k in cnn)
 
 
-@pytest.mark.parametrize(("depth", "convs", "parameters"), [
-    (11, 8, 9_750_922), (13, 10, 9_935_434), (16, 13, 15_245_130), (19, 16, 20_554_826),
-])
+@pytest.mark.parametrize(
+    ("depth", "convs", "parameters"),
+    [
+        (11, 8, 9_750_922),
+        (13, 10, 9_935_434),
+        (16, 13, 15_245_130),
+        (19, 16, 20_554_826),
+    ],
+)
 def test_vgg_family_depths(depth: int, convs: int, parameters: int) -> None:
     model = build_model(f"vgg{depth}", (3, 32, 32), 10)
     # depth = conv layers + the three linear layers of the head.
@@ -224,8 +229,11 @@ def test_lstm_predicts_from_the_last_character() -> None:
 
 @pytest.mark.parametrize(
     ("name", "input_shape", "problem"),
-    [("lstm", (3, 32, 32), "reads token sequences"), ("cnn", (80,), "reads images"),
-     ("lstm", (0,), "reads token sequences")],
+    [
+        ("lstm", (3, 32, 32), "reads token sequences"),
+        ("cnn", (80,), "reads images"),
+        ("lstm", (0,), "reads token sequences"),
+    ],
 )
 def test_models_reject_the_other_kind_of_input(name, input_shape, problem) -> None:
     with pytest.raises(ValueError, match=problem):

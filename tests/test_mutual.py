@@ -13,20 +13,13 @@ from fedx.models import build_model
 from fedx.mutual import mutual_losses, prefers_exchanged, train_mutual
 from fedx.training import train
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 CPU = torch.device("cpu")
 
 PERSONALIZED_LOGITS = [[1.0, 0.0, -1.0], [0.5, 0.5, 0.0]]
 EXCHANGED_LOGITS = [[0.0, 1.0, 0.0], [2.0, 0.0, 1.0]]
 LABELS = [0, 2]
-
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    # Tiny models on a small, busy machine: one intra-op thread is fast and steady.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _softmax(logits: list[float]) -> list[float]:
@@ -86,20 +79,33 @@ def test_each_loss_moves_only_its_own_model_with_the_expected_gradient():
 
 def _digits_loader(seed: int) -> DataLoader:
     subset = Subset(load_split("digits", "train"), np.arange(120))
-    return DataLoader(subset, batch_size=30, shuffle=True, generator=torch.Generator().manual_seed(seed))
+    return DataLoader(
+        subset, batch_size=30, shuffle=True, generator=torch.Generator().manual_seed(seed)
+    )
 
 
 def test_train_mutual_updates_both_models_of_different_architectures():
     torch.manual_seed(0)
-    personalized, exchanged = build_model("cnn-1", (1, 8, 8), 10), build_model("cnn-3", (1, 8, 8), 10)
+    personalized, exchanged = (
+        build_model("cnn-1", (1, 8, 8), 10),
+        build_model("cnn-3", (1, 8, 8), 10),
+    )
     before = [copy.deepcopy(m.state_dict()) for m in (personalized, exchanged)]
-    losses = train_mutual(personalized, exchanged, _digits_loader(0), epochs=2,
-                          learning_rate=0.05, weight_decay=1e-4, device=CPU)
+    losses = train_mutual(
+        personalized,
+        exchanged,
+        _digits_loader(0),
+        epochs=2,
+        learning_rate=0.05,
+        weight_decay=1e-4,
+        device=CPU,
+    )
     assert all(math.isfinite(loss) and loss > 0 for loss in losses)
     for model, start in zip((personalized, exchanged), before, strict=True):
         assert any(not torch.equal(v, start[k]) for k, v in model.state_dict().items())
-    assert train_mutual(personalized, exchanged, _digits_loader(0), epochs=0,
-                        learning_rate=0.05, device=CPU) == (0.0, 0.0)
+    assert train_mutual(
+        personalized, exchanged, _digits_loader(0), epochs=0, learning_rate=0.05, device=CPU
+    ) == (0.0, 0.0)
 
 
 def test_train_mutual_without_mutual_learning_is_plain_sgd_on_each_model():
@@ -107,10 +113,17 @@ def test_train_mutual_without_mutual_learning_is_plain_sgd_on_each_model():
     model = build_model("cnn-2", (1, 8, 8), 10)
     partner = build_model("cnn-1", (1, 8, 8), 10)
     alone, joint = copy.deepcopy(model), copy.deepcopy(model)
-    settings = {"epochs": 2, "learning_rate": 0.05, "momentum": 0.9, "weight_decay": 1e-4, "device": CPU}
+    settings = {
+        "epochs": 2,
+        "learning_rate": 0.05,
+        "momentum": 0.9,
+        "weight_decay": 1e-4,
+        "device": CPU,
+    }
     loss_alone = train(alone, _digits_loader(3), **settings)
-    loss_joint, _ = train_mutual(joint, copy.deepcopy(partner), _digits_loader(3),
-                                 mutual_learning=False, **settings)
+    loss_joint, _ = train_mutual(
+        joint, copy.deepcopy(partner), _digits_loader(3), mutual_learning=False, **settings
+    )
     assert loss_joint == pytest.approx(loss_alone, rel=1e-5)
     for name, value in alone.state_dict().items():
         torch.testing.assert_close(joint.state_dict()[name], value, rtol=1e-5, atol=1e-6)
@@ -118,7 +131,8 @@ def test_train_mutual_without_mutual_learning_is_plain_sgd_on_each_model():
     mutual = copy.deepcopy(model)
     train_mutual(mutual, copy.deepcopy(partner), _digits_loader(3), **settings)
     assert any(
-        not torch.allclose(mutual.state_dict()[k], v, atol=1e-4) for k, v in alone.state_dict().items()
+        not torch.allclose(mutual.state_dict()[k], v, atol=1e-4)
+        for k, v in alone.state_dict().items()
     )
 
 

@@ -31,12 +31,14 @@ def test_weighted_mean_matches_formula_and_keeps_inputs(models):
     result = average(models, weights)
     total = sum(weights)
     for name in models[0]:
-        expected = sum(w / total * m[name].astype(np.float64) for w, m in zip(weights, models))
+        expected = sum(
+            w / total * m[name].astype(np.float64) for w, m in zip(weights, models, strict=True)
+        )
         if np.issubdtype(models[0][name].dtype, np.integer):
             assert result[name] == np.rint(expected).astype(np.int64)
         else:
             np.testing.assert_allclose(result[name], expected, rtol=1e-5, atol=1e-6)
-    for before, after in zip(snapshot, models):
+    for before, after in zip(snapshot, models, strict=True):
         for name in before:
             np.testing.assert_array_equal(before[name], after[name])
 

@@ -180,9 +180,12 @@ def test_similarity_selections_never_pick_the_model_itself():
 def test_similarity_ties_go_to_the_lowest_index():
     uniform = np.full((4, 4), 0.5)
     for selection in ("highest_similarity", "lowest_similarity"):
-        assert collaborator_indices(
-            4, selection=selection, round_index=0, similarity=uniform
-        ) == [1, 0, 0, 0]
+        assert collaborator_indices(4, selection=selection, round_index=0, similarity=uniform) == [
+            1,
+            0,
+            0,
+            0,
+        ]
 
 
 def test_two_models_always_pick_each_other():
@@ -202,9 +205,7 @@ def test_collaborator_indices_rejects_bad_arguments():
     with pytest.raises(ValueError, match="needs a similarity matrix"):
         collaborator_indices(4, selection="lowest_similarity", round_index=0)
     with pytest.raises(ValueError, match=r"similarity must be 4 x 4, got shape \(3, 3\)"):
-        collaborator_indices(
-            4, selection="highest_similarity", round_index=0, similarity=np.eye(3)
-        )
+        collaborator_indices(4, selection="highest_similarity", round_index=0, similarity=np.eye(3))
     with pytest.raises(ValueError, match="round_index must be >= 0"):
         collaborator_indices(4, selection="in_order", round_index=-1)
 
@@ -296,7 +297,7 @@ def test_inputs_are_not_modified_and_outputs_are_new_arrays(propeller):
     result = cross_aggregate(
         models, alpha=0.9, selection="lowest_similarity", round_index=2, propeller=propeller
     )
-    for original, kept in zip(models, before):
+    for original, kept in zip(models, before, strict=True):
         for name in SHAPES:
             np.testing.assert_array_equal(original[name], kept[name])
     for model in result:
@@ -339,7 +340,7 @@ def test_propeller_ignores_the_selection_rule():
         for s in SELECTIONS
     ]
     for other in results[1:]:
-        for a, b in zip(results[0], other):
+        for a, b in zip(results[0], other, strict=True):
             for name in SHAPES:
                 np.testing.assert_array_equal(a[name], b[name])
 

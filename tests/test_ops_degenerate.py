@@ -61,8 +61,9 @@ def test_similarity_with_a_zero_model_is_zero(trained, measure):
     np.testing.assert_array_equal(result[:, 3], 0.0)
     assert np.isfinite(result).all()
     # The others keep their similarities.
-    np.testing.assert_allclose(result[:3, :3], cosine_similarity_matrix(trained[:3], measure),
-                               rtol=0, atol=1e-6)
+    np.testing.assert_allclose(
+        result[:3, :3], cosine_similarity_matrix(trained[:3], measure), rtol=0, atol=1e-6
+    )
 
 
 @pytest.mark.parametrize("measure", MEASURES)
@@ -76,8 +77,7 @@ def test_similarity_of_all_zero_models_is_all_zero(trained, measure):
 def test_cross_aggregation_with_a_zero_slot(trained, selection, measure):
     """The regression of issue 17: a zero-initialised slot no client trained."""
     models = [*trained[:3], zeros_like(trained[0])]
-    result = cross_aggregate(models, alpha=0.9, selection=selection, round_index=0,
-                             measure=measure)
+    result = cross_aggregate(models, alpha=0.9, selection=selection, round_index=0, measure=measure)
     similarity = cosine_similarity_matrix(models, measure)
     partners = collaborator_indices(4, selection=selection, round_index=0, similarity=similarity)
     for index, model in enumerate(result):
@@ -128,8 +128,9 @@ def test_cross_aggregation_of_identical_models_gives_them_back(trained, selectio
         assert_same_model(model, trained[1], rtol=1e-6)
     # Exact ties go to the lowest other index.
     if selection != "in_order":
-        assert collaborator_indices(3, selection=selection, round_index=0,
-                                    similarity=np.ones((3, 3))) == [1, 0, 0]
+        assert collaborator_indices(
+            3, selection=selection, round_index=0, similarity=np.ones((3, 3))
+        ) == [1, 0, 0]
 
 
 def test_average_and_recombination_of_identical_models(trained):
@@ -157,8 +158,7 @@ def test_one_trained_slot_among_copies_of_the_dispatched_model(trained, selectio
     if selection == "highest_similarity":
         # The copies pick each other.
         assert all(partners[i] in copies - {i} for i in copies)
-    result = cross_aggregate(models, alpha=0.9, selection=selection, round_index=0,
-                             measure=measure)
+    result = cross_aggregate(models, alpha=0.9, selection=selection, round_index=0, measure=measure)
     assert all(np.isfinite(a).all() for model in result for a in model.values())
 
 
@@ -168,8 +168,9 @@ def test_one_trained_slot_among_copies_of_the_dispatched_model(trained, selectio
 @pytest.mark.parametrize("selection", SELECTIONS)
 @pytest.mark.parametrize("propeller", [False, True])
 def test_cross_aggregation_of_one_model_returns_a_copy(trained, selection, propeller):
-    [result] = cross_aggregate([trained[0]], alpha=0.9, selection=selection, round_index=3,
-                               propeller=propeller)
+    [result] = cross_aggregate(
+        [trained[0]], alpha=0.9, selection=selection, round_index=3, propeller=propeller
+    )
     assert_same_model(result, trained[0])
     for name, array in result.items():
         if array.dtype.kind == "f":
@@ -185,8 +186,7 @@ def test_one_and_two_models(trained, measure):
     two = cosine_similarity_matrix(trained[:2], measure)
     assert two.shape == (2, 2) and two[0, 1] == two[1, 0]
     for selection in SELECTIONS:
-        assert collaborator_indices(2, selection=selection, round_index=5,
-                                    similarity=two) == [1, 0]
+        assert collaborator_indices(2, selection=selection, round_index=5, similarity=two) == [1, 0]
     assert_same_model(average([trained[0]]), trained[0])
     assert_same_model(average([trained[0]], weights=[5.0]), trained[0])
     [only] = recombine([trained[0]], np.random.default_rng(0))

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from fedx.ops import assign_exchanges, cluster_count, fedme_aggregate
-from tests.conftest import make_model
+from tests.helpers import make_model
 
 
 def _small_model(rng: np.random.Generator, width: int) -> dict[str, np.ndarray]:
@@ -29,10 +29,14 @@ def test_fedme_aggregate_is_eq_8_on_constructed_arrays():
     # Client j received the personalized model exchanged_from[j]:
     #   model 0 went to clients 1, 2 and 3 (s_0 = 3), model 1 to client 0
     #   (s_1 = 1), models 2 and 3 to nobody (s = 0).
-    personalized = [{"w": np.full((2, 2), v, dtype=np.float32), "b": np.array([v], np.float32)}
-                    for v in (1.0, 10.0, 100.0, 1000.0)]
-    exchanged = [{"w": np.full((2, 2), v, dtype=np.float32), "b": np.array([v], np.float32)}
-                 for v in (20.0, 3.0, 5.0, 7.0)]
+    personalized = [
+        {"w": np.full((2, 2), v, dtype=np.float32), "b": np.array([v], np.float32)}
+        for v in (1.0, 10.0, 100.0, 1000.0)
+    ]
+    exchanged = [
+        {"w": np.full((2, 2), v, dtype=np.float32), "b": np.array([v], np.float32)}
+        for v in (20.0, 3.0, 5.0, 7.0)
+    ]
     exchanged_from = [1, 0, 0, 0]
     before = copy.deepcopy((personalized, exchanged))
 
@@ -70,7 +74,9 @@ def test_fedme_aggregate_matches_eq_8_written_with_u_and_s(models):
             )
             np.testing.assert_allclose(result[i][name], total / (s + 1), rtol=1e-5, atol=1e-6)
     # The integer BatchNorm counter is averaged and rounded, not truncated.
-    counters = [models[3]["bn1.num_batches_tracked"]] + [exchanged[j]["bn1.num_batches_tracked"] for j in (0, 1, 2, 5)]
+    counters = [models[3]["bn1.num_batches_tracked"]] + [
+        exchanged[j]["bn1.num_batches_tracked"] for j in (0, 1, 2, 5)
+    ]
     assert result[3]["bn1.num_batches_tracked"] == np.rint(np.mean(counters))
     assert result[3]["bn1.num_batches_tracked"].dtype == np.int64
 
@@ -161,9 +167,7 @@ def test_assign_exchanges_is_reproducible_and_needs_two_models():
     labels = [0, 0, 0, 1, 1, 1, 1]
     first = assign_exchanges(labels, np.random.default_rng(9))
     assert first == assign_exchanges(labels, np.random.default_rng(9))
-    assert any(
-        assign_exchanges(labels, np.random.default_rng(s)) != first for s in range(10, 20)
-    )
+    assert any(assign_exchanges(labels, np.random.default_rng(s)) != first for s in range(10, 20))
     with pytest.raises(ValueError, match="at least two models"):
         assign_exchanges([0], np.random.default_rng(0))
     with pytest.raises(ValueError, match="1-D"):
@@ -178,6 +182,13 @@ def test_assign_exchanges_is_reproducible_and_needs_two_models():
 def test_cluster_count_starts_at_one_and_grows_at_the_listed_rounds():
     schedule = (250, 375, 450)  # the paper's CIFAR-10 schedule, 500 rounds
     assert [cluster_count(r, schedule) for r in (1, 249, 250, 374, 375, 449, 450, 500)] == [
-        1, 1, 2, 2, 3, 3, 4, 4,
+        1,
+        1,
+        2,
+        2,
+        3,
+        3,
+        4,
+        4,
     ]
     assert cluster_count(100, ()) == 1

@@ -206,7 +206,7 @@ def test_same_seed_same_models(pair):
     current, previous = pair
     first = mutate(current, previous, np.random.default_rng(9), k=6, alpha=4.0)
     second = mutate(current, previous, np.random.default_rng(9), k=6, alpha=4.0)
-    for a, b in zip(first, second):
+    for a, b in zip(first, second, strict=True):
         for name in SHAPES:
             np.testing.assert_array_equal(a[name], b[name])
 
@@ -231,7 +231,9 @@ def test_bad_arguments_are_rejected(pair, arguments, message):
 def test_layout_mismatch_is_rejected(pair):
     current, previous = pair
     renamed = {("head.weight" if name == "fc.weight" else name): a for name, a in previous.items()}
-    with pytest.raises(ValueError, match=r"previous_global does not match global_model: names differ"):
+    with pytest.raises(
+        ValueError, match=r"previous_global does not match global_model: names differ"
+    ):
         mutate(current, renamed, np.random.default_rng(0), k=2, alpha=1.0)
     reshaped = dict(previous, **{"fc.weight": previous["fc.weight"].reshape(64, 10)})
     with pytest.raises(ValueError, match=r"fc.weight: shape \(64, 10\), expected \(10, 64\)"):

@@ -10,8 +10,8 @@ value where it is not (a mutation beyond the range).
 import numpy as np
 import pytest
 
-from fedx.ops import average, cosine_similarity_matrix, cross_aggregate, fedme_aggregate, mutate
 from fedx.ops import aggregation as aggregation_module
+from fedx.ops import average, cosine_similarity_matrix, cross_aggregate, fedme_aggregate, mutate
 
 LARGE32 = np.float32(3e38)
 MAX32 = np.finfo(np.float32).max
@@ -25,11 +25,13 @@ def huge_models(count: int, dtype=np.float32, value: float = 3e38, size: int = 1
     for _ in range(count):
         signs = np.where(rng.random(size) < 0.2, -1.0, 1.0)
         factors = rng.uniform(0.9, 1.0, size)
-        models.append({
-            "w": (value * signs * factors).astype(dtype),
-            "b": np.full(3, value, dtype=dtype),
-            "count": np.array(2**62, dtype=np.int64),
-        })
+        models.append(
+            {
+                "w": (value * signs * factors).astype(dtype),
+                "b": np.full(3, value, dtype=dtype),
+                "count": np.array(2**62, dtype=np.int64),
+            }
+        )
     return models
 
 
@@ -51,8 +53,11 @@ def small_blocks(monkeypatch):
     monkeypatch.setattr(aggregation_module, "_BLOCK", 64)
 
 
-@pytest.mark.parametrize("weights", [None, [1.0, 2.0, 3.0], [1e308, 1e308, 1e308]],
-                         ids=["plain", "weighted", "huge-weights"])
+@pytest.mark.parametrize(
+    "weights",
+    [None, [1.0, 2.0, 3.0], [1e308, 1e308, 1e308]],
+    ids=["plain", "weighted", "huge-weights"],
+)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
 def test_mean_of_huge_finite_models_is_finite_and_exact(weights, dtype):
     value = {np.float32: 3e38, np.float64: 1.7e308, np.float16: 6e4}[dtype]
@@ -64,9 +69,12 @@ def test_mean_of_huge_finite_models_is_finite_and_exact(weights, dtype):
     for name in ("w", "b"):
         assert result[name].dtype == dtype
         # Rounding of the terms, relative to the largest of them (some cancel).
-        np.testing.assert_allclose(result[name].astype(np.longdouble),
-                                   exact_mean(models, name, weights), rtol=0,
-                                   atol=4 * np.finfo(dtype).eps * value)
+        np.testing.assert_allclose(
+            result[name].astype(np.longdouble),
+            exact_mean(models, name, weights),
+            rtol=0,
+            atol=4 * np.finfo(dtype).eps * value,
+        )
     assert result["count"] == 2**62
 
 
@@ -110,8 +118,9 @@ def test_integer_means_stay_in_range():
 def test_cross_aggregation_of_huge_models_is_finite(selection, measure, propeller):
     models = huge_models(4)
     # alpha = 0.5: the blend is the plain mean of two models, whose sum overflows.
-    result = cross_aggregate(models, alpha=0.5, selection=selection, round_index=0,
-                             measure=measure, propeller=propeller)
+    result = cross_aggregate(
+        models, alpha=0.5, selection=selection, round_index=0, measure=measure, propeller=propeller
+    )
     for model in result:
         assert_finite(model)
         assert np.all(np.abs(model["b"]) > 2.9e38)
@@ -120,12 +129,16 @@ def test_cross_aggregation_of_huge_models_is_finite(selection, measure, propelle
 @pytest.mark.parametrize("measure", ["model", "layer-pairs"])
 def test_similarity_of_huge_models_is_that_of_the_scaled_down_models(measure):
     models = huge_models(4)
-    scaled = [{n: (a / np.float32(1e38) if a.dtype.kind == "f" else a) for n, a in m.items()}
-              for m in models]
+    scaled = [
+        {n: (a / np.float32(1e38) if a.dtype.kind == "f" else a) for n, a in m.items()}
+        for m in models
+    ]
     result = cosine_similarity_matrix(models, measure)
     np.testing.assert_allclose(result, cosine_similarity_matrix(scaled, measure), atol=1e-6)
-    wide = [{n: a.astype(np.float64) * 1e268 if a.dtype.kind == "f" else a for n, a in m.items()}
-            for m in models]
+    wide = [
+        {n: a.astype(np.float64) * 1e268 if a.dtype.kind == "f" else a for n, a in m.items()}
+        for m in models
+    ]
     np.testing.assert_allclose(cosine_similarity_matrix(wide, measure), result, atol=1e-6)
 
 
@@ -139,10 +152,14 @@ def test_fedme_aggregation_of_huge_models_is_finite():
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_mutation_beyond_the_range_saturates(dtype):
     largest = np.finfo(dtype).max
-    current = {"w": np.array([0.9, -0.9, 0.5, 1e-3], dtype=dtype) * largest,
-               "count": np.array(3, dtype=np.int64)}
-    previous = {"w": np.array([-0.9, 0.9, 0.5, -1e-3], dtype=dtype) * largest,
-                "count": np.array(2, dtype=np.int64)}
+    current = {
+        "w": np.array([0.9, -0.9, 0.5, 1e-3], dtype=dtype) * largest,
+        "count": np.array(3, dtype=np.int64),
+    }
+    previous = {
+        "w": np.array([-0.9, 0.9, 0.5, -1e-3], dtype=dtype) * largest,
+        "count": np.array(2, dtype=np.int64),
+    }
     mutated = mutate(current, previous, np.random.default_rng(0), k=4, alpha=4.0, beta=0.0)
     forward = next(m for m in mutated if m["w"][0] > 0 and m["w"][3] > current["w"][3])
     backward = next(m for m in mutated if m["w"][0] < 0)

@@ -31,9 +31,10 @@ def test_thread_count_follows_the_blas_limit():
     with threadpool_limits(limits=1, user_api="blas"):
         assert thread_count() == 1
         # One thread: everything runs in the calling thread.
-        assert run_tasks(lambda _: threading.get_ident(), list(range(5))) == [
-            threading.get_ident()
-        ] * 5
+        assert (
+            run_tasks(lambda _: threading.get_ident(), list(range(5)))
+            == [threading.get_ident()] * 5
+        )
 
 
 def test_a_forked_child_gets_threads_of_its_own():

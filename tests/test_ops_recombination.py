@@ -37,8 +37,7 @@ def test_sum_and_squared_distances_per_layer_are_unchanged(models):
 def test_layers_are_actually_mixed(models):
     recombined = recombine(models, np.random.default_rng(3))
     mixed = [
-        len(set(_source_of(models, [new], name)[0] for name in models[0])) > 1
-        for new in recombined
+        len(set(_source_of(models, [new], name)[0] for name in models[0])) > 1 for new in recombined
     ]
     assert any(mixed), "with 11 tensors and 6 models some model must take layers from several"
 
@@ -46,7 +45,7 @@ def test_layers_are_actually_mixed(models):
 def test_inputs_are_not_modified_and_no_array_is_copied(models):
     snapshot = copy.deepcopy(models)
     recombined = recombine(models, np.random.default_rng(4))
-    for before, after in zip(snapshot, models):
+    for before, after in zip(snapshot, models, strict=True):
         for name in before:
             np.testing.assert_array_equal(before[name], after[name])
     ids_in = {id(a) for m in models for a in m.values()}
@@ -70,7 +69,14 @@ def test_module_grouping_keeps_a_modules_tensors_together(models):
 
 
 def test_layer_groups_by_module():
-    names = ["conv1.weight", "conv1.bias", "bn1.weight", "bn1.num_batches_tracked", "fc.weight", "scale"]
+    names = [
+        "conv1.weight",
+        "conv1.bias",
+        "bn1.weight",
+        "bn1.num_batches_tracked",
+        "fc.weight",
+        "scale",
+    ]
     assert layer_groups(names, "module") == [
         ["conv1.weight", "conv1.bias"],
         ["bn1.weight", "bn1.num_batches_tracked"],
@@ -109,7 +115,7 @@ def test_segments_share_one_permutation(models):
     segments = segment_ids(len(groups), 0.5)
     recombined = recombine(models, np.random.default_rng(5), segment_fraction=0.5)
     by_segment: dict[int, list] = {}
-    for group, segment in zip(groups, segments):
+    for group, segment in zip(groups, segments, strict=True):
         by_segment.setdefault(segment, []).append(_source_of(models, recombined, group[0]))
     assert len(by_segment) == 2
     for sources in by_segment.values():

@@ -111,8 +111,13 @@ def test_layer_pairs_diagonal_counts_the_non_zero_terms():
     models = related_models(3)
     # Five pairs and a trailing single entry, all of non-zero norm.
     np.testing.assert_array_equal(np.diag(cosine_similarity_matrix(models, "layer-pairs")), 6.0)
-    models[2] = dict(models[2], **{"conv1.weight": np.zeros((4, 1, 3, 3), np.float32),
-                                   "conv1.bias": np.zeros(4, np.float32)})
+    models[2] = dict(
+        models[2],
+        **{
+            "conv1.weight": np.zeros((4, 1, 3, 3), np.float32),
+            "conv1.bias": np.zeros(4, np.float32),
+        },
+    )
     result = cosine_similarity_matrix(models, "layer-pairs")
     assert result[2, 2] == 5.0
     assert result[0, 2] == pytest.approx(authors_layer_pairs(models[0], models[2]), abs=1e-6)
@@ -125,7 +130,7 @@ def test_cross_aggregate_uses_the_requested_measure():
     # dominate the layer-pair sum.
     names = ["a.weight", "a.bias", "b.weight", "b.bias", "c.weight", "c.bias"]
     shapes = [(400,), (1,), (3,), (1,), (3,), (1,)]
-    base = {n: rng.normal(size=s).astype(np.float32) for n, s in zip(names, shapes)}
+    base = {n: rng.normal(size=s).astype(np.float32) for n, s in zip(names, shapes, strict=True)}
     flipped = {n: (-a if n != "a.weight" else a.copy()) for n, a in base.items()}
     big_flipped = {n: (-a if n == "a.weight" else a.copy()) for n, a in base.items()}
     models = [base, flipped, big_flipped]
@@ -134,8 +139,9 @@ def test_cross_aggregate_uses_the_requested_measure():
     assert np.argmin(by_model[0, 1:]) + 1 == 2  # the big tensor flipped is least similar
     assert np.argmin(by_pairs[0, 1:]) + 1 == 1  # the small pairs flipped are
     for measure, expected_partner in (("model", 2), ("layer-pairs", 1)):
-        result = cross_aggregate(models, alpha=0.9, selection="lowest_similarity",
-                                 round_index=0, measure=measure)
+        result = cross_aggregate(
+            models, alpha=0.9, selection="lowest_similarity", round_index=0, measure=measure
+        )
         expected = 0.9 * base["b.weight"] + 0.1 * models[expected_partner]["b.weight"]
         np.testing.assert_allclose(result[0]["b.weight"], expected, rtol=1e-6)
 
@@ -155,18 +161,23 @@ def float32_models(count: int, seed: int = 0, scale: float = 1.0) -> list[dict]:
     shared = rng.standard_normal(1000)
     models = []
     for index in range(count):
-        models.append({
-            "w": (scale * (shared + (0.2 + 0.3 * index) * rng.standard_normal(1000)))
-            .astype(np.float32).reshape(10, 100),
-            "b": (scale * rng.standard_normal(37)).astype(np.float32),
-            "steps": np.array(index, dtype=np.int64),
-        })
+        models.append(
+            {
+                "w": (scale * (shared + (0.2 + 0.3 * index) * rng.standard_normal(1000)))
+                .astype(np.float32)
+                .reshape(10, 100),
+                "b": (scale * rng.standard_normal(37)).astype(np.float32),
+                "steps": np.array(index, dtype=np.int64),
+            }
+        )
     return models
 
 
 def float64_reference(models: list[dict]) -> np.ndarray:
-    vectors = [np.concatenate([m["w"].astype(np.float64).ravel(), m["b"].astype(np.float64)])
-               for m in models]
+    vectors = [
+        np.concatenate([m["w"].astype(np.float64).ravel(), m["b"].astype(np.float64)])
+        for m in models
+    ]
     return np.array([[direct_cosine(x, y) for y in vectors] for x in vectors])
 
 
@@ -209,10 +220,16 @@ def test_float32_models_far_from_one_keep_their_cosines(scale):
 @pytest.mark.parametrize("scale", [1e-300, 1e300], ids=str)
 def test_float64_models_far_from_one_keep_their_cosines(scale):
     """float64 squares would underflow or overflow: the models are scaled first."""
-    models = [{name: (a.astype(np.float64) * scale if a.dtype.kind == "f" else a)
-               for name, a in model.items()} for model in float32_models(4)]
-    expected = float64_reference([{n: a / scale if a.dtype.kind == "f" else a
-                                   for n, a in m.items()} for m in models])
+    models = [
+        {
+            name: (a.astype(np.float64) * scale if a.dtype.kind == "f" else a)
+            for name, a in model.items()
+        }
+        for model in float32_models(4)
+    ]
+    expected = float64_reference(
+        [{n: a / scale if a.dtype.kind == "f" else a for n, a in m.items()} for m in models]
+    )
     np.testing.assert_allclose(cosine_similarity_matrix(models), expected, rtol=0, atol=1e-12)
 
 
@@ -228,7 +245,8 @@ def test_cross_aggregation_of_float32_models_matches_the_float64_computation(sel
     result = cross_aggregate(models, alpha=0.99, selection=selection, round_index=0)
     for index, model in enumerate(result):
         for name in ("w", "b"):
-            expected = (0.99 * models[index][name].astype(np.float64)
-                        + 0.01 * models[partners[index]][name].astype(np.float64))
+            expected = 0.99 * models[index][name].astype(np.float64) + 0.01 * models[
+                partners[index]
+            ][name].astype(np.float64)
             np.testing.assert_allclose(model[name], expected, rtol=1e-6, atol=1e-6)
         assert model["steps"] == models[index]["steps"]

@@ -21,7 +21,10 @@ def test_global_only_runs_keep_their_format(tmp_path):
 def test_personalized_rounds_hold_per_client_results_and_count_as_final(tmp_path):
     recorder = RunRecorder(tmp_path, {"strategy": "fedme"})
     recorder.record(1, **{"round-seconds": 2.0, "clustering-seconds": 0.0})
-    clients = {"0": {"accuracy": 0.5, "architecture": "cnn-1"}, "1": {"accuracy": 0.7, "architecture": "cnn-2"}}
+    clients = {
+        "0": {"accuracy": 0.5, "architecture": "cnn-1"},
+        "1": {"accuracy": 0.7, "architecture": "cnn-2"},
+    }
     recorder.record(2, **{"personalized-accuracy": 0.6, "personalized-accuracy-std": 0.1})
     recorder.record_clients(2, clients)
     recorder.record(3, **{"clustering-seconds": 0.2})

@@ -22,8 +22,15 @@ def test_dirichlet_sizes_sum_up_respect_the_minimum_and_follow_alpha():
     assert np.array_equal(sizes, dirichlet_sizes(1000, 20, 10.0, 5, np.random.default_rng(0)))
     # Smaller alpha, more unequal sizes (coefficient of variation over many draws).
     spread = {
-        alpha: np.mean([np.std(s) / np.mean(s) for s in
-                        (dirichlet_sizes(10_000, 20, alpha, 0, np.random.default_rng(k)) for k in range(20))])
+        alpha: np.mean(
+            [
+                np.std(s) / np.mean(s)
+                for s in (
+                    dirichlet_sizes(10_000, 20, alpha, 0, np.random.default_rng(k))
+                    for k in range(20)
+                )
+            ]
+        )
         for alpha in (0.5, 10.0, 1000.0)
     }
     assert spread[0.5] > 3 * spread[10.0] > 3 * spread[1000.0]
@@ -35,25 +42,33 @@ def test_dirichlet_sizes_sum_up_respect_the_minimum_and_follow_alpha():
 
 def test_size_label_dirichlet_partitions_cover_the_data_with_skewed_labels():
     labels = dataset_labels(load_split("digits", "train"))
-    parts = partition_indices(labels, 8, partitioning="dirichlet-size-label", alpha=0.1,
-                              size_alpha=10.0, min_partition_size=10, seed=3)
+    settings = {
+        "partitioning": "dirichlet-size-label",
+        "alpha": 0.1,
+        "size_alpha": 10.0,
+        "min_partition_size": 10,
+        "seed": 3,
+    }
+    parts = partition_indices(labels, 8, **settings)
     joined = np.concatenate(parts)
     assert len(joined) == len(labels) and len(np.unique(joined)) == len(labels)
     assert sorted(len(p) for p in parts) == sorted(
         dirichlet_sizes(len(labels), 8, 10.0, 10, np.random.default_rng(3)).tolist()
     )
+
     # alpha_label = 0.1: most of a partition comes from its top two classes;
     # alpha_label = 1000: close to the overall label mix.
     def top_two_share(alpha: float) -> float:
         shares = []
-        for part in partition_indices(labels, 8, partitioning="dirichlet-size-label", alpha=alpha, seed=3):
+        for part in partition_indices(
+            labels, 8, partitioning="dirichlet-size-label", alpha=alpha, seed=3
+        ):
             counts = np.sort(np.bincount(labels[part], minlength=10))
             shares.append(counts[-2:].sum() / counts.sum())
         return float(np.mean(shares))
 
     assert top_two_share(0.1) > 0.6 > 0.3 > top_two_share(1000.0)
-    again = partition_indices(labels, 8, partitioning="dirichlet-size-label", alpha=0.1,
-                              size_alpha=10.0, min_partition_size=10, seed=3)
+    again = partition_indices(labels, 8, **settings)
     assert all(np.array_equal(a, b) for a, b in zip(parts, again, strict=True))
 
 
@@ -80,7 +95,9 @@ def test_clients_and_the_unlabeled_set_share_out_the_training_split():
         assert all(len(p) for p in parts)
         used += parts
         # Label skew reaches every split of a client (they are its own data).
-        assert np.array_equal(splits.train.targets, dataset_labels(load_split("digits", "train"))[parts[0]])
+        assert np.array_equal(
+            splits.train.targets, dataset_labels(load_split("digits", "train"))[parts[0]]
+        )
     joined = np.concatenate(used)
     assert len(joined) == num_train and len(np.unique(joined)) == num_train
     # The server's set does not depend on the number of clients; the clients' data does.

@@ -6,17 +6,10 @@ at the same seed and number of rounds. Uses the tests' own SuperLink
 and the shared plain FedMR run (conftest.py).
 """
 
-import json
-
-from tests.conftest import PLAIN_FEDMR
-from tests.simulation import flwr_run
+from tests.helpers import PLAIN_FEDMR, metrics_rows
+from tests.simulation import run_app
 
 ROUNDS = PLAIN_FEDMR["rounds"]  # compared with the shared plain FedMR run
-
-
-def _rounds(directory) -> dict[int, dict]:
-    metrics = json.loads((directory / "metrics.json").read_text())
-    return {row["round"]: row for row in metrics["rounds"]}
 
 
 def test_secure_recombination_learns_as_well_as_plain_fedmr(superlink, plain_fedmr_run, tmp_path):
@@ -26,16 +19,18 @@ def test_secure_recombination_learns_as_well_as_plain_fedmr(superlink, plain_fed
         f'num-server-rounds={ROUNDS} seed={PLAIN_FEDMR["seed"]} output-dir="{tmp_path}" '
         "round-timeout=120.0"
     )
-    secure = flwr_run(superlink, f'{common} run-name="secure" secure-recombination=true')
-    output = secure.stdout + secure.stderr
+    output = run_app(superlink, f'{common} run-name="secure" secure-recombination=true')
     assert (tmp_path / "secure" / "metrics.json").exists(), output[-3000:]
 
-    with_exchange, without = _rounds(tmp_path / "secure"), _rounds(plain_directory)
+    with_exchange, without = metrics_rows(tmp_path / "secure"), metrics_rows(plain_directory)
     # Every client took part in the exchange, every round; it uploads unless
     # (rarely) every layer it sent came back, when it refuses to hand the
     # server its own trained model and says so.
     refusals = output.count("does not upload its own model")
-    assert sum(with_exchange[r]["trained-slots"] for r in range(1, ROUNDS + 1)) + refusals == 4 * ROUNDS
+    assert (
+        sum(with_exchange[r]["trained-slots"] for r in range(1, ROUNDS + 1)) + refusals
+        == 4 * ROUNDS
+    )
     assert refusals <= 1
     for r in range(1, ROUNDS + 1):
         assert with_exchange[r]["secure-exchanges"] == 7  # (send, return) x r_s=3, upload

@@ -63,7 +63,15 @@ def test_malformed_layers_are_rejected(models, mangle, reason):
 # Encryption
 # ----------------------------------------------------------------------
 
-ROUTE = {"server_round": 3, "repeat": 2, "stage": "send", "attempt": 0, "sender": 2**64 - 1, "receiver": 12, "layer": 5}
+ROUTE = {
+    "server_round": 3,
+    "repeat": 2,
+    "stage": "send",
+    "attempt": 0,
+    "sender": 2**64 - 1,
+    "receiver": 12,
+    "layer": 5,
+}
 
 
 def test_both_ends_derive_the_same_key_and_others_cannot_open():
@@ -165,8 +173,13 @@ def _cohort_step(models, groups, rng):
     """One repetition among numpy clients with the pure functions: sends, answers, commits."""
     nodes = list(range(len(models)))
     sends = {i: choose_sends(len(groups), [p for p in nodes if p != i], 1, 3, rng) for i in nodes}
-    inbox = {i: [(s, layer) for s in nodes for layer, r in sends[s].items() if r == i] for i in nodes}
-    sources = {i: plan_returns(len(groups), list(sends[i]), [layer for _, layer in inbox[i]], rng) for i in nodes}
+    inbox = {
+        i: [(s, layer) for s in nodes for layer, r in sends[s].items() if r == i] for i in nodes
+    }
+    sources = {
+        i: plan_returns(len(groups), list(sends[i]), [layer for _, layer in inbox[i]], rng)
+        for i in nodes
+    }
 
     def layer_of(i, layer):
         return {n: models[i][n] for n in groups[layer]}
@@ -175,10 +188,19 @@ def _cohort_step(models, groups, rng):
     for i in nodes:
         for k, (sender, layer) in enumerate(inbox[i]):
             source = sources[i][k]
-            returned[sender][layer] = layer_of(i, layer) if source == OWN else layer_of(inbox[i][source][0], layer)
+            returned[sender][layer] = (
+                layer_of(i, layer) if source == OWN else layer_of(inbox[i][source][0], layer)
+            )
     return [
-        rebuild(models[i], groups, sends[i], [(layer, layer_of(s, layer)) for s, layer in inbox[i]],
-                sources[i], returned[i], set())
+        rebuild(
+            models[i],
+            groups,
+            sends[i],
+            [(layer, layer_of(s, layer)) for s, layer in inbox[i]],
+            sources[i],
+            returned[i],
+            set(),
+        )
         for i in nodes
     ]
 
@@ -191,12 +213,20 @@ def test_a_repetition_keeps_every_layer_exactly_once(models, grouping):
     for _ in range(5):
         current = _cohort_step(current, groups, rng)
         for name in models[0]:
-            assert sorted(m[name].tobytes() for m in current) == sorted(m[name].tobytes() for m in models)
+            assert sorted(m[name].tobytes() for m in current) == sorted(
+                m[name].tobytes() for m in models
+            )
         for model in current:  # module grouping moves a module's tensors together
             for names in groups:
-                owners = [{k for k, t in enumerate(models) if np.array_equal(t[n], model[n])} for n in names]
+                owners = [
+                    {k for k, t in enumerate(models) if np.array_equal(t[n], model[n])}
+                    for n in names
+                ]
                 assert set.intersection(*owners)
-    assert any(not np.array_equal(c["fc1.weight"], m["fc1.weight"]) for c, m in zip(current, models))
+    assert any(
+        not np.array_equal(c["fc1.weight"], m["fc1.weight"])
+        for c, m in zip(current, models, strict=True)
+    )
 
 
 def test_rebuild_insists_on_a_return_or_an_abort_for_every_sent_layer(models):
@@ -221,22 +251,47 @@ def test_exchange_state_survives_serialization(models):
     state = RecordDict()
     key = run_private_key(state, run_id=1)
     exchange = ExchangeState(
-        node_id=2**64 - 1, private_key=key, server_round=4, grouping="module", min_layers=1,
-        max_layers=3, model=models[0], metrics=MetricRecord({"num-examples": 17}),
-        committed=1, repeat=2, peers={5: b"k" * 32}, sent={2: 5},
-        received=[(5, 1, {"bn1.weight": models[1]["bn1.weight"]})], sources=[OWN],
+        node_id=2**64 - 1,
+        private_key=key,
+        server_round=4,
+        grouping="module",
+        min_layers=1,
+        max_layers=3,
+        model=models[0],
+        metrics=MetricRecord({"num-examples": 17}),
+        committed=1,
+        repeat=2,
+        peers={5: b"k" * 32},
+        sent={2: 5},
+        received=[(5, 1, {"bn1.weight": models[1]["bn1.weight"]})],
+        sources=[OWN],
     )
     exchange.trained_digests = exchange.layer_digests()
     exchange.save(state)
     loaded = ExchangeState.load(recorddict_from_proto(recorddict_to_proto(state)))
-    for field in ("node_id", "private_key", "server_round", "grouping", "min_layers", "max_layers",
-                  "committed", "repeat", "peers", "sent", "sources", "trained_digests"):
+    for field in (
+        "node_id",
+        "private_key",
+        "server_round",
+        "grouping",
+        "min_layers",
+        "max_layers",
+        "committed",
+        "repeat",
+        "peers",
+        "sent",
+        "sources",
+        "trained_digests",
+    ):
         assert getattr(loaded, field) == getattr(exchange, field), field
     assert loaded.metrics["num-examples"] == 17
     assert [(s, i) for s, i, _ in loaded.received] == [(5, 1)]
     np.testing.assert_array_equal(loaded.received[0][2]["bn1.weight"], models[1]["bn1.weight"])
-    assert all(np.array_equal(loaded.model[n], models[0][n]) and loaded.model[n].dtype == models[0][n].dtype
-               for n in models[0])
+    assert all(
+        np.array_equal(loaded.model[n], models[0][n])
+        and loaded.model[n].dtype == models[0][n].dtype
+        for n in models[0]
+    )
     assert loaded.holds_trained_model()
     loaded.model = dict(loaded.model, **{"fc2.bias": models[1]["fc2.bias"]})
     assert not loaded.holds_trained_model()
@@ -248,10 +303,19 @@ def test_a_node_refuses_layers_sealed_for_someone_else(models):
 
     def state_of(i):
         return ExchangeState(
-            node_id=nodes[i], private_key=keys[i], server_round=1, grouping="tensor", min_layers=1,
-            max_layers=1, model=models[i], metrics=MetricRecord({"num-examples": 1}),
-            peers={n: crypto.public_key(k) for n, k in zip(nodes, keys) if n != nodes[i]},
-            committed=0, repeat=1,
+            node_id=nodes[i],
+            private_key=keys[i],
+            server_round=1,
+            grouping="tensor",
+            min_layers=1,
+            max_layers=1,
+            model=models[i],
+            metrics=MetricRecord({"num-examples": 1}),
+            peers={
+                n: crypto.public_key(k) for n, k in zip(nodes, keys, strict=True) if n != nodes[i]
+            },
+            committed=0,
+            repeat=1,
         )
 
     sender, receiver, bystander = state_of(0), state_of(1), state_of(2)

@@ -15,17 +15,13 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 
-from fedx.config import ConfigError, RunConfig
 from fedx.ops import Model
 from fedx.secure.client import is_secure_round, secure_train_reply
 from fedx.secure.exchange import ExchangeState
 from fedx.secure.loopback import LoopbackGrid
 from fedx.secure.wire import RECORD, RETURN_TYPE, SEND_TYPE, UPLOAD_TYPE
-from fedx.server_app import build_strategy
-from fedx.strategies import FedMR
-from fedx.strategies.multi_model import to_arrayrecord, to_model
+from fedx.strategies import FedMR, to_arrayrecord, to_model
 from tests.standin_grid import NODE_IDS, StandInGrid, run_round
-from tests.test_config import defaults  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.usefixtures("server_task_identity")
 
@@ -48,14 +44,18 @@ class NumpyClients:
         rng = np.random.default_rng(node % 10_007)
         model = to_model(msg.content["arrays"])
         trained = {
-            n: (a + rng.normal(size=a.shape).astype(a.dtype)) if a.dtype.kind == "f" else np.asarray(a + 1)
+            n: (a + rng.normal(size=a.shape).astype(a.dtype))
+            if a.dtype.kind == "f"
+            else np.asarray(a + 1)
             for n, a in model.items()
         }
         self.trained[node] = trained
         metrics = MetricRecord({"num-examples": self.examples.get(node, 10)})
         if is_secure_round(msg) and node not in self.plain:
             return secure_train_reply(msg, context, to_arrayrecord(trained), metrics)
-        return Message(RecordDict({"arrays": to_arrayrecord(trained), "metrics": metrics}), reply_to=msg)
+        return Message(
+            RecordDict({"arrays": to_arrayrecord(trained), "metrics": metrics}), reply_to=msg
+        )
 
 
 def secure_fedmr(**kwargs) -> FedMR:
@@ -64,7 +64,9 @@ def secure_fedmr(**kwargs) -> FedMR:
 
 
 def secure_round(strategy: FedMR, grid: LoopbackGrid, initial: Model, server_round: int = 1):
-    messages = list(strategy.configure_train(server_round, to_arrayrecord(initial), ConfigRecord(), grid))
+    messages = list(
+        strategy.configure_train(server_round, to_arrayrecord(initial), ConfigRecord(), grid)
+    )
     return strategy.aggregate_train(server_round, grid.send_and_receive(messages))
 
 
@@ -80,14 +82,19 @@ def uploads_of(grid: LoopbackGrid) -> dict[int, Model]:
 def refusals(grid: LoopbackGrid) -> set[int]:
     """Nodes that declined to upload because the exchange left their model unchanged."""
     refused = {r.metadata.src_node_id for r in grid.replies[-1] if r.has_error()}
-    assert all("does not upload its own model" in r.error.reason for r in grid.replies[-1] if r.has_error())
+    assert all(
+        "does not upload its own model" in r.error.reason for r in grid.replies[-1] if r.has_error()
+    )
     return refused
 
 
 def holdings(grid: LoopbackGrid) -> dict[int, Model]:
     """What every client holds after the round: its upload, else its committed model."""
-    held = {m.metadata.src_node_id: to_model(m.content["arrays"]) for m in grid.lost_replies
-            if m.metadata.message_type == UPLOAD_TYPE and not m.has_error()}
+    held = {
+        m.metadata.src_node_id: to_model(m.content["arrays"])
+        for m in grid.lost_replies
+        if m.metadata.message_type == UPLOAD_TYPE and not m.has_error()
+    }
     for node, context in grid.contexts.items():
         if node not in held and "fedx-secure.model" in context.state:
             held[node] = ExchangeState.load(context.state).model
@@ -99,13 +106,18 @@ def assert_same_layers(models: list[Model], reference: list[Model]) -> None:
     """Per tensor, the multiset of arrays is the same: nothing lost, nothing duplicated."""
     assert len(models) == len(reference)
     for name in reference[0]:
-        assert Counter(m[name].tobytes() for m in models) == Counter(r[name].tobytes() for r in reference), name
+        assert Counter(m[name].tobytes() for m in models) == Counter(
+            r[name].tobytes() for r in reference
+        ), name
 
 
 def owners(model: Model, trained: dict[int, Model]) -> set[int]:
     return {
-        node for n, a in model.items() if a.dtype.kind == "f"
-        for node, t in trained.items() if np.array_equal(t[n], a)
+        node
+        for n, a in model.items()
+        if a.dtype.kind == "f"
+        for node, t in trained.items()
+        if np.array_equal(t[n], a)
     }
 
 
@@ -133,7 +145,9 @@ def test_clients_upload_recombined_models_and_every_layer_survives_once(initial)
         assert len(owners(model, trained)) >= 2
     # train, then send + return per repetition, then upload: 2 + 2 r_s exchanges.
     assert [request_type(batch[0]) for batch in grid.requests] == [
-        "train", *[SEND_TYPE, RETURN_TYPE] * 3, UPLOAD_TYPE
+        "train",
+        *[SEND_TYPE, RETURN_TYPE] * 3,
+        UPLOAD_TYPE,
     ]
     assert metrics["secure-exchanges"] == 7 and metrics["secure-aborted"] == 0
     assert metrics["secure-layer-bytes"] > 0
@@ -142,8 +156,11 @@ def test_clients_upload_recombined_models_and_every_layer_survives_once(initial)
     expected = np.mean([t["fc1.weight"] for t in trained.values()], axis=0)
     np.testing.assert_allclose(to_model(global_arrays)["fc1.weight"], expected, rtol=1e-5)
     assert_same_layers(strategy.pool, list(trained.values()))
-    assert any(all(not np.array_equal(p["fc1.weight"], u["fc1.weight"]) for u in uploads.values())
-               or len(owners(p, trained)) > 1 for p in strategy.pool)
+    assert any(
+        all(not np.array_equal(p["fc1.weight"], u["fc1.weight"]) for u in uploads.values())
+        or len(owners(p, trained)) > 1
+        for p in strategy.pool
+    )
 
 
 @pytest.mark.parametrize("grouping", ["tensor", "module"])
@@ -161,7 +178,9 @@ def test_the_relay_only_ever_holds_ciphertext(initial):
     clients = NumpyClients()
     grid = LoopbackGrid(NODE_IDS, clients.train, rng=random.Random(1))
     secure_round(secure_fedmr(), grid, initial)
-    trained_bytes = [a.tobytes() for t in clients.trained.values() for a in t.values() if a.nbytes >= 16]
+    trained_bytes = [
+        a.tobytes() for t in clients.trained.values() for a in t.values() if a.nbytes >= 16
+    ]
 
     # Everything the server handled before the uploads: the training replies
     # and every request and reply of the exchange.
@@ -189,7 +208,9 @@ def test_the_server_side_never_loads_decryption_code():
         "loaded = [m for m in sys.modules if m.startswith('fedx.secure')];"
         "print(sorted(loaded))"
     )
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    ).stdout
     assert "fedx.secure.relay" in out
     for client_only in ("crypto", "exchange", "client", "codec"):
         assert f"fedx.secure.{client_only}'" not in out
@@ -252,12 +273,18 @@ def test_a_drop_out_loses_and_duplicates_no_layer(initial, caplog, when):
     assert f"node {X} dropped out of secure recombination" in caplog.text
     if when not in ("at the upload", "at the commit of repetition 1"):
         # Its exchanges of that repetition were aborted and logged.
-        assert f"node {X} dropped out; its" in caplog.text and "keep their own layers" in caplog.text
+        assert (
+            f"node {X} dropped out; its" in caplog.text and "keep their own layers" in caplog.text
+        )
         assert metrics["secure-aborted"] > 0
     if when == "after answering":
         # The clients holding X's layers answered again without them.
-        redo = [m for batch in grid.requests for m in batch
-                if request_type(m) == RETURN_TYPE and _protocol_field(m, "attempt") == 1]
+        redo = [
+            m
+            for batch in grid.requests
+            for m in batch
+            if request_type(m) == RETURN_TYPE and _protocol_field(m, "attempt") == 1
+        ]
         assert redo and all(m.metadata.dst_node_id != X for m in redo)
 
 
@@ -268,8 +295,14 @@ def test_drop_outs_during_a_redo_cascade_safely(initial, caplog):
         first = lose_at(RETURN_TYPE, 1, "reply")(message)
         if first:
             return first
-        if request_type(message) == RETURN_TYPE and _protocol_field(message, "attempt") == 1 and not lost:
-            lost.append(message.metadata.dst_node_id)  # a receiver of X's layers drops during its redo
+        if (
+            request_type(message) == RETURN_TYPE
+            and _protocol_field(message, "attempt") == 1
+            and not lost
+        ):
+            lost.append(
+                message.metadata.dst_node_id
+            )  # a receiver of X's layers drops during its redo
             return "reply"
         return None
 
@@ -279,21 +312,28 @@ def test_drop_outs_during_a_redo_cascade_safely(initial, caplog):
         _, metrics = secure_round(secure_fedmr(), grid, initial)
     assert len(lost) == 1
     assert metrics["trained-slots"] == len(NODE_IDS) - 2 - len(refusals(grid))
-    assert f"node {lost[0]} dropped out of secure recombination at the return of repetition 1 (attempt 1)" in caplog.text
+    assert (
+        f"node {lost[0]} dropped out of secure recombination at the return of repetition 1 (attempt 1)"
+        in caplog.text
+    )
     held = holdings(grid)
     assert_same_layers(list(held.values()), list(clients.trained.values()))
 
 
 def test_a_lost_upload_request_leaves_no_duplicate_among_uploads(initial):
     clients = NumpyClients()
-    grid = LoopbackGrid(NODE_IDS, clients.train, lose=lose_at(UPLOAD_TYPE, 0, "request"), rng=random.Random(4))
+    grid = LoopbackGrid(
+        NODE_IDS, clients.train, lose=lose_at(UPLOAD_TYPE, 0, "request"), rng=random.Random(4)
+    )
     secure_round(secure_fedmr(), grid, initial)
     uploads = uploads_of(grid)
     assert len(uploads) == len(NODE_IDS) - 1
     # X never committed its last repetition; what it held is lost with it,
     # but the uploads hold every layer at most once.
     trained = list(clients.trained.values())
-    for name in (n for n, a in initial.items() if a.dtype.kind == "f"):  # int counters are all equal
+    for name in (
+        n for n, a in initial.items() if a.dtype.kind == "f"
+    ):  # int counters are all equal
         counts = Counter(m[name].tobytes() for m in uploads.values())
         assert max(counts.values()) == 1
         assert set(counts) <= {t[name].tobytes() for t in trained}
@@ -315,8 +355,11 @@ def test_training_errors_and_clients_without_the_protocol_are_reported(initial, 
     assert "the node reported an error: out of memory" in caplog.text
     assert f"node {NODE_IDS[2]} replied to training without a public key" in caplog.text
     assert metrics["trained-slots"] == len(NODE_IDS) - 2
-    assert all(m.metadata.dst_node_id not in (NODE_IDS[0], NODE_IDS[2])
-               for batch in grid.requests[1:] for m in batch)
+    assert all(
+        m.metadata.dst_node_id not in (NODE_IDS[0], NODE_IDS[2])
+        for batch in grid.requests[1:]
+        for m in batch
+    )
 
 
 def test_a_lone_client_uploads_nothing(initial, caplog):
@@ -358,10 +401,15 @@ def test_a_message_for_another_round_gets_an_error_reply(initial):
     clients = NumpyClients()
     grid = LoopbackGrid(NODE_IDS[:2], clients.train, rng=random.Random(7))
     strategy = secure_fedmr()
-    grid.send_and_receive(list(strategy.configure_train(1, to_arrayrecord(initial), ConfigRecord(), grid)))
+    grid.send_and_receive(
+        list(strategy.configure_train(1, to_arrayrecord(initial), ConfigRecord(), grid))
+    )
     stale = Message(
-        RecordDict({RECORD: ConfigRecord({"round": 2, "repeat": 1, "peer-ids": [], "peer-keys": []})}),
-        dst_node_id=NODE_IDS[0], message_type=SEND_TYPE,
+        RecordDict(
+            {RECORD: ConfigRecord({"round": 2, "repeat": 1, "peer-ids": [], "peer-keys": []})}
+        ),
+        dst_node_id=NODE_IDS[0],
+        message_type=SEND_TYPE,
     )
     (reply,) = grid.send_and_receive([stale])
     assert reply.has_error()
@@ -394,25 +442,15 @@ def test_without_secure_recombination_fedmr_is_unchanged(initial):
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"secure_repeats": 0}, "secure_repeats must be >= 1"),
-        ({"secure_min_layers": 0}, "1 <= secure_min_layers <= secure_max_layers"),
-        ({"secure_min_layers": 3, "secure_max_layers": 2}, "got 3 and 2"),
+        ({"secure_repeats": 0}, r"^secure_repeats must be an integer >= 1, got 0$"),
+        ({"secure_min_layers": 0}, r"^secure_min_layers must be an integer >= 1, got 0$"),
+        (
+            {"secure_min_layers": 3, "secure_max_layers": 2},
+            r"^secure_max_layers must be an integer >= 3, got 2$",
+        ),
+        ({"grouping": "layer"}, r"^grouping must be one of tensor, module, got 'layer'$"),
     ],
 )
 def test_invalid_secure_options_are_rejected(kwargs, match):
     with pytest.raises(ValueError, match=match):
         FedMR(secure_recombination=True, **kwargs)
-
-
-def test_secure_run_config_is_validated(defaults):  # noqa: F811
-    cfg = RunConfig.from_mapping({**defaults, "secure-recombination": True})
-    strategy = build_strategy(cfg)
-    assert strategy.secure_recombination and strategy.secure_repeats == defaults["secure-repeats"]
-    crossed = RunConfig.from_mapping({**defaults, "secure-min-layers": 3, "secure-max-layers": 2})
-    with pytest.raises(ConfigError, match="strategy='fedmr': secure layers must satisfy"):
-        build_strategy(crossed)
-    other = RunConfig.from_mapping({**defaults, "strategy": "fedmut", "secure-recombination": True})
-    with pytest.raises(ConfigError, match="secure-recombination=true needs strategy='fedmr'"):
-        build_strategy(other)
-    with pytest.raises(ConfigError, match="invalid run config secure-repeats=0: must be an integer >= 1"):
-        RunConfig.from_mapping({**defaults, "secure-repeats": 0})

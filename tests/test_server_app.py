@@ -2,8 +2,6 @@
 
 import json
 import logging
-import tomllib
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,11 +10,11 @@ from flwr.app import Context, RecordDict
 
 from fedx import client_app
 from fedx.config import ConfigError, RunConfig
-from fedx.server_app import main, run_directory, wait_for_nodes
+from fedx.server.building import require_nodes
+from fedx.server.resume import run_directory
+from fedx.server_app import main
+from tests.helpers import DEFAULTS
 from tests.standin_grid import StandInGrid
-
-REPO = Path(__file__).resolve().parents[1]
-DEFAULTS = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
 
 
 class NodesOnly:
@@ -34,26 +32,39 @@ class NodesOnly:
 
 def _context(**overrides) -> Context:
     return Context(
-        run_id=1, node_id=0, node_config={}, state=RecordDict(),
+        run_id=1,
+        node_id=0,
+        node_config={},
+        state=RecordDict(),
         run_config={**DEFAULTS, **overrides},
     )
 
 
-def test_wait_for_nodes_gives_up_with_a_clear_message():
-    with pytest.raises(ConfigError, match=r"min-available-nodes=5 but only 3 node\(s\) connected after node-wait-timeout=0.5s"):
-        wait_for_nodes(NodesOnly(3), minimum=5, timeout=0.5)
-    assert wait_for_nodes(NodesOnly(5), minimum=5, timeout=0.5) == 5
+def test_require_nodes_gives_up_with_a_clear_message():
+    with pytest.raises(
+        ConfigError,
+        match=r"min-available-nodes=5 but only 3 node\(s\) connected after node-wait-timeout=0.5s",
+    ):
+        require_nodes(NodesOnly(3), minimum=5, timeout=0.5)
+    assert require_nodes(NodesOnly(5), minimum=5, timeout=0.5) == 5
 
 
 @pytest.mark.parametrize(
     "overrides, line",
     [
-        ({"min-available-nodes": 9, "node-wait-timeout": 0.5},
-         "fedx: min-available-nodes=9 but only 4 node(s) connected after node-wait-timeout=0.5s: "
-         "start more SuperNodes or lower min-available-nodes"),
-        ({"learning-rate": -0.1}, "fedx: invalid run config learning-rate=-0.1: must be a number in (0, inf)"),
-        ({"strategy": "fedcross", "fedcross-alpha": 0.9, "fedcross-alpha-start": 0.95},
-         "fedx: strategy='fedcross': alpha_start must be in [0.5, alpha=0.9], got 0.95"),
+        (
+            {"min-available-nodes": 9, "node-wait-timeout": 0.5},
+            "fedx: min-available-nodes=9 but only 4 node(s) connected after node-wait-timeout=0.5s: "
+            "start more SuperNodes or lower min-available-nodes",
+        ),
+        (
+            {"learning-rate": -0.1},
+            "fedx: invalid run config learning-rate=-0.1: must be a number in (0, inf)",
+        ),
+        (
+            {"strategy": "fedcross", "fedcross-alpha": 0.9, "fedcross-alpha-start": 0.95},
+            "fedx: invalid run config fedcross-alpha-start=0.95: must be a number in [0.5, 0.9]",
+        ),
     ],
 )
 def test_main_stops_with_one_error_line(overrides, line, caplog, tmp_path):
@@ -74,10 +85,15 @@ def test_run_directory_is_absolute_and_named():
 
 def _grid_of_real_clients(node_ids: list[int], config: dict) -> StandInGrid:
     """Nodes answering with the real ClientApp functions; node i holds partition i."""
-    handlers = {"query": client_app.identify, "train": client_app.train_model,
-                "evaluate": client_app.evaluate_model}
+    handlers = {
+        "query": client_app.identify,
+        "train": client_app.train_model,
+        "evaluate": client_app.evaluate_model,
+    }
     contexts = {
-        node: Context(1, node, {"partition-id": i, "num-partitions": len(node_ids)}, RecordDict(), config)
+        node: Context(
+            1, node, {"partition-id": i, "num-partitions": len(node_ids)}, RecordDict(), config
+        )
         for i, node in enumerate(node_ids)
     }
     grid = StandInGrid(
@@ -98,13 +114,22 @@ def test_same_seed_same_run_whatever_the_node_ids(tmp_path, strategy):
     try:
         for attempt, rng_seed in enumerate((1, 2)):
             node_ids = [int(x) for x in np.random.default_rng(rng_seed).integers(1, 2**62, size=4)]
-            config = {**DEFAULTS, "strategy": strategy, "num-server-rounds": 2, "local-epochs": 1,
-                      "fraction-train": 0.5, "run-name": f"run{attempt}", "output-dir": str(tmp_path)}
+            config = {
+                **DEFAULTS,
+                "strategy": strategy,
+                "num-server-rounds": 2,
+                "local-epochs": 1,
+                "fraction-train": 0.5,
+                "run-name": f"run{attempt}",
+                "output-dir": str(tmp_path),
+            }
             main(_grid_of_real_clients(node_ids, config), _context(**config))
             runs.append(json.loads((tmp_path / f"run{attempt}" / "metrics.json").read_text()))
     finally:
         torch.set_num_threads(torch_threads)
-    first, second = ([(r["round"], r["accuracy"], r.get("train-loss")) for r in run["rounds"]] for run in runs)
+    first, second = (
+        [(r["round"], r["accuracy"], r.get("train-loss")) for r in run["rounds"]] for run in runs
+    )
     assert first == second
     assert first[-1][1] > first[0][1], "two rounds on digits should learn something"
     models = [torch.load(tmp_path / f"run{i}" / "model.pt") for i in (0, 1)]

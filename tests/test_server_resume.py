@@ -7,7 +7,6 @@ server crash. Real processes: tests/test_deployment.py.
 
 import json
 import logging
-import tomllib
 
 import numpy as np
 import pytest
@@ -15,12 +14,11 @@ from flwr.app import Context, RecordDict
 
 from fedx.server_app import main
 from fedx.strategies import load_checkpoint
-from tests.deployment import REPO
+from tests.helpers import DEFAULTS
 from tests.standin_grid import NODE_IDS, CrashingGrid
 
 pytestmark = pytest.mark.usefixtures("server_task_identity")
 
-DEFAULTS = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
 NUM_ROUNDS = 4
 
 
@@ -48,12 +46,20 @@ def rows_without_timings(directory) -> list[dict]:
 
 @pytest.mark.parametrize("strategy", ["fedmut", "fedavg"])
 def test_the_serverapp_resumes_a_crashed_run_to_the_same_end(tmp_path, caplog, strategy):
-    run_main(CrashingGrid(NODE_IDS, None), run_config(tmp_path, strategy=strategy, **{"run-name": "whole"}))
+    run_main(
+        CrashingGrid(NODE_IDS, None),
+        run_config(tmp_path, strategy=strategy, **{"run-name": "whole"}),
+    )
     with pytest.raises(RuntimeError, match="died"):
-        run_main(CrashingGrid(NODE_IDS, 3), run_config(tmp_path, strategy=strategy, **{"run-name": "crashed"}))
+        run_main(
+            CrashingGrid(NODE_IDS, 3),
+            run_config(tmp_path, strategy=strategy, **{"run-name": "crashed"}),
+        )
     crashed = tmp_path / "crashed"
     assert load_checkpoint(crashed).server_round == 2
-    assert [row["round"] for row in json.loads((crashed / "metrics.json").read_text())["rounds"]] == [0, 1, 2]
+    assert [
+        row["round"] for row in json.loads((crashed / "metrics.json").read_text())["rounds"]
+    ] == [0, 1, 2]
 
     # A new run with nothing but resume-from: the rest comes from the checkpoint.
     with caplog.at_level(logging.INFO):
@@ -66,7 +72,9 @@ def test_the_serverapp_resumes_a_crashed_run_to_the_same_end(tmp_path, caplog, s
     for name, array in whole.state["arrays"].items():
         np.testing.assert_array_equal(resumed.state["arrays"][name], array)
     if strategy == "fedmut":
-        for mine, theirs in zip(resumed.state["strategy"]["pool"], whole.state["strategy"]["pool"], strict=True):
+        for mine, theirs in zip(
+            resumed.state["strategy"]["pool"], whole.state["strategy"]["pool"], strict=True
+        ):
             assert all(np.array_equal(mine[n], theirs[n]) for n in theirs)
         assert all(
             np.array_equal(resumed.state["strategy"]["previous-global"][n], a)
@@ -81,13 +89,24 @@ def test_the_serverapp_resumes_a_crashed_run_to_the_same_end(tmp_path, caplog, s
 
 def test_resume_from_problems_stop_the_run_with_one_line(tmp_path, caplog):
     with caplog.at_level(logging.ERROR), pytest.raises(SystemExit):
-        run_main(CrashingGrid(NODE_IDS, None), {**DEFAULTS, "resume-from": str(tmp_path / "nothing")})
-    assert f"invalid run config resume-from='{tmp_path / 'nothing'}': no checkpoint.json at" in caplog.text
+        run_main(
+            CrashingGrid(NODE_IDS, None), {**DEFAULTS, "resume-from": str(tmp_path / "nothing")}
+        )
+    assert (
+        f"invalid run config resume-from='{tmp_path / 'nothing'}': no checkpoint.json at"
+        in caplog.text
+    )
 
-    run_main(CrashingGrid(NODE_IDS, None), run_config(tmp_path, **{"num-server-rounds": 1, "run-name": "done"}))
+    run_main(
+        CrashingGrid(NODE_IDS, None),
+        run_config(tmp_path, **{"num-server-rounds": 1, "run-name": "done"}),
+    )
     caplog.clear()
     with caplog.at_level(logging.ERROR), pytest.raises(SystemExit):
-        run_main(CrashingGrid(NODE_IDS, None), {**DEFAULTS, "resume-from": str(tmp_path / "done" / "checkpoint.json")})
+        run_main(
+            CrashingGrid(NODE_IDS, None),
+            {**DEFAULTS, "resume-from": str(tmp_path / "done" / "checkpoint.json")},
+        )
     assert "that run already did all its num-server-rounds=1" in caplog.text
 
 

@@ -7,8 +7,7 @@ import pytest
 from flwr.app import Array, ConfigRecord, Error, Message, MetricRecord
 from flwr.serverapp.strategy import FedAvg
 
-from fedx.strategies import FedIndep, FedMR
-from fedx.strategies.multi_model import to_arrayrecord, to_model
+from fedx.strategies import FedIndep, FedMR, to_arrayrecord, to_model
 from tests.standin_grid import (
     NODE_IDS,
     StandInGrid,
@@ -71,7 +70,9 @@ def test_each_node_gets_a_different_recombined_model(initial):
     assert any(len(owners_of(m, trained)) > 1 for m in received)
     # The global model is the plain mean of the trained models.
     expected = np.mean([t["fc1.weight"] for t in trained], axis=0)
-    np.testing.assert_allclose(to_model(global_arrays)["fc1.weight"], expected, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+        to_model(global_arrays)["fc1.weight"], expected, rtol=1e-6, atol=1e-6
+    )
     assert metrics["trained-slots"] == len(NODE_IDS)
 
 
@@ -121,12 +122,18 @@ def test_failed_missing_and_invalid_replies_are_logged_and_dropped(initial, capl
     assert "77" in log and "num-examples" in log
     # Only the two good replies count: nodes 5 and 78.
     assert metrics["trained-slots"] == 2
-    good = [to_model(r.content["arrays"]) for r in replies if r.metadata.src_node_id in (NODE_IDS[4], 78)]
+    good = [
+        to_model(r.content["arrays"])
+        for r in replies
+        if r.metadata.src_node_id in (NODE_IDS[4], 78)
+    ]
     # The global model is the plain mean of the K slot models: the two trained
     # ones and, for the five dropped slots, the model each was sent.
     slot_models = [g["fc1.weight"] for g in good] + [initial["fc1.weight"]] * (len(nodes) - 2)
     expected = np.mean(slot_models, axis=0)
-    np.testing.assert_allclose(to_model(global_arrays)["fc1.weight"], expected, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+        to_model(global_arrays)["fc1.weight"], expected, rtol=1e-6, atol=1e-6
+    )
     # The pool still holds K models of the right shapes and dtypes, no NaN.
     assert len(strategy.pool) == len(nodes)
     for model in strategy.pool:
@@ -174,10 +181,18 @@ def test_first_stage_rounds_behave_as_fedavg(initial, pool_mean):
         first = next(iter(sent.values()))
         assert all(all(np.array_equal(m[n], first[n]) for n in first) for m in sent.values())
     # Round 3 recombines: nodes get different models again.
-    third = sent_models(list(strategy.configure_train(3, to_arrayrecord(initial), ConfigRecord(), grid)))
-    assert all(all(np.array_equal(m[n], strategy.pool[0][n]) for n in initial) for m in third.values())
+    third = sent_models(
+        list(strategy.configure_train(3, to_arrayrecord(initial), ConfigRecord(), grid))
+    )
+    assert all(
+        all(np.array_equal(m[n], strategy.pool[0][n]) for n in initial) for m in third.values()
+    )
     _, replies, _ = run_round(strategy, grid, 3, initial)
-    fourth = list(sent_models(list(strategy.configure_train(4, to_arrayrecord(initial), ConfigRecord(), grid))).values())
+    fourth = list(
+        sent_models(
+            list(strategy.configure_train(4, to_arrayrecord(initial), ConfigRecord(), grid))
+        ).values()
+    )
     assert any(not np.array_equal(fourth[0][n], fourth[1][n]) for n in initial)
 
 
@@ -208,7 +223,9 @@ def test_start_runs_rounds_and_reports_the_mean(initial):
     strategy = FedMR(seed=0, min_available_nodes=1, fraction_evaluate=0.0)
     result = strategy.start(grid, to_arrayrecord(initial), num_rounds=3, timeout=5)
     assert sorted(result.train_metrics_clientapp) == [1, 2, 3]
-    trained_last = [to_model(r.content["arrays"]) for r in [trained_reply(m) for m in grid.sent[-2]]]
+    trained_last = [
+        to_model(r.content["arrays"]) for r in [trained_reply(m) for m in grid.sent[-2]]
+    ]
     expected = np.mean([t["fc2.weight"] for t in trained_last], axis=0)
     np.testing.assert_allclose(to_model(result.arrays)["fc2.weight"], expected, rtol=1e-6)
 

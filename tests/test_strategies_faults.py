@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Error, Message
 
-from fedx.strategies import FedMR
-from fedx.strategies.multi_model import to_arrayrecord
+from fedx.strategies import FedMR, to_arrayrecord
 from tests.standin_grid import NODE_IDS, StandInGrid, sent_models, trained_reply
 
 pytestmark = pytest.mark.usefixtures("server_task_identity")
@@ -18,7 +17,9 @@ NODE_UNAVAILABLE = 5
 
 def unavailable(message: Message) -> Message:
     """What Flower's SuperLink answers for a node that stopped sending heartbeats."""
-    reply = Message(Error(code=NODE_UNAVAILABLE, reason="Error: Node Unavailable"), reply_to=message)
+    reply = Message(
+        Error(code=NODE_UNAVAILABLE, reason="Error: Node Unavailable"), reply_to=message
+    )
     reply.metadata.__dict__["_src_node_id"] = SUPERLINK_NODE_ID
     return reply
 
@@ -38,7 +39,9 @@ class FlakyGrid(StandInGrid):
 
 
 def train_round(strategy, grid, server_round, initial):
-    messages = list(strategy.configure_train(server_round, to_arrayrecord(initial), ConfigRecord(), grid))
+    messages = list(
+        strategy.configure_train(server_round, to_arrayrecord(initial), ConfigRecord(), grid)
+    )
     replies = grid.send_and_receive(messages, timeout=1)
     strategy.aggregate_train(server_round, replies)
     return [m.metadata.dst_node_id for m in messages]
@@ -57,9 +60,14 @@ def test_a_lost_node_is_named_its_slot_kept_and_it_is_left_out_next(initial, cap
     assert victim in sampled
     slot = sampled.index(victim)  # all K slots are used: node i has slot i
     if mode == "silent":
-        assert f"Round 2: no reply from node {victim} (slot {slot}) within the round timeout" in caplog.text
+        assert (
+            f"Round 2: no reply from node {victim} (slot {slot}) within the round timeout"
+            in caplog.text
+        )
     else:  # the error comes from the SuperLink, yet the log names the lost node
-        assert f"Round 2: node {victim} (slot {slot}) is lost: Error: Node Unavailable" in caplog.text
+        assert (
+            f"Round 2: node {victim} (slot {slot}) is lost: Error: Node Unavailable" in caplog.text
+        )
         assert f"node {SUPERLINK_NODE_ID}," not in caplog.text
     assert "ignored a reply" not in caplog.text
 
@@ -87,7 +95,9 @@ def test_a_node_that_errs_itself_is_alive_and_not_left_out(initial, caplog):
     assert NODE_IDS[0] in sampled and "Leaving out" not in caplog.text
 
 
-def test_a_left_out_node_returns_after_the_cooldown_or_once_the_superlink_dropped_it(initial, monkeypatch):
+def test_a_left_out_node_returns_after_the_cooldown_or_once_the_superlink_dropped_it(
+    initial, monkeypatch
+):
     grid = FlakyGrid(NODE_IDS[:4])
     strategy = FedMR(seed=0, min_available_nodes=1, unresponsive_cooldown=30.0)
     train_round(strategy, grid, 1, initial)

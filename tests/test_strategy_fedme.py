@@ -7,8 +7,7 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 
 from fedx.ops import fedme_aggregate
-from fedx.strategies import FedAvgFT, FedMe
-from fedx.strategies.multi_model import to_arrayrecord, to_model
+from fedx.strategies import FedAvgFT, FedMe, to_arrayrecord, to_model
 from tests.standin_grid import NODE_IDS, StandInGrid
 
 pytestmark = pytest.mark.usefixtures("server_task_identity")
@@ -44,7 +43,9 @@ class Predictor:
 class NumpyClients:
     """FedMe clients: trained personalized = sent + 1, trained exchanged = sent + 2."""
 
-    def __init__(self, choose_exchanged: set[int] = frozenset(), broken: dict[int, str] | None = None):
+    def __init__(
+        self, choose_exchanged: set[int] = frozenset(), broken: dict[int, str] | None = None
+    ):
         self.choose_exchanged = set(choose_exchanged)
         self.broken = broken or {}  # client id -> how its train reply goes wrong
 
@@ -52,10 +53,16 @@ class NumpyClients:
         kind = message.metadata.message_type
         cid = CLIENT_OF[message.metadata.dst_node_id]
         if kind == "query":
-            return Message(RecordDict({"metrics": MetricRecord({"client-id": cid})}), reply_to=message)
+            return Message(
+                RecordDict({"metrics": MetricRecord({"client-id": cid})}), reply_to=message
+            )
         if kind == "evaluate":
             model = to_model(message.content["personalized"])
-            metrics = {"eval-acc": 0.1 * cid, "eval-loss": float(model["out.bias"][0]), "num-examples": 10 + cid}
+            metrics = {
+                "eval-acc": 0.1 * cid,
+                "eval-loss": float(model["out.bias"][0]),
+                "num-examples": 10 + cid,
+            }
             return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=message)
         return self._train(message, cid)
 
@@ -71,9 +78,16 @@ class NumpyClients:
             exchanged["out.bias"] = np.full_like(exchanged["out.bias"], np.nan)
         if fault == "shape":
             # Arrays of the other architecture than the one it was sent.
-            other = "wide" if message.content["config"]["exchanged-architecture"] == "narrow" else "narrow"
+            other = (
+                "wide"
+                if message.content["config"]["exchanged-architecture"] == "narrow"
+                else "narrow"
+            )
             exchanged = initial_model(other, cid)
-        records = {"personalized": to_arrayrecord(personalized), "exchanged": to_arrayrecord(exchanged)}
+        records = {
+            "personalized": to_arrayrecord(personalized),
+            "exchanged": to_arrayrecord(exchanged),
+        }
         if fault == "missing":
             del records["exchanged"]
         choice = 1 if cid in self.choose_exchanged or fault == "choice" else 0
@@ -82,14 +96,22 @@ class NumpyClients:
 
 
 def make_fedme(predictor=None, **kwargs) -> FedMe:
-    settings = {"architectures": ("narrow", "wide"), "initial_model_fn": initial_model,
-                "predict_fn": predictor or Predictor(), "seed": 0, "min_available_nodes": 1,
-                "node_wait_timeout": 1.0, **kwargs}
+    settings = {
+        "architectures": ("narrow", "wide"),
+        "initial_model_fn": initial_model,
+        "predict_fn": predictor or Predictor(),
+        "seed": 0,
+        "min_available_nodes": 1,
+        "node_wait_timeout": 1.0,
+        **kwargs,
+    }
     return FedMe(**settings)
 
 
 def train_round(strategy: FedMe, grid: StandInGrid, server_round: int):
-    messages = list(strategy.configure_train(server_round, ArrayRecord(), ConfigRecord({"lr": 0.1}), grid))
+    messages = list(
+        strategy.configure_train(server_round, ArrayRecord(), ConfigRecord({"lr": 0.1}), grid)
+    )
     replies = grid.send_and_receive(messages)
     return messages, replies, strategy.aggregate_train(server_round, replies)
 
@@ -193,7 +215,11 @@ def test_invalid_replies_are_logged_and_dropped(fault, caplog):
     assert strategy.clients[2].architecture == strategy.architecture_for(2)
     # Client 2's copy of its partner's model is left out of the partner's average.
     partner = int(sent[2].content["config"]["exchanged-from"])
-    other_holders = [c for c, m in sent.items() if int(m.content["config"]["exchanged-from"]) == partner and c != 2]
+    other_holders = [
+        c
+        for c, m in sent.items()
+        if int(m.content["config"]["exchanged-from"]) == partner and c != 2
+    ]
     assert strategy.clients[partner].model["out.bias"][0] == pytest.approx(
         (partner + 1 + sum(partner + 2 for _ in other_holders)) / (len(other_holders) + 1)
     )
@@ -207,7 +233,9 @@ def test_a_dropped_client_nobody_received_keeps_its_model_exactly():
     received = {int(m.content["config"]["exchanged-from"]) for m in sent.values()}
     lonely = next(c for c in range(5) if c not in received)
     before = strategy.clients[lonely].model
-    replies = [r for r in grid.send_and_receive(messages) if CLIENT_OF[r.metadata.src_node_id] != lonely]
+    replies = [
+        r for r in grid.send_and_receive(messages) if CLIENT_OF[r.metadata.src_node_id] != lonely
+    ]
     _, metrics = strategy.aggregate_train(1, replies)
     assert metrics["trained-clients"] == 4
     assert strategy.clients[lonely].model is before
@@ -218,10 +246,15 @@ def test_clustering_groups_clients_by_outputs_and_times_it():
     strategy = make_fedme(predictor, cluster_rounds=(2,))
     grid = StandInGrid(NODE_IDS, NumpyClients())
     _, _, (_, first) = train_round(strategy, grid, 1)
-    assert predictor.calls == [] and first["num-clusters"] == 1 and first["clustering-seconds"] == 0.0
+    assert (
+        predictor.calls == [] and first["num-clusters"] == 1 and first["clustering-seconds"] == 0.0
+    )
     # Make two clearly separated groups of outputs: {0, 1, 2} and {3, 4}.
     for cid, state in strategy.clients.items():
-        state.model = {**state.model, "out.bias": np.array([8.0, 0, 0] if cid < 3 else [0, 0, 8.0], np.float32)}
+        state.model = {
+            **state.model,
+            "out.bias": np.array([8.0, 0, 0] if cid < 3 else [0, 0, 8.0], np.float32),
+        }
     messages, _, (_, second) = train_round(strategy, grid, 2)
     assert sorted(predictor.calls) == sorted(c.architecture for c in strategy.clients.values())
     assert second["num-clusters"] == 2 and second["clustering-seconds"] > 0.0
@@ -268,7 +301,7 @@ def test_a_restarted_node_keeps_its_clients_model():
 
 def test_personalized_evaluation_reports_every_client_and_mean_and_std():
     strategy = make_fedme(evaluate_every=2, finetune_epochs=3)
-    strategy._num_rounds = 5  # pylint: disable=protected-access  (set by start())
+    strategy.begin_run(num_rounds=5, timeout=60.0)
     grid = StandInGrid(NODE_IDS, NumpyClients())
     train_round(strategy, grid, 1)
     assert list(strategy.configure_evaluate(1, ArrayRecord(), ConfigRecord(), grid)) == []
@@ -297,12 +330,18 @@ def test_personalized_evaluation_reports_every_client_and_mean_and_std():
 
 
 def test_constructor_rejects_bad_settings():
-    with pytest.raises(ValueError, match="min_train_nodes must be at least 2"):
+    with pytest.raises(ValueError, match=r"^min_train_nodes must be an integer >= 2, got 1$"):
         make_fedme(min_train_nodes=1)
-    with pytest.raises(ValueError, match="architectures must name"):
+    with pytest.raises(
+        ValueError, match=r"^architectures must be at least one architecture name, got \(\)$"
+    ):
         make_fedme(architectures=())
-    with pytest.raises(ValueError, match="fraction_train"):
+    with pytest.raises(ValueError, match=r"^fraction_train must be a number in \(0, 1\], got 0.0$"):
         make_fedme(fraction_train=0.0)
+    with pytest.raises(
+        ValueError, match=r"^cluster_rounds must be increasing rounds >= 2, got \(3, 2\)$"
+    ):
+        make_fedme(cluster_rounds=(3, 2))
 
 
 # ---------------------------------------------------------------------------
@@ -322,7 +361,7 @@ def _evaluation_reply(message: Message) -> Message:
 
 def test_fedavg_ft_sends_the_finetuning_epochs_and_keeps_per_client_results(caplog):
     strategy = FedAvgFT(finetune_epochs=2, evaluate_every=3, min_available_nodes=1)
-    strategy._num_rounds = 4  # pylint: disable=protected-access  (set by start())
+    strategy.begin_run(num_rounds=4, timeout=60.0)
     grid = StandInGrid(NODE_IDS, _evaluation_reply)
     arrays = ArrayRecord()
     assert list(strategy.configure_evaluate(1, arrays, ConfigRecord(), grid)) == []
@@ -338,7 +377,6 @@ def test_fedavg_ft_sends_the_finetuning_epochs_and_keeps_per_client_results(capl
     assert len(list(strategy.configure_evaluate(4, arrays, ConfigRecord(), grid))) == 5
 
 
-
 @pytest.mark.usefixtures("server_task_identity")
 def test_fedavg_ft_evaluates_the_last_round_once_told_the_run_length():
     # The app drives strategies with run_rounds, which calls begin_run, not start.
@@ -348,5 +386,7 @@ def test_fedavg_ft_evaluates_the_last_round_once_told_the_run_length():
     strategy = FedAvgFT(evaluate_every=2, min_available_nodes=1, min_evaluate_nodes=1)
     assert list(strategy.configure_evaluate(3, ArrayRecord(), ConfigRecord(), grid)) == []
     strategy.begin_run(num_rounds=3, timeout=1.0)
-    assert len(list(strategy.configure_evaluate(3, ArrayRecord(), ConfigRecord(), grid))) == len(NODE_IDS)
+    assert len(list(strategy.configure_evaluate(3, ArrayRecord(), ConfigRecord(), grid))) == len(
+        NODE_IDS
+    )
     assert list(strategy.configure_evaluate(1, ArrayRecord(), ConfigRecord(), grid)) == []

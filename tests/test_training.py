@@ -12,19 +12,9 @@ from fedx.data import load_split
 from fedx.models import build_model
 from fedx.training import evaluate, get_device, train
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 CPU = torch.device("cpu")
-
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    # These models are tiny: with several intra-op threads on a small, busy
-    # machine (CI, or other test processes) the threads mostly wait for each
-    # other, and run times swing by an order of magnitude. One thread is fast
-    # and steady.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _digits_loaders(num_train: int = 400) -> tuple[DataLoader, DataLoader]:

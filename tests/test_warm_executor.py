@@ -42,15 +42,22 @@ def executor():
 
 def spec_for(task_id: int, action: str, path: Path, **overrides) -> ExecutionSpec:
     fields = dict(
-        task_type=TaskType.CLIENT_APP, runtime_api_address="127.0.0.1:1", token=f"{action}:{path}",
-        insecure=True, root_certificates_path=None, runtime_dependency_install=False,
-        parent_pid=os.getpid(), suppress_output=False, task_id=task_id,
+        task_type=TaskType.CLIENT_APP,
+        runtime_api_address="127.0.0.1:1",
+        token=f"{action}:{path}",
+        insecure=True,
+        root_certificates_path=None,
+        runtime_dependency_install=False,
+        parent_pid=os.getpid(),
+        suppress_output=False,
+        task_id=task_id,
     )
     return ExecutionSpec(**{**fields, **overrides})
 
 
-def run_task(executor: WarmExecutor, task_id: int, action: str, directory: Path,
-             timeout: float = 120) -> tuple[dict | None, int]:
+def run_task(
+    executor: WarmExecutor, task_id: int, action: str, directory: Path, timeout: float = 120
+) -> tuple[dict | None, int]:
     """Launch one task and wait for it; what it saw, and its exit code."""
     path = directory / f"task-{task_id}.json"
     assert executor.launch(spec_for(task_id, action, path)) == LaunchResult.accepted()
@@ -113,7 +120,9 @@ def test_stopping_stops_the_running_tasks(tmp_path):
         started = time.monotonic()
         warm.close()
     assert time.monotonic() - started < 15
-    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+    assert (
+        not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+    )
 
 
 def probe_sleeping(spec) -> None:
@@ -149,8 +158,10 @@ def test_other_tasks_and_dependency_installation_go_to_flowers_executor(executor
 
 def test_warm_and_fast_poll_commands_use_only_flags_flower_has(tmp_path):
     tls = write_tls_certificates(tmp_path / "certificates")
-    for spec in (FederationSpec(2, tmp_path, insecure=True, executor="warm", poll_interval=0.5),
-                 FederationSpec(2, tmp_path, tls=tls, auth_keys=tmp_path / "keys", executor="warm")):
+    for spec in (
+        FederationSpec(2, tmp_path, insecure=True, executor="warm", poll_interval=0.5),
+        FederationSpec(2, tmp_path, tls=tls, auth_keys=tmp_path / "keys", executor="warm"),
+    ):
         for index in range(2):
             node = spec.supernode_command(index)
             ours = ["--poll-interval"] if spec.poll_interval else []
@@ -158,7 +169,10 @@ def test_warm_and_fast_poll_commands_use_only_flags_flower_has(tmp_path):
             assert node[node.index("--isolation") + 1] == "process"
             superexec = spec.superexec_command(index, supernode_pid=4242)
             assert set(flags(superexec)) <= help_flags("flower-superexec")
-            assert superexec[superexec.index("--runtime-api-address") + 1] == f"127.0.0.1:{spec.supernode_ports[index]}"
+            assert (
+                superexec[superexec.index("--runtime-api-address") + 1]
+                == f"127.0.0.1:{spec.supernode_ports[index]}"
+            )
             assert superexec[superexec.index("--parent-pid") + 1] == "4242"
             if spec.tls is not None:  # TLS and a shared secret on the Runtime API too
                 assert node[node.index("--ssl-certfile") + 1] == str(tls.server_cert)
@@ -169,9 +183,20 @@ def test_warm_and_fast_poll_commands_use_only_flags_flower_has(tmp_path):
     fast = FederationSpec(2, tmp_path, insecure=True, poll_interval=0.5)
     assert Path(fast.supernode_command(0)[0]).name == "fedx-supernode"
     assert fast.environment()["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] == "0.5"
-    assert Path(FederationSpec(2, tmp_path, insecure=True).supernode_command(0)[0]).name == "flower-supernode"
+    assert (
+        Path(FederationSpec(2, tmp_path, insecure=True).supernode_command(0)[0]).name
+        == "flower-supernode"
+    )
     with pytest.raises(ValueError, match="need Flower 1.41"):
-        FederationSpec(2, tmp_path, insecure=True, executor="warm", transport="grpc", fleet_port=1, control_port=2)
+        FederationSpec(
+            2,
+            tmp_path,
+            insecure=True,
+            executor="warm",
+            transport="grpc",
+            fleet_port=1,
+            control_port=2,
+        )
     with pytest.raises(ValueError, match="poll_interval must be in"):
         FederationSpec(2, tmp_path, insecure=True, poll_interval=5.0)
 
@@ -184,7 +209,9 @@ def test_fedx_supernode_shortens_exactly_the_idle_and_reply_waits(monkeypatch):
         waits.sleep(seconds)
     assert slept == [0.2, 0.2, 1.0]
     assert waits.monotonic is supernode.time.monotonic  # the rest is the time module's
-    monkeypatch.setattr(supernode.inspect, "getsource", lambda module: "time.sleep(5)")  # another Flower
+    monkeypatch.setattr(
+        supernode.inspect, "getsource", lambda module: "time.sleep(5)"
+    )  # another Flower
     with pytest.raises(RuntimeError, match="no time.sleep"):
         supernode.shorten_waits(0.2)
 
@@ -194,7 +221,9 @@ def test_fedx_supernode_patches_flowers_loop_in_its_own_process():
         "import flwr.supernode.start_client_internal as loop, fedx.deploy.supernode as s; "
         "s.shorten_waits(0.25); print(type(loop.time).__name__, loop.time.interval)"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
     assert done.stdout.split() == ["ShortWaits", "0.25"]
 
 
@@ -222,11 +251,25 @@ def test_deploy_up_starts_warm_supernodes_with_short_polls(tmp_path, monkeypatch
             started.setdefault("warm", []).append(index)
 
     monkeypatch.setattr("fedx.deploy.cli.LocalFederation", FakeFederation)
-    monkeypatch.setattr("fedx.deploy.cli.subprocess.run",
-                        lambda command, env, check: subprocess.CompletedProcess(command, 0))
+    monkeypatch.setattr(
+        "fedx.deploy.cli.subprocess.run",
+        lambda command, env, check: subprocess.CompletedProcess(command, 0),
+    )
     monkeypatch.chdir(tmp_path)
-    code = deploy_main(["up", "--insecure", "--supernodes", "2", "--executor", "warm",
-                        "--poll-interval", "0.5", "--run", "app"])
+    code = deploy_main(
+        [
+            "up",
+            "--insecure",
+            "--supernodes",
+            "2",
+            "--executor",
+            "warm",
+            "--poll-interval",
+            "0.5",
+            "--run",
+            "app",
+        ]
+    )
     assert code == 0
     assert (started["spec"].executor, started["spec"].poll_interval) == ("warm", 0.5)
     assert started["warm"] == [0, 1]  # the app runs once the warm interpreters are ready
@@ -258,7 +301,8 @@ def test_fedmr_runs_on_warm_executors_over_tls_with_authentication(warm_federati
     spec = federation.spec
     assert "--superexec-auth-secret-file" in spec.supernode_command(0)
     output = flwr_run(
-        federation, REPO,
+        federation,
+        REPO,
         f'num-server-rounds=2 local-epochs=1 min-available-nodes=3 run-name="warm" output-dir="{tmp_path}"',
         timeout=480,
     )
@@ -276,6 +320,8 @@ def test_fedmr_runs_on_warm_executors_over_tls_with_authentication(warm_federati
         assert "Traceback" not in log, log[-3000:]
         # The SuperNode's Runtime API, where the tasks' tokens travel, speaks TLS only.
         context = ssl.create_default_context(cafile=str(spec.tls.ca_cert))
-        with socket.create_connection(("127.0.0.1", spec.supernode_ports[index]), timeout=10) as raw:
+        with socket.create_connection(
+            ("127.0.0.1", spec.supernode_ports[index]), timeout=10
+        ) as raw:
             with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
                 assert tls.version() in ("TLSv1.2", "TLSv1.3")

@@ -6,19 +6,20 @@ them against one simulation SuperLink and :mod:`~fedx.compare.report` writes
 the tables and plots.
 """
 
-from fedx.compare.plan import METHODS, PlannedRun, Setting, plan_runs
-from fedx.compare.report import MethodSummary, RunResult, summarize, write_report
+from fedx.compare.plan import PlannedRun, Setting, comparison_methods, default_methods, plan_runs
+from fedx.compare.report import MethodSummary, RunResult, summarize_runs, write_report
 from fedx.compare.runner import ComparisonRunner, RunOutcome
 
 __all__ = [
-    "METHODS",
     "ComparisonRunner",
     "MethodSummary",
     "PlannedRun",
     "RunOutcome",
     "RunResult",
     "Setting",
+    "comparison_methods",
+    "default_methods",
     "plan_runs",
-    "summarize",
+    "summarize_runs",
     "write_report",
 ]

@@ -22,12 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import fedx
-from fedx.compare.plan import METHODS, Setting, app_defaults, plan_runs
+from fedx.compare.plan import Setting, app_defaults, comparison_methods, default_methods, plan_runs
 from fedx.compare.report import SUMMARY_MARKDOWN, write_report
 from fedx.compare.runner import ComparisonRunner, RunOutcome, finished_record
-from fedx.config import ConfigError, comma_list
-
-DEFAULT_METHODS = "fedavg,fedprox,fedmr,fedmr-two-stage,fedindep,fedmut,fedcross"
+from fedx.config import ConfigError
+from fedx.registry import comma_list
 
 
 def default_app_dir() -> Path | None:
@@ -53,7 +52,9 @@ def parse_seeds(text: str) -> list[int]:
     try:
         seeds = [int(item) for item in comma_list(text)]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"seeds are comma-separated integers, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"seeds are comma-separated integers, got {text!r}"
+        ) from None
     if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
         raise argparse.ArgumentTypeError(f"seeds must be distinct integers >= 0, got {text!r}")
     return seeds
@@ -67,30 +68,70 @@ def _parser() -> argparse.ArgumentParser:
         "runs.csv and one learning-curve plot per setting.",
     )
     parser.add_argument("settings", nargs="+", type=Path, help="run-config TOML files")
-    parser.add_argument("--methods", default=DEFAULT_METHODS,
-                        help=f"comma-separated, from {', '.join(METHODS)} (default: %(default)s)")
-    parser.add_argument("--seeds", type=parse_seeds, default=[0, 1, 2],
-                        help="comma-separated seeds (default: 0,1,2)")
-    parser.add_argument("--out", type=Path, required=True,
-                        help="output folder; running again into it skips finished runs")
-    parser.add_argument("--set", dest="overrides", action="append", type=parse_override,
-                        default=[], metavar="KEY=VALUE",
-                        help="run-config value for every run, e.g. num-server-rounds=5")
-    parser.add_argument("--num-supernodes", type=int,
-                        help="simulated clients (default: each setting's min-available-nodes)")
-    parser.add_argument("--client-cpus", type=float, default=1.0,
-                        help="CPUs per simulated ClientApp (default: %(default)s)")
-    parser.add_argument("--client-gpus", type=float, default=0.0,
-                        help="GPUs per simulated ClientApp, e.g. 0.25 (default: %(default)s)")
-    parser.add_argument("--target", type=float,
-                        help="accuracy for 'rounds to target' (default: 95%% of the "
-                        "best method's mean final accuracy in each setting)")
-    parser.add_argument("--run-timeout", type=float, default=6 * 3600,
-                        help="seconds one run may take (default: %(default)g)")
-    parser.add_argument("--app", type=Path, default=default_app_dir(),
-                        help="the Flower app folder (default: this fedx checkout)")
-    parser.add_argument("--report-only", action="store_true",
-                        help="only rewrite the report from the finished runs")
+    parser.add_argument(
+        "--methods",
+        default=",".join(default_methods()),
+        help=f"comma-separated, from {', '.join(comparison_methods())} (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--seeds",
+        type=parse_seeds,
+        default=[0, 1, 2],
+        help="comma-separated seeds (default: 0,1,2)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        help="output folder; running again into it skips finished runs",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        type=parse_override,
+        default=[],
+        metavar="KEY=VALUE",
+        help="run-config value for every run, e.g. num-server-rounds=5",
+    )
+    parser.add_argument(
+        "--num-supernodes",
+        type=int,
+        help="simulated clients (default: each setting's min-available-nodes)",
+    )
+    parser.add_argument(
+        "--client-cpus",
+        type=float,
+        default=1.0,
+        help="CPUs per simulated ClientApp (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--client-gpus",
+        type=float,
+        default=0.0,
+        help="GPUs per simulated ClientApp, e.g. 0.25 (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--target",
+        type=float,
+        help="accuracy for 'rounds to target' (default: 95%% of the "
+        "best method's mean final accuracy in each setting)",
+    )
+    parser.add_argument(
+        "--run-timeout",
+        type=float,
+        default=6 * 3600,
+        help="seconds one run may take (default: %(default)g)",
+    )
+    parser.add_argument(
+        "--app",
+        type=Path,
+        default=default_app_dir(),
+        help="the Flower app folder (default: this fedx checkout)",
+    )
+    parser.add_argument(
+        "--report-only", action="store_true", help="only rewrite the report from the finished runs"
+    )
     return parser
 
 
@@ -105,13 +146,16 @@ def _progress(total: int) -> Callable[[int, RunOutcome], None]:
     def report(index: int, outcome: RunOutcome) -> None:
         line = f"[{index + 1}/{total}] {outcome.run.label}: "
         if outcome.status == "failed":
-            line += f"FAILED after {outcome.wall_seconds:.0f} s: {outcome.detail} " \
-                    f"(log: {outcome.run.directory / 'flwr-run.log'})"
+            line += (
+                f"FAILED after {outcome.wall_seconds:.0f} s: {outcome.detail} "
+                f"(log: {outcome.run.directory / 'flwr-run.log'})"
+            )
         elif outcome.status == "skipped":
             line += "finished before, skipped"
         else:
             line += f"finished in {outcome.wall_seconds:.0f} s"
         print(line, flush=True)
+
     return report
 
 
@@ -122,6 +166,7 @@ def _stop_cleanly_on_signals() -> None:
     as ignored, and SIGTERM would end it without cleaning up: both would
     leave the SuperLink and a running simulation behind.
     """
+
     def interrupt(signum: int, _frame: object) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
@@ -141,8 +186,15 @@ def main(argv: list[str] | None = None) -> int:
         if len({s.name for s in settings}) != len(settings):
             raise ConfigError("two settings have the same file name")
         methods = list(comma_list(args.methods))
-        runs = plan_runs(settings, methods, args.seeds, dict(args.overrides), defaults,
-                         args.out.resolve(), args.num_supernodes)
+        runs = plan_runs(
+            settings,
+            methods,
+            args.seeds,
+            dict(args.overrides),
+            defaults,
+            args.out.resolve(),
+            args.num_supernodes,
+        )
         for run in runs:
             finished_record(run)  # refuses, before anything runs, to mix in other settings
     except ConfigError as error:
@@ -152,23 +204,32 @@ def main(argv: list[str] | None = None) -> int:
     _stop_cleanly_on_signals()
     outcomes: list[RunOutcome] = []
     if not args.report_only:
-        print(f"fedx-compare: {len(runs)} runs ({len(settings)} settings x {len(methods)} "
-              f"methods x {len(args.seeds)} seeds) into {args.out.resolve()}", flush=True)
+        print(
+            f"fedx-compare: {len(runs)} runs ({len(settings)} settings x {len(methods)} "
+            f"methods x {len(args.seeds)} seeds) into {args.out.resolve()}",
+            flush=True,
+        )
         state_dir = args.out.resolve() / f".superlink-{os.getpid()}"
         try:
-            with ComparisonRunner(args.app.resolve(), state_dir,
-                                  _client_resources(args), args.run_timeout) as runner:
+            with ComparisonRunner(
+                args.app.resolve(), state_dir, _client_resources(args), args.run_timeout
+            ) as runner:
                 outcomes = runner.run_all(runs, _progress(len(runs)))
         except KeyboardInterrupt:
-            print("fedx-compare: interrupted; the same command resumes after the finished runs",
-                  file=sys.stderr, flush=True)
+            print(
+                "fedx-compare: interrupted; the same command resumes after the finished runs",
+                file=sys.stderr,
+                flush=True,
+            )
             return 130
         finally:
             shutil.rmtree(state_dir, ignore_errors=True)  # the runs' logs are in their folders
     rows, paths = write_report(args.out, runs, args.target)
     if paths:
-        print(f"fedx-compare: {len(rows)} table rows; wrote "
-              f"{', '.join(str(p) for p in paths)}", flush=True)
+        print(
+            f"fedx-compare: {len(rows)} table rows; wrote {', '.join(str(p) for p in paths)}",
+            flush=True,
+        )
         print((args.out / SUMMARY_MARKDOWN).read_text(), flush=True)
     failed = [o for o in outcomes if o.status == "failed"]
     if failed:

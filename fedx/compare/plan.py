@@ -2,9 +2,11 @@
 
 A *setting* is a run-config TOML file (``configs/digits-cnn-dir0.1.toml``):
 data, partitioning, model, training and every method's hyper-parameters. A
-*method* switches the strategy on top of it (:data:`METHODS`). All methods of
-a setting share the setting's keys and the seed, so for one seed they start
-from the same initial model and train on the same partitions.
+*method* switches the strategy on top of it: the variants the registered
+methods declare (:func:`comparison_methods`; ``fedmr-two-stage`` is FedMR
+with the setting's first stage). All methods of a setting share the
+setting's keys and the seed, so for one seed they start from the same
+initial model and train on the same partitions.
 """
 
 import shutil
@@ -13,23 +15,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedx.config import STRATEGY_NAMES, ConfigError, RunConfig
+from fedx.config import ConfigError, RunConfig
+from fedx.registry import Method, Variant, all_methods, builtin_methods
 
-#: Run-config keys each method sets on top of the setting. ``fedmr`` is
-#: one-stage FedMR; ``fedmr-two-stage`` keeps the setting's
-#: ``first-stage-rounds`` (the papers' FedMR for ResNet-20 and VGG-16).
-METHODS: dict[str, dict[str, Any]] = {
-    "fedavg": {"strategy": "fedavg"},
-    "fedprox": {"strategy": "fedprox"},
-    "fedmr": {"strategy": "fedmr", "first-stage-rounds": 0},
-    "fedmr-two-stage": {"strategy": "fedmr"},
-    "fedindep": {"strategy": "fedindep"},
-    "fedmut": {"strategy": "fedmut"},
-    "fedcross": {"strategy": "fedcross"},
-    "fedme": {"strategy": "fedme"},
-    "fedavg-ft": {"strategy": "fedavg-ft"},
-}
-assert {m["strategy"] for m in METHODS.values()} == set(STRATEGY_NAMES)
+
+def comparison_methods() -> dict[str, tuple[Method, Variant]]:
+    """Every method fedx-compare can run, by name: each registered method's variants."""
+    return {
+        variant.name: (method, variant)
+        for method in all_methods()
+        for variant in method.comparison_variants
+    }
+
+
+def default_methods() -> list[str]:
+    """What a comparison runs unless told otherwise: fedx's own methods with a global model."""
+    return [
+        variant.name
+        for method in builtin_methods()
+        if not method.personalized
+        for variant in method.comparison_variants
+    ]
+
 
 #: The run-config keys the comparison owns: where a run writes, and its seed.
 OWNED_KEYS = ("seed", "output-dir", "run-name", "resume-from")
@@ -88,20 +95,18 @@ def method_keys(method: str, config: RunConfig) -> dict[str, Any]:
     Raises
     ------
     ConfigError
-        For an unknown method, FedProx without a proximal term, or two-stage
-        FedMR without a first stage shorter than the run.
+        For an unknown method, or a setting the method's variant does not
+        suit (FedProx without a proximal term, two-stage FedMR without a
+        first stage shorter than the run).
     """
-    if method not in METHODS:
-        raise ConfigError(f"unknown method {method!r}; known methods: {', '.join(METHODS)}")
-    if method == "fedprox" and config.proximal_mu <= 0:
-        raise ConfigError("method fedprox needs proximal-mu > 0 in the setting (0 is FedAvg)")
-    if method == "fedmr-two-stage" and not 0 < config.first_stage_rounds < config.num_server_rounds:
-        raise ConfigError(
-            "method fedmr-two-stage needs 0 < first-stage-rounds < num-server-rounds in the "
-            f"setting, got first-stage-rounds={config.first_stage_rounds}, "
-            f"num-server-rounds={config.num_server_rounds}"
-        )
-    return dict(METHODS[method])
+    methods = comparison_methods()
+    if method not in methods:
+        raise ConfigError(f"unknown method {method!r}; known methods: {', '.join(methods)}")
+    declared, variant = methods[method]
+    lacking = variant.requires(config) if variant.requires is not None else None
+    if lacking:
+        raise ConfigError(f"method {method} {lacking}")
+    return {"strategy": declared.name, **variant.keys}
 
 
 @dataclass(frozen=True)
@@ -145,9 +150,12 @@ def plan_runs(
     Raises
     ------
     ConfigError
-        When a setting, method or override does not give a valid run config;
-        the message names the setting and method.
+        When a setting, method or override does not give a valid run config
+        (the method's strategy is built to check it); the message names the
+        setting and method.
     """
+    from fedx.server.building import build_strategy  # pylint: disable=import-outside-toplevel  (torch)
+
     owned = sorted(set(overrides) & set(OWNED_KEYS))
     if owned:
         raise ConfigError(f"{owned} cannot be overridden: the comparison sets them per run")
@@ -160,13 +168,23 @@ def plan_runs(
                 try:
                     base = RunConfig.from_mapping({**defaults, **keys})
                     keys.update(method_keys(method, base))
-                    keys.update(seed=seed, **{"output-dir": str(directory.parent),
-                                              "run-name": directory.name})
+                    keys.update(
+                        seed=seed,
+                        **{"output-dir": str(directory.parent), "run-name": directory.name},
+                    )
                     config = RunConfig.from_mapping({**defaults, **keys})
+                    build_strategy(config)  # the method's own checks, before anything runs
                 except ConfigError as error:
                     raise ConfigError(f"setting {setting.name}, method {method}: {error}") from None
-                runs.append(PlannedRun(
-                    setting.name, method, seed, directory, keys, config.num_server_rounds,
-                    num_supernodes or config.min_available_nodes,
-                ))
+                runs.append(
+                    PlannedRun(
+                        setting.name,
+                        method,
+                        seed,
+                        directory,
+                        keys,
+                        config.num_server_rounds,
+                        num_supernodes or config.min_available_nodes,
+                    )
+                )
     return runs

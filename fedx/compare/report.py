@@ -11,6 +11,7 @@ the wall time of a run.
 import csv
 import json
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,7 +67,11 @@ def load_result(run: PlannedRun) -> RunResult | None:
     metric = "accuracy" if any("accuracy" in row for row in rows) else "personalized-accuracy"
     curve = tuple((row["round"], float(row[metric])) for row in rows if metric in row)
     return RunResult(
-        run.setting, run.method, run.seed, metric, curve,
+        run.setting,
+        run.method,
+        run.seed,
+        metric,
+        curve,
         wall_seconds=float(record["wall-seconds"]),
         round_seconds=float(metrics["timings"]["mean-round-seconds"] or 0.0),
     )
@@ -107,7 +112,7 @@ def _std(values: list[float]) -> float:
     return statistics.stdev(values) if len(values) > 1 else 0.0
 
 
-def summarize(results: list[RunResult], target: float | None) -> list[MethodSummary]:
+def summarize_runs(results: list[RunResult], target: float | None) -> list[MethodSummary]:
     """Group results by setting and method (in the order they come) into table rows."""
     groups: dict[tuple[str, str], list[RunResult]] = {}
     for result in results:
@@ -119,48 +124,61 @@ def summarize(results: list[RunResult], target: float | None) -> list[MethodSumm
     rows = []
     for (setting, method), group in groups.items():
         finals = [r.final_accuracy for r in group]
-        setting_target = target if target is not None else round(
-            DEFAULT_TARGET_SHARE * best[setting], 3
+        setting_target = (
+            target if target is not None else round(DEFAULT_TARGET_SHARE * best[setting], 3)
         )
-        rows.append(MethodSummary(
-            setting, method, group[0].metric, tuple(r.seed for r in group),
-            statistics.fmean(finals), _std(finals), setting_target,
-            tuple(r.rounds_to(setting_target) for r in group),
-            statistics.fmean(r.wall_seconds for r in group),
-            statistics.fmean(r.round_seconds for r in group),
-        ))
+        rows.append(
+            MethodSummary(
+                setting,
+                method,
+                group[0].metric,
+                tuple(r.seed for r in group),
+                statistics.fmean(finals),
+                _std(finals),
+                setting_target,
+                tuple(r.rounds_to(setting_target) for r in group),
+                statistics.fmean(r.wall_seconds for r in group),
+                statistics.fmean(r.round_seconds for r in group),
+            )
+        )
     return rows
+
+
+def _write_csv(path: Path, header: str, rows: Iterable[list[object]]) -> None:
+    """A CSV file: the space-separated column names of ``header``, then ``rows``."""
+    with path.open("w", newline="") as file:
+        writer = csv.writer(file)
+        writer.writerow(header.split())
+        writer.writerows(rows)
 
 
 def write_csv(path: Path, rows: list[MethodSummary]) -> None:
     """One line per setting and method."""
-    with path.open("w", newline="") as file:
-        writer = csv.writer(file)
-        writer.writerow([
-            "setting", "method", "metric", "seeds", "final_accuracy_mean", "final_accuracy_std",
-            "target", "rounds_to_target_mean", "seeds_reaching_target", "wall_seconds_mean",
-            "round_seconds_mean",
-        ])
-        for row in rows:
-            reached = row.reached
-            writer.writerow([
-                row.setting, row.method, row.metric, " ".join(map(str, row.seeds)),
-                f"{row.final_mean:.4f}", f"{row.final_std:.4f}", f"{row.target:.3f}",
-                f"{statistics.fmean(reached):.2f}" if reached else "",
-                len(reached), f"{row.wall_seconds:.1f}", f"{row.round_seconds:.3f}",
-            ])
+    _write_csv(
+        path,
+        "setting method metric seeds final_accuracy_mean final_accuracy_std target "
+        "rounds_to_target_mean seeds_reaching_target wall_seconds_mean round_seconds_mean",
+        (
+            [row.setting, row.method, row.metric, " ".join(map(str, row.seeds)),
+             f"{row.final_mean:.4f}", f"{row.final_std:.4f}", f"{row.target:.3f}",
+             f"{statistics.fmean(row.reached):.2f}" if row.reached else "",
+             len(row.reached), f"{row.wall_seconds:.1f}", f"{row.round_seconds:.3f}"]
+            for row in rows
+        ),
+    )  # fmt: skip
 
 
 def write_runs_csv(path: Path, results: list[RunResult]) -> None:
     """One line per run: its final accuracy and wall time."""
-    with path.open("w", newline="") as file:
-        writer = csv.writer(file)
-        writer.writerow(["setting", "method", "seed", "metric", "rounds", "final_accuracy",
-                         "wall_seconds", "round_seconds"])
-        for r in results:
-            writer.writerow([r.setting, r.method, r.seed, r.metric, r.curve[-1][0],
-                             f"{r.final_accuracy:.4f}", f"{r.wall_seconds:.1f}",
-                             f"{r.round_seconds:.3f}"])
+    _write_csv(
+        path,
+        "setting method seed metric rounds final_accuracy wall_seconds round_seconds",
+        (
+            [r.setting, r.method, r.seed, r.metric, r.curve[-1][0], f"{r.final_accuracy:.4f}",
+             f"{r.wall_seconds:.1f}", f"{r.round_seconds:.3f}"]
+            for r in results
+        ),
+    )  # fmt: skip
 
 
 def markdown_table(rows: list[MethodSummary]) -> str:
@@ -189,10 +207,13 @@ def write_markdown(path: Path, rows: list[MethodSummary], results: list[RunResul
         rounds = max(r.curve[-1][0] for r in results if r.setting == setting)
         seeds = sorted({s for row in setting_rows for s in row.seeds})
         sections += [
-            f"## {setting}", "",
+            f"## {setting}",
+            "",
             f"Seeds {', '.join(map(str, seeds))}; {rounds} rounds; target accuracy "
-            f"{setting_rows[0].target:.3f}; plot: `{setting}.png`.", "",
-            markdown_table(setting_rows), "",
+            f"{setting_rows[0].target:.3f}; plot: `{setting}.png`.",
+            "",
+            markdown_table(setting_rows),
+            "",
         ]
     path.write_text("\n".join(sections))
 
@@ -230,7 +251,7 @@ def write_report(
     results = [result for run in runs if (result := load_result(run)) is not None]
     if not results:
         return [], []
-    rows = summarize(results, target)
+    rows = summarize_runs(results, target)
     paths = [out_dir / SUMMARY_MARKDOWN, out_dir / SUMMARY_CSV, out_dir / RUNS_CSV]
     write_markdown(paths[0], rows, results)
     write_csv(paths[1], rows)

@@ -16,29 +16,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import tomli_w
+
 from fedx.compare.plan import RUN_RECORD, PlannedRun
 from fedx.config import ConfigError
 from fedx.deploy.local import FederationSpec, LocalFederation, free_port
-from fedx.outputs import METRICS_FILE, write_json_atomically
+from fedx.files import write_json_atomically
+from fedx.outputs import METRICS_FILE
 
 RUN_CONFIG_FILE = "run-config.toml"
 RUN_LOG = "flwr-run.log"
 
 
 def toml_value(value: Any) -> str:
-    """A run-config value (string, boolean, integer or float) as TOML."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)  # JSON string escapes are valid TOML basic-string escapes
-    raise TypeError(f"run-config values are strings, booleans or numbers, not {value!r}")
+    """A run-config value (string, boolean, integer or float) as TOML, for ``--run-config "k=v"``."""
+    if not isinstance(value, (str, bool, int, float)):
+        raise TypeError(f"run-config values are strings, booleans or numbers, not {value!r}")
+    return tomli_w.dumps({"value": value}).removeprefix("value = ").rstrip("\n")
 
 
 def write_run_config(path: Path, run_config: dict[str, Any]) -> None:
     """Write a run config as a flat TOML file, ``flwr run --run-config`` reads it."""
-    path.write_text("".join(f"{key} = {toml_value(value)}\n" for key, value in run_config.items()))
+    path.write_text(tomli_w.dumps(run_config))
 
 
 def finished_record(run: PlannedRun) -> dict[str, Any] | None:
@@ -122,9 +121,7 @@ class ComparisonRunner:
         self.app_dir = app_dir
         self.client_resources = client_resources
         self.run_timeout = run_timeout
-        self._spec = FederationSpec(
-            0, state_dir, port=free_port(), insecure=True, simulation=True
-        )
+        self._spec = FederationSpec(0, state_dir, port=free_port(), insecure=True, simulation=True)
         self._federation: LocalFederation | None = None
 
     def __enter__(self) -> "ComparisonRunner":
@@ -163,17 +160,26 @@ class ComparisonRunner:
         config_file = run.directory / RUN_CONFIG_FILE
         write_run_config(config_file, run.run_config)
         command = [
-            str(self._spec.bin_dir / "flwr"), "run", str(self.app_dir), "--stream",
-            "--federation-config", f"num-supernodes={run.num_supernodes} {self.client_resources}",
-            "--run-config", str(config_file),
+            str(self._spec.bin_dir / "flwr"),
+            "run",
+            str(self.app_dir),
+            "--stream",
+            "--federation-config",
+            f"num-supernodes={run.num_supernodes} {self.client_resources}",
+            "--run-config",
+            str(config_file),
         ]
         federation = self._superlink()
         started = time.perf_counter()
         with (run.directory / RUN_LOG).open("w") as log:
             try:
                 subprocess.run(
-                    command, env=self._spec.environment(), stdout=log, stderr=subprocess.STDOUT,
-                    timeout=self.run_timeout, check=False,
+                    command,
+                    env=self._spec.environment(),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    timeout=self.run_timeout,
+                    check=False,
                 )
                 timed_out = False
             except subprocess.TimeoutExpired:
@@ -189,8 +195,12 @@ class ComparisonRunner:
         else:
             write_json_atomically(
                 run.directory / RUN_RECORD,
-                {"status": "finished", "wall-seconds": wall, "command": command,
-                 "run-config": run.run_config},
+                {
+                    "status": "finished",
+                    "wall-seconds": wall,
+                    "command": command,
+                    "run-config": run.run_config,
+                },
             )
             return RunOutcome(run, "finished", wall)
         return RunOutcome(run, "failed", wall, detail)

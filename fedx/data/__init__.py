@@ -5,7 +5,7 @@ is the default; ``cifar10`` and ``cifar100`` are read from torchvision's
 on-disk format under the ``data-root`` folder, ``femnist`` and
 ``shakespeare`` from LEAF's JSON files there (:mod:`fedx.data.leaf`), where
 ``partitioning="natural"`` makes every LEAF user one client. Personalized
-methods (FedMe, FedAvg + fine-tuning) use :func:`load_local_splits` and
+methods (evaluated per client) use :func:`load_local_splits` and
 :func:`load_unlabeled`.
 """
 

@@ -50,7 +50,9 @@ _INFO: dict[str, DatasetInfo] = {
     "digits": DatasetInfo(input_shape=(1, 8, 8), num_classes=10),
     "cifar10": DatasetInfo(input_shape=(3, 32, 32), num_classes=10),
     "cifar100": DatasetInfo(input_shape=(3, 32, 32), num_classes=100),
-    "femnist": DatasetInfo(input_shape=(1, FEMNIST_SIDE, FEMNIST_SIDE), num_classes=FEMNIST_CLASSES),
+    "femnist": DatasetInfo(
+        input_shape=(1, FEMNIST_SIDE, FEMNIST_SIDE), num_classes=FEMNIST_CLASSES
+    ),
     "shakespeare": DatasetInfo(
         input_shape=(SHAKESPEARE_SEQUENCE_LENGTH,), num_classes=len(SHAKESPEARE_LETTERS)
     ),

@@ -154,9 +154,7 @@ def _encode_lines(lines: Sequence[str], length: int) -> np.ndarray:
     tokens = _TOKEN_OF_BYTE[np.frombuffer(raw, dtype=np.uint8)]
     unknown = np.flatnonzero(tokens < 0)
     if len(unknown):
-        raise ValueError(
-            f"character {text[unknown[0]]!r} is not in LEAF's Shakespeare alphabet"
-        )
+        raise ValueError(f"character {text[unknown[0]]!r} is not in LEAF's Shakespeare alphabet")
     return tokens.astype(np.uint8).reshape(len(lines), length)
 
 
@@ -296,7 +294,9 @@ def select_users(
             f"have more than leaf-min-samples={min_samples} samples"
         )
     else:
-        picks = np.random.default_rng([seed, 0x1EAF]).choice(len(eligible), num_users, replace=False)
+        picks = np.random.default_rng([seed, 0x1EAF]).choice(
+            len(eligible), num_users, replace=False
+        )
         chosen = [eligible[i] for i in np.sort(picks)]
     if not chosen:
         raise ValueError(

@@ -77,7 +77,7 @@ def partition_indices(
         ``DirichletPartitioner``: for every class, proportions drawn from
         ``Dir(alpha)`` decide how its samples spread over the partitions
         (no self-balancing), so partition sizes vary too.
-        ``"dirichlet-size-label"``: FedMe's CIFAR-10 scheme (after FedMA,
+        ``"dirichlet-size-label"``: Matsuda et al.'s CIFAR-10 scheme (after FedMA,
         Wang et al., ICLR 2020): partition sizes from ``Dir(size_alpha)``
         (:func:`dirichlet_sizes`), then every partition's label mix from
         ``Dir(alpha)`` with ``InnerDirichletPartitioner``. ``"natural"``: the
@@ -96,7 +96,7 @@ def partition_indices(
         the same partitions in every process.
     size_alpha : float
         Size Dirichlet concentration of ``"dirichlet-size-label"``, > 0;
-        smaller gives more unequal sizes (the FedMe paper: 10).
+        smaller gives more unequal sizes (Matsuda et al.: 10).
     groups : array-like, optional
         ``"natural"`` only: one group per sample, the integers
         ``0 .. num_partitions - 1`` (``user_index`` of a LEAF dataset).
@@ -196,7 +196,7 @@ def dirichlet_sizes(
 
     flwr-datasets has no partitioner that draws sizes at random (its size
     partitioners follow fixed laws, and ``DirichletPartitioner``'s sizes only
-    follow from the label draws), so the sizes of FedMe's scheme come from
+    follow from the label draws), so the sizes of this scheme come from
     here and the labels from ``InnerDirichletPartitioner``.
 
     Parameters
@@ -250,7 +250,7 @@ def _size_label_dirichlet(
     min_partition_size: int,
     seed: int,
 ) -> list[np.ndarray]:
-    """FedMe's partitioning: Dirichlet sizes, then a Dirichlet label mix per partition."""
+    """Matsuda et al.'s partitioning: Dirichlet sizes, then a Dirichlet label mix per partition."""
     if not size_alpha > 0:
         raise ValueError(f"size-alpha={size_alpha!r} must be > 0")
     sizes = dirichlet_sizes(
@@ -384,8 +384,14 @@ def _train_partitions(
     leaf_min_samples: int,
 ) -> tuple[np.ndarray, ...]:
     train = load_split(
-        name, "train", root=root, download=download, seed=seed, test_fraction=test_fraction,
-        leaf_users=leaf_users, leaf_min_samples=leaf_min_samples,
+        name,
+        "train",
+        root=root,
+        download=download,
+        seed=seed,
+        test_fraction=test_fraction,
+        leaf_users=leaf_users,
+        leaf_min_samples=leaf_min_samples,
     )
     partitions = partition_indices(
         dataset_labels(train),

@@ -1,7 +1,7 @@
-"""The data layout of personalized federated learning (FedMe and FedAvg + fine-tuning).
+"""The data layout of personalized federated learning (methods evaluated per client).
 
-The FedMe paper (Sec. 5.1.2) takes a small unlabeled set out of the training
-data for the server, shares the rest among the clients, and splits every
+Matsuda et al. (SDM 2022, Sec. 5.1.2) take a small unlabeled set out of the
+training data for the server, share the rest among the clients, and split every
 client's share into its own train, validation and test data. Quality is then
 measured per client, on its own test split. Everything here is a seeded
 function of the arguments, so the server and every client compute the same
@@ -84,12 +84,13 @@ def split_local(
         if not 0.0 < fraction < 1.0:
             raise ValueError(f"{key}={fraction!r} must be in (0, 1)")
     num_test = min(max(round(num_samples * test_fraction), 1), num_samples - 2)
-    num_validation = min(max(round((num_samples - num_test) * validation_fraction), 1),
-                         num_samples - num_test - 1)
+    num_validation = min(
+        max(round((num_samples - num_test) * validation_fraction), 1), num_samples - num_test - 1
+    )
     order = rng.permutation(num_samples).astype(np.int64)
     test = order[:num_test]
-    validation = order[num_test:num_test + num_validation]
-    return order[num_test + num_validation:], validation, test
+    validation = order[num_test : num_test + num_validation]
+    return order[num_test + num_validation :], validation, test
 
 
 # pylint: disable=too-many-arguments
@@ -121,14 +122,29 @@ def load_unlabeled(
     -------
     Partition
         Training images without augmentation. The labels are there (the
-        ``targets`` attribute) but FedMe never reads them.
+        ``targets`` attribute) but no method reads them.
     """
     leaf = (int(leaf_users), int(leaf_min_samples))
-    layout = _unlabeled_and_pool(name, _resolve_root(root), bool(download), int(seed),
-                                 float(test_fraction), unlabeled_size(name, size), *leaf)
-    images = load_split(name, "train", root=root, download=download, seed=seed,
-                        test_fraction=test_fraction, augment=False, leaf_users=leaf[0],
-                        leaf_min_samples=leaf[1])
+    layout = _unlabeled_and_pool(
+        name,
+        _resolve_root(root),
+        bool(download),
+        int(seed),
+        float(test_fraction),
+        unlabeled_size(name, size),
+        *leaf,
+    )
+    images = load_split(
+        name,
+        "train",
+        root=root,
+        download=download,
+        seed=seed,
+        test_fraction=test_fraction,
+        augment=False,
+        leaf_users=leaf[0],
+        leaf_min_samples=leaf[1],
+    )
     return Partition(images, layout[0])
 
 
@@ -188,13 +204,30 @@ def load_local_splits(
             f"for num-partitions={num_partitions}"
         )
     splits = _local_split_indices(
-        name, _resolve_root(root), bool(download), int(seed), float(test_fraction),
-        unlabeled_size(name, unlabeled), int(num_partitions), partitioning, float(alpha),
-        float(size_alpha), int(min_partition_size), float(local_test_fraction),
-        float(local_validation_fraction), int(leaf_users), int(leaf_min_samples),
+        name,
+        _resolve_root(root),
+        bool(download),
+        int(seed),
+        float(test_fraction),
+        unlabeled_size(name, unlabeled),
+        int(num_partitions),
+        partitioning,
+        float(alpha),
+        float(size_alpha),
+        int(min_partition_size),
+        float(local_test_fraction),
+        float(local_validation_fraction),
+        int(leaf_users),
+        int(leaf_min_samples),
     )[partition_id]
-    settings = {"root": root, "download": download, "seed": seed, "test_fraction": test_fraction,
-                "leaf_users": leaf_users, "leaf_min_samples": leaf_min_samples}
+    settings = {
+        "root": root,
+        "download": download,
+        "seed": seed,
+        "test_fraction": test_fraction,
+        "leaf_users": leaf_users,
+        "leaf_min_samples": leaf_min_samples,
+    }
     augmented = load_split(name, "train", **settings)
     plain = load_split(name, "train", augment=False, **settings)
     return LocalSplits(
@@ -216,9 +249,16 @@ def _unlabeled_and_pool(
     leaf_min_samples: int,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Positions in the training split of the unlabeled set and of the clients' pool."""
-    train = load_split(name, "train", root=root, download=download, seed=seed,
-                       test_fraction=test_fraction, leaf_users=leaf_users,
-                       leaf_min_samples=leaf_min_samples)
+    train = load_split(
+        name,
+        "train",
+        root=root,
+        download=download,
+        seed=seed,
+        test_fraction=test_fraction,
+        leaf_users=leaf_users,
+        leaf_min_samples=leaf_min_samples,
+    )
     num_samples = len(dataset_labels(train))
     if not 0 < size < num_samples:
         raise ValueError(
@@ -253,9 +293,16 @@ def _local_split_indices(
     """Every client's (train, validation, test) positions in the training split."""
     leaf = (leaf_users, leaf_min_samples)
     _, pool = _unlabeled_and_pool(name, root, download, seed, test_fraction, size, *leaf)
-    train = load_split(name, "train", root=root, download=download, seed=seed,
-                       test_fraction=test_fraction, leaf_users=leaf_users,
-                       leaf_min_samples=leaf_min_samples)
+    train = load_split(
+        name,
+        "train",
+        root=root,
+        download=download,
+        seed=seed,
+        test_fraction=test_fraction,
+        leaf_users=leaf_users,
+        leaf_min_samples=leaf_min_samples,
+    )
     groups = dataset_groups(train)
     shares = partition_indices(
         dataset_labels(train)[pool],
@@ -287,4 +334,3 @@ __all__ = [
     "split_local",
     "unlabeled_size",
 ]
-

@@ -64,7 +64,9 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--host", default="127.0.0.1", help="SuperLink address (default: 127.0.0.1)")
     up.add_argument("--port", type=int, default=8000, help="SuperLink HTTP(S) port (default: 8000)")
     up.add_argument(
-        "--supernode-port", type=int, default=9094,
+        "--supernode-port",
+        type=int,
+        default=9094,
         help="Runtime API port of SuperNode 0; SuperNode i uses this + i (default: 9094)",
     )
     security = up.add_mutually_exclusive_group(required=True)
@@ -73,26 +75,34 @@ def _parser() -> argparse.ArgumentParser:
     )
     security.add_argument("--insecure", action="store_true", help="plain text, no TLS")
     up.add_argument(
-        "--auth-keys", type=Path,
+        "--auth-keys",
+        type=Path,
         help="directory written by `fedx-deploy keys`: SuperNode authentication on (needs TLS)",
     )
     up.add_argument(
-        "--state-dir", type=Path, default=Path(".fedx-deploy"),
+        "--state-dir",
+        type=Path,
+        default=Path(".fedx-deploy"),
         help="logs, SuperLink database and FLWR_HOME (default: .fedx-deploy)",
     )
     up.add_argument(
-        "--install-app-dependencies", action="store_true",
+        "--install-app-dependencies",
+        action="store_true",
         help="let the SuperLink install each app's dependencies with uv (Flower's default)",
     )
     up.add_argument(
-        "--executor", choices=("flower", "warm"), default="flower",
+        "--executor",
+        choices=("flower", "warm"),
+        default="flower",
         help="how SuperNodes run ClientApps: a new process per message (flower, the default) "
-             "or forked from a warm interpreter that imported the app once (warm, fedx-superexec)",
+        "or forked from a warm interpreter that imported the app once (warm, fedx-superexec)",
     )
     up.add_argument(
-        "--poll-interval", type=float, metavar="SECONDS",
+        "--poll-interval",
+        type=float,
+        metavar="SECONDS",
         help="idle poll of the SuperNodes (Flower: 3 s; they then run as fedx-supernode) and "
-             "of their SuperExecs (Flower: 1 s); default: Flower's",
+        "of their SuperExecs (Flower: 1 s); default: Flower's",
     )
     up.add_argument("--run", metavar="APP", help="run this app with `flwr run`, then stop")
     up.add_argument("--run-config", help="passed to `flwr run --run-config`")
@@ -124,21 +134,27 @@ def _up(args: argparse.Namespace) -> int:
         if spec.executor == "warm":  # its first task would wait for the app's imports
             for index in range(spec.num_supernodes):
                 federation.wait_for_warm_executor(index)
-        print(f"SuperLink on {spec.control_address} ({'TLS' if spec.tls else 'insecure'}"
-              f"{', SuperNode authentication' if spec.auth_keys else ''}"
-              f"{', warm ClientApp executor' if spec.executor == 'warm' else ''}); "
-              f"SuperNodes {node_ids}; logs in {spec.log_dir}")
+        print(
+            f"SuperLink on {spec.control_address} ({'TLS' if spec.tls else 'insecure'}"
+            f"{', SuperNode authentication' if spec.auth_keys else ''}"
+            f"{', warm ClientApp executor' if spec.executor == 'warm' else ''}); "
+            f"SuperNodes {node_ids}; logs in {spec.log_dir}"
+        )
         if args.run:
             command = [str(spec.bin_dir / "flwr"), "run", args.run, spec.connection, "--stream"]
             if args.run_config:
                 command += ["--run-config", args.run_config]
             return subprocess.run(command, env=spec.environment(), check=False).returncode
         print("Run an app against it from another shell:")
-        print(f"  FLWR_HOME={shlex.quote(str(spec.flwr_home))} flwr run . {spec.connection} --stream")
+        print(
+            f"  FLWR_HOME={shlex.quote(str(spec.flwr_home))} flwr run . {spec.connection} --stream"
+        )
         print("Ctrl-C stops everything.")
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         try:
-            while all(p.poll() is None for p in [federation.superlink, *federation.supernodes.values()]):
+            while all(
+                p.poll() is None for p in [federation.superlink, *federation.supernodes.values()]
+            ):
                 time.sleep(1.0)
             print(f"a process ended; see {spec.log_dir}", file=sys.stderr)
             return 1

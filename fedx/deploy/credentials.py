@@ -108,8 +108,11 @@ def write_tls_certificates(directory: Path, hosts: list[str] | None = None) -> T
     """
     hosts = list(hosts or DEFAULT_HOSTS)
     directory.mkdir(parents=True, exist_ok=True)
-    now = datetime.datetime.now(datetime.timezone.utc)
-    not_before, not_after = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=VALID_DAYS)
+    now = datetime.datetime.now(datetime.UTC)
+    not_before, not_after = (
+        now - datetime.timedelta(minutes=5),
+        now + datetime.timedelta(days=VALID_DAYS),
+    )
 
     ca_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     ca_name = _name("fedx local CA")
@@ -124,13 +127,21 @@ def write_tls_certificates(directory: Path, hosts: list[str] | None = None) -> T
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
             x509.KeyUsage(
-                digital_signature=True, content_commitment=False, key_encipherment=False,
-                data_encipherment=False, key_agreement=False, key_cert_sign=True,
-                crl_sign=True, encipher_only=False, decipher_only=False,
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
             ),
             critical=True,
         )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+        .add_extension(
+            x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False
+        )
         .sign(ca_key, hashes.SHA256())
     )
 
@@ -147,9 +158,15 @@ def write_tls_certificates(directory: Path, hosts: list[str] | None = None) -> T
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
             x509.KeyUsage(
-                digital_signature=True, content_commitment=False, key_encipherment=True,
-                data_encipherment=False, key_agreement=False, key_cert_sign=False,
-                crl_sign=False, encipher_only=False, decipher_only=False,
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=True,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
             ),
             critical=True,
         )

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Literal
 
+import psutil
+
 from fedx.deploy.credentials import TlsFiles, supernode_key_paths
 
 Transport = Literal["http", "grpc"]
@@ -119,6 +121,9 @@ class FederationSpec:
         :mod:`fedx.deploy.supernode`) and its SuperExec between two task
         polls (Flower: 1, ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``). ``None``
         keeps Flower's.
+    extra_environment : dict[str, str]
+        Variables added to the environment of every process (for example a
+        ``PYTHONPATH`` where an app's plug-ins are installed).
     """
 
     num_supernodes: int
@@ -139,10 +144,13 @@ class FederationSpec:
     simulation: bool = False
     executor: Executor = "flower"
     poll_interval: float | None = None
+    extra_environment: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.simulation and self.num_supernodes != 0:
-            raise ValueError("a simulation SuperLink simulates its SuperNodes: num_supernodes must be 0")
+            raise ValueError(
+                "a simulation SuperLink simulates its SuperNodes: num_supernodes must be 0"
+            )
         if not self.simulation and self.num_supernodes < 1:
             raise ValueError(f"num_supernodes must be >= 1, got {self.num_supernodes}")
         if (self.tls is None) != self.insecure:
@@ -156,7 +164,9 @@ class FederationSpec:
         if self.transport == "grpc" and (self.fleet_port is None or self.control_port is None):
             raise ValueError('transport="grpc" needs fleet_port and control_port')
         if (self.executor == "warm" or self.poll_interval is not None) and self.transport != "http":
-            raise ValueError('the warm executor and poll_interval need Flower 1.41 (transport="http")')
+            raise ValueError(
+                'the warm executor and poll_interval need Flower 1.41 (transport="http")'
+            )
         if self.poll_interval is not None and not 0.01 <= self.poll_interval <= 3:
             raise ValueError(f"poll_interval must be in [0.01, 3] s, got {self.poll_interval}")
 
@@ -205,6 +215,7 @@ class FederationSpec:
         """Environment of every process: our Flower first on PATH, our FLWR_HOME."""
         env = {
             **os.environ,
+            **self.extra_environment,
             "FLWR_HOME": str(self.flwr_home.resolve()),
             "PATH": f"{self.bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
         }
@@ -222,9 +233,12 @@ class FederationSpec:
         if self.tls is None:
             return ["--insecure"]
         return [
-            "--ssl-certfile", str(self.tls.server_cert),
-            "--ssl-keyfile", str(self.tls.server_key),
-            "--ssl-ca-certfile", str(self.tls.ca_cert),
+            "--ssl-certfile",
+            str(self.tls.server_cert),
+            "--ssl-keyfile",
+            str(self.tls.server_key),
+            "--ssl-ca-certfile",
+            str(self.tls.ca_cert),
         ]
 
     def superlink_command(self) -> list[str]:
@@ -233,15 +247,22 @@ class FederationSpec:
         if self.simulation:
             # The legacy Control API would take its default port 9093 and
             # collide with any other SuperLink on the machine: give it a free one.
-            command += ["--simulation", "--isolation", "subprocess",
-                        "--control-api-address", f"{self.host}:{free_port(self.host)}"]
+            command += [
+                "--simulation",
+                "--isolation",
+                "subprocess",
+                "--control-api-address",
+                f"{self.host}:{free_port(self.host)}",
+            ]
         if self.auth_keys is not None:
             command.append("--enable-supernode-auth")
         command += ["--host", self.host, "--port", str(self.port)]
         if self.transport == "grpc":
             command += [
-                "--fleet-api-address", self.fleet_address,
-                "--control-api-address", self.control_address,
+                "--fleet-api-address",
+                self.fleet_address,
+                "--control-api-address",
+                self.control_address,
             ]
         command += ["--database", str((self.state_dir / "superlink.db").resolve())]
         if not self.install_app_dependencies:
@@ -252,7 +273,11 @@ class FederationSpec:
         """``flower-supernode`` number ``index`` (from 0) with its partition."""
         command = [str(self.bin_dir / "flower-supernode")]
         if self.poll_interval is not None:
-            command = [str(self.bin_dir / "fedx-supernode"), "--poll-interval", str(self.poll_interval)]
+            command = [
+                str(self.bin_dir / "fedx-supernode"),
+                "--poll-interval",
+                str(self.poll_interval),
+            ]
         if self.tls is None:
             command.append("--insecure")
         else:
@@ -261,15 +286,21 @@ class FederationSpec:
             private, _ = supernode_key_paths(self.auth_keys, index + 1)
             command += ["--auth-supernode-private-key", str(private)]
         command += [
-            "--superlink", self.fleet_address,
-            "--port", str(self.supernode_ports[index]),
-            "--node-config", f"partition-id={index} num-partitions={self.num_supernodes}",
+            "--superlink",
+            self.fleet_address,
+            "--port",
+            str(self.supernode_ports[index]),
+            "--node-config",
+            f"partition-id={index} num-partitions={self.num_supernodes}",
         ]
         if self.executor == "warm":
             command += ["--isolation", "process"]
             if self.tls is not None:
-                command += [*self._tls_server_args(),
-                            "--superexec-auth-secret-file", str(self.superexec_secret(index))]
+                command += [
+                    *self._tls_server_args(),
+                    "--superexec-auth-secret-file",
+                    str(self.superexec_secret(index)),
+                ]
         return command
 
     def superexec_secret(self, index: int) -> Path:
@@ -280,13 +311,20 @@ class FederationSpec:
         """``fedx-superexec`` for SuperNode ``index`` (``executor="warm"``), ending with it."""
         command = [
             str(self.bin_dir / "fedx-superexec"),
-            "--runtime-api-address", f"127.0.0.1:{self.supernode_ports[index]}",
-            "--parent-pid", str(supernode_pid),
+            "--runtime-api-address",
+            f"127.0.0.1:{self.supernode_ports[index]}",
+            "--parent-pid",
+            str(supernode_pid),
         ]
         if self.tls is None:
             return [*command, "--insecure"]
-        return [*command, "--root-certificates", str(self.tls.ca_cert),
-                "--superexec-auth-secret-file", str(self.superexec_secret(index))]
+        return [
+            *command,
+            "--root-certificates",
+            str(self.tls.ca_cert),
+            "--superexec-auth-secret-file",
+            str(self.superexec_secret(index)),
+        ]
 
 
 class LocalFederation:
@@ -384,7 +422,9 @@ class LocalFederation:
         process = self._spawn(self.spec.supernode_command(index), log_name)
         self.supernodes[index] = process
         if self.spec.executor == "warm":
-            self.superexecs[index] = self._spawn(self.spec.superexec_command(index, process.pid), log_name)
+            self.superexecs[index] = self._spawn(
+                self.spec.superexec_command(index, process.pid), log_name
+            )
         return process
 
     def wait_for_warm_executor(self, index: int, timeout: float = 300.0) -> int:
@@ -398,11 +438,15 @@ class LocalFederation:
         log = self.spec.log_dir / f"supernode-{index}.log"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            found = WARM_READY_PATTERN.findall(log.read_text(errors="replace")) if log.exists() else []
+            found = (
+                WARM_READY_PATTERN.findall(log.read_text(errors="replace")) if log.exists() else []
+            )
             if found:
                 return int(found[-1])
             time.sleep(0.5)
-        raise TimeoutError(f"the warm executor of SuperNode {index} was not ready within {timeout:g}s; see {log}")
+        raise TimeoutError(
+            f"the warm executor of SuperNode {index} was not ready within {timeout:g}s; see {log}"
+        )
 
     def node_id(self, index: int, timeout: float = 60.0) -> int:
         """The node id SuperNode ``index`` last reported in its log.
@@ -440,14 +484,20 @@ class LocalFederation:
         log = self.spec.log_dir / f"supernode-{index}.log"
 
         def connections() -> int:
-            return len(NODE_ID_PATTERN.findall(log.read_text(errors="replace"))) if log.exists() else 0
+            return (
+                len(NODE_ID_PATTERN.findall(log.read_text(errors="replace"))) if log.exists() else 0
+            )
 
         before = connections()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             process = self.start_supernode(index)
             attempt_ends = min(deadline, time.monotonic() + 30.0)
-            while time.monotonic() < attempt_ends and process.poll() is None and connections() == before:
+            while (
+                time.monotonic() < attempt_ends
+                and process.poll() is None
+                and connections() == before
+            ):
                 time.sleep(0.5)
             if connections() > before:
                 return self.node_id(index)
@@ -488,21 +538,11 @@ class LocalFederation:
 
 
 def _descendants(pid: int) -> list[int]:
-    """Ids of all processes below ``pid`` (Linux ``/proc``; elsewhere none)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            # The command name is in parentheses and may hold spaces: split after it.
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        children.setdefault(int(fields[1]), []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
+    """Ids of all processes below ``pid`` (none when it has ended)."""
+    try:
+        return [child.pid for child in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
 
 
 def _signal(pid: int, sig: int, group: bool) -> None:
@@ -543,7 +583,6 @@ def _stop_group(process: subprocess.Popen, sig: int) -> None:
 def _alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie counts as ended)."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
         return False
-    return state != "Z"

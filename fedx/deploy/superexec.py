@@ -122,8 +122,9 @@ def run_clientapp_task(spec: ExecutionSpec) -> None:
     )
 
 
-def _task_child(task: Callable[[ExecutionSpec], None], spec: ExecutionSpec,
-                app_package: str | None) -> None:
+def _task_child(
+    task: Callable[[ExecutionSpec], None], spec: ExecutionSpec, app_package: str | None
+) -> None:
     """What a task's forked child runs."""
     _fresh_start(app_package)
     task(spec)
@@ -166,9 +167,12 @@ class WarmExecutor:
         (default: Flower's ``run_clientapp``); a module-level function.
     """
 
-    def __init__(self, preload_app: str | None = DEFAULT_PRELOAD_APP,
-                 preload: Sequence[str] = DEFAULT_PRELOAD,
-                 task: Callable[[ExecutionSpec], None] = run_clientapp_task) -> None:
+    def __init__(
+        self,
+        preload_app: str | None = DEFAULT_PRELOAD_APP,
+        preload: Sequence[str] = DEFAULT_PRELOAD,
+        task: Callable[[ExecutionSpec], None] = run_clientapp_task,
+    ) -> None:
         self.task = task
         self.app_package = preload_app.split(".")[0] if preload_app else None
         self.modules = [*preload, *([preload_app] if preload_app else [])]
@@ -182,8 +186,9 @@ class WarmExecutor:
         """Start the warm interpreter and wait until it has imported the modules."""
         started = time.monotonic()
         receiver, sender = self._context.Pipe(duplex=False)
-        probe = self._context.Process(target=_report_preloaded, args=(self.modules, sender),
-                                      name="fedx-warm-up")
+        probe = self._context.Process(
+            target=_report_preloaded, args=(self.modules, sender), name="fedx-warm-up"
+        )
         with _warm_environment():
             probe.start()  # starts the warm interpreter, which forks it once its imports are done
         sender.close()
@@ -191,11 +196,20 @@ class WarmExecutor:
         receiver.close()
         probe.join()
         probe.close()
-        log(INFO, "fedx: warm ClientApp interpreter (pid %d) ready in %.1fs, imported: %s",
-            warm_pid, time.monotonic() - started, ", ".join(preloaded) or "nothing")
+        log(
+            INFO,
+            "fedx: warm ClientApp interpreter (pid %d) ready in %.1fs, imported: %s",
+            warm_pid,
+            time.monotonic() - started,
+            ", ".join(preloaded) or "nothing",
+        )
         if missing := [m for m in self.modules if m not in preloaded]:
-            log(WARNING, "fedx: the warm interpreter could not import %s; every task imports "
-                "it itself (check that it is installed in this environment)", ", ".join(missing))
+            log(
+                WARNING,
+                "fedx: the warm interpreter could not import %s; every task imports "
+                "it itself (check that it is installed in this environment)",
+                ", ".join(missing),
+            )
         return warm_pid, preloaded
 
     # Flower's executor protocol ------------------------------------------
@@ -226,16 +240,22 @@ class WarmExecutor:
         """Fork a ClientApp task from the warm interpreter; other tasks go to Flower's executor."""
         if spec.task_type != TaskType.CLIENT_APP or spec.runtime_dependency_install:
             return self._fallback.launch(spec)
-        process = self._context.Process(target=_task_child,
-                                        args=(self.task, spec, self.app_package),
-                                        name=f"clientapp-task-{spec.task_id}")
+        process = self._context.Process(
+            target=_task_child,
+            args=(self.task, spec, self.app_package),
+            name=f"clientapp-task-{spec.task_id}",
+        )
         try:
             with _warm_environment():
                 process.start()  # restarts the warm interpreter if it died
         except OSError as err:
             return LaunchResult.failed(f"could not fork the task from the warm interpreter: {err}")
-        log(INFO, "fedx: ClientApp task %d forked from the warm interpreter: process %d",
-            spec.task_id, process.pid)
+        log(
+            INFO,
+            "fedx: ClientApp task %d forked from the warm interpreter: process %d",
+            spec.task_id,
+            process.pid,
+        )
         self._tasks[spec.task_id] = process
         return LaunchResult.accepted()
 
@@ -246,12 +266,23 @@ class WarmExecutor:
             if code is None:
                 continue
             if code < 0:
-                log(WARNING, "fedx: the process of ClientApp task %d (pid %d) was killed by "
+                log(
+                    WARNING,
+                    "fedx: the process of ClientApp task %d (pid %d) was killed by "
                     "signal %d; the SuperNode answers its message with an error once its "
-                    "heartbeat expires", task_id, process.pid, -code)
+                    "heartbeat expires",
+                    task_id,
+                    process.pid,
+                    -code,
+                )
             elif code != 0:
-                log(WARNING, "fedx: the process of ClientApp task %d (pid %d) exited with "
-                    "code %d", task_id, process.pid, code)
+                log(
+                    WARNING,
+                    "fedx: the process of ClientApp task %d (pid %d) exited with code %d",
+                    task_id,
+                    process.pid,
+                    code,
+                )
             process.close()
             del self._tasks[task_id]
 
@@ -282,16 +313,25 @@ class WarmExecutor:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="fedx-superexec", add_help=False,
+        prog="fedx-superexec",
+        add_help=False,
         description="flower-superexec with fedx's warm ClientApp executor; every other option "
-                    "is flower-superexec's (see flower-superexec --help).",
+        "is flower-superexec's (see flower-superexec --help).",
     )
-    parser.add_argument("--preload-app", default=DEFAULT_PRELOAD_APP, metavar="MODULE",
-                        help="the ClientApp module the warm interpreter imports "
-                             f"(default: {DEFAULT_PRELOAD_APP}; '' for none)")
-    parser.add_argument("--preload", action="append", metavar="MODULE",
-                        help="a library the warm interpreter imports too (repeatable; "
-                             f"default: {', '.join(DEFAULT_PRELOAD)})")
+    parser.add_argument(
+        "--preload-app",
+        default=DEFAULT_PRELOAD_APP,
+        metavar="MODULE",
+        help="the ClientApp module the warm interpreter imports "
+        f"(default: {DEFAULT_PRELOAD_APP}; '' for none)",
+    )
+    parser.add_argument(
+        "--preload",
+        action="append",
+        metavar="MODULE",
+        help="a library the warm interpreter imports too (repeatable; "
+        f"default: {', '.join(DEFAULT_PRELOAD)})",
+    )
     return parser
 
 
@@ -316,15 +356,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     ):
         if executor_type == ExecutorType.SUBPROCESS:  # flower-superexec's default
             return WarmExecutor(ours.preload_app or None, preload)
-        return get_executor(executor_type, executor_config, insecure=insecure,
-                            root_certificates_path=root_certificates_path)
+        return get_executor(
+            executor_type,
+            executor_config,
+            insecure=insecure,
+            root_certificates_path=root_certificates_path,
+        )
 
     # Flower's SuperExec builds its executor with this module-level function,
     # called once at start: everything else (polling, TLS, authentication,
     # plugins, signals) stays Flower's own.
     if not callable(getattr(flower_run_superexec, "get_executor", None)):
-        raise SystemExit("fedx-superexec: this Flower's SuperExec has no get_executor to "
-                         "replace (fedx needs flwr 1.41)")
+        raise SystemExit(
+            "fedx-superexec: this Flower's SuperExec has no get_executor to "
+            "replace (fedx needs flwr 1.41)"
+        )
     flower_run_superexec.get_executor = executor_factory
     sys.argv = [sys.argv[0], *flower_args]
     flower_superexec()

@@ -78,12 +78,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     from flwr.supernode.cli import flower_supernode
 
     parser = argparse.ArgumentParser(
-        prog="fedx-supernode", add_help=False,
+        prog="fedx-supernode",
+        add_help=False,
         description="flower-supernode whose idle poll of the SuperLink waits --poll-interval "
-                    "seconds instead of 3; every other option is flower-supernode's.",
+        "seconds instead of 3; every other option is flower-supernode's.",
     )
-    parser.add_argument("--poll-interval", type=float, metavar="SECONDS",
-                        help=f"idle wait between two pulls (Flower's: {IDLE_WAIT} s)")
+    parser.add_argument(
+        "--poll-interval",
+        type=float,
+        metavar="SECONDS",
+        help=f"idle wait between two pulls (Flower's: {IDLE_WAIT} s)",
+    )
     argv = list(sys.argv[1:] if argv is None else argv)
     ours, flower_args = parser.parse_known_args(argv)
     if "-h" in argv or "--help" in argv:

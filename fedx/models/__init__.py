@@ -6,7 +6,7 @@ framework's random initialisation, so call ``torch.manual_seed(seed)`` before
 
 Besides the single-architecture models (``cnn``, ``resnet20``, ``vgg16`` for
 images, ``lstm`` for LEAF's Shakespeare token sequences) the registry names two families of variable depth for heterogeneous-architecture
-methods such as FedMe: ``cnn-1`` ... ``cnn-4`` (the CNN with 1-4 conv
+methods (model exchange): ``cnn-1`` ... ``cnn-4`` (the CNN with 1-4 conv
 blocks; ``cnn-2`` has the structure of ``cnn``) and ``vgg11``, ``vgg13``,
 ``vgg16``, ``vgg19``.
 """
@@ -54,7 +54,7 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn
     ----------
     name : str
         One of :data:`MODEL_NAMES` (the ``model`` run-config key, or an entry
-        of ``fedme-architectures``).
+        of a method's list of architectures).
     input_shape : tuple[int, ...]
         ``(channels, height, width)`` of one input image, or ``(length,)`` of
         one token sequence for :data:`SEQUENCE_MODELS`; for example

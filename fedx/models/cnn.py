@@ -29,7 +29,7 @@ class CNN(nn.Module):
     conv_channels : Sequence[int], optional
         Output channels of the conv blocks, in order. The default ``(32, 64)``
         is the paper's network; other lengths give the shallower or deeper
-        CNNs of heterogeneous-architecture settings such as FedMe's.
+        CNNs of heterogeneous-architecture settings (Matsuda et al.).
     hidden_units : int, optional
         Width of the hidden fully connected layer (512 in the paper).
     pool_to_fit : bool, optional

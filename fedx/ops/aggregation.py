@@ -1,6 +1,7 @@
 """Weighted averaging of models, and the one blocked weighted sum behind every fusion."""
 
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 
@@ -41,8 +42,7 @@ def average(models: Sequence[Model], weights: Sequence[float] | None = None) -> 
         raise ValueError("average() needs at least one model")
     factors = normalised_weights(len(models), weights)
     return {
-        name: weighted_sums([[model[name] for model in models]], [factors])[0]
-        for name in models[0]
+        name: weighted_sums([[model[name] for model in models]], [factors])[0] for name in models[0]
     }
 
 
@@ -116,7 +116,7 @@ def weighted_sums(
     # Outputs are independent: several go to several threads.
     work = sum(blocked.size * len(blocked.flats) for blocked in sums)
     run_tasks(_BlockedSum.fill, sums, threads=None if work >= _PARALLEL_WORK else 1)
-    return outputs
+    return cast(list[np.ndarray], outputs)  # every index was set above
 
 
 class _BlockedSum:

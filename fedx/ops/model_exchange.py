@@ -37,7 +37,9 @@ def cluster_count(server_round: int, increase_rounds: Sequence[int]) -> int:
     return 1 + sum(1 for r in increase_rounds if r <= server_round)
 
 
-def assign_exchanges(cluster_labels: Sequence[int] | np.ndarray, rng: np.random.Generator) -> list[int]:
+def assign_exchanges(
+    cluster_labels: Sequence[int] | np.ndarray, rng: np.random.Generator
+) -> list[int]:
     """Choose every model's exchange partner from its cluster.
 
     Model i receives a uniformly random *other* member of its own cluster.
@@ -126,7 +128,9 @@ def fedme_aggregate(
     copies: list[list[Model]] = [[] for _ in range(count)]
     for j, (copy, source) in enumerate(zip(exchanged, exchanged_from, strict=True)):
         if not 0 <= source < count or source == j:
-            raise ValueError(f"client {j} received model {source}: must be another of 0..{count - 1}")
+            raise ValueError(
+                f"client {j} received model {source}: must be another of 0..{count - 1}"
+            )
         if copy is None:
             continue
         problem = layout_problem(personalized[source], copy)

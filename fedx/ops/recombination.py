@@ -105,7 +105,7 @@ def recombine(
             permutation = rng.permutation(len(models))
         for target, source in enumerate(permutation):
             for name in group:
-                recombined[target][name] = models[source][name]
+                recombined[target][name] = models[int(source)][name]
     # Keep the state-dict order even when grouping="module" gathers names
     # that are not adjacent.
     order = list(models[0])

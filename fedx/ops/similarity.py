@@ -40,7 +40,7 @@ are parallel too (see :mod:`fedx.ops.parallel`).
 
 import threading
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, cast
 
 import numpy as np
 
@@ -114,7 +114,7 @@ def cosine_similarity_matrix(
         raise ValueError("models contain NaN or Inf: cosine similarity is undefined")
     similarity = np.zeros((len(models), len(models)))
     for term, multiplicity in terms:
-        similarity += multiplicity * _cosines(sum(grams[name] for name in term))
+        similarity += multiplicity * _cosines(cast(np.ndarray, sum(grams[name] for name in term)))
     return similarity
 
 
@@ -160,8 +160,10 @@ def _unit_scales(models: Sequence[Model], terms: list[tuple[tuple[str, ...], int
         term_scales = np.ones(len(models))
         for index, model in enumerate(models):
             largest = max(
-                (float(np.max(np.abs(model[name].astype(np.float64)), initial=0.0))
-                 for name in term),
+                (
+                    float(np.max(np.abs(model[name].astype(np.float64)), initial=0.0))
+                    for name in term
+                ),
                 default=0.0,
             )
             if largest > 0.0:
@@ -185,11 +187,13 @@ def _entry_grams(
     of the scaled models).
     """
     count = len(models)
-    tasks = []
+    tasks: list[tuple[str, list[np.ndarray], int, int]] = []
     for name in names:
         size = models[0][name].size
         flats = [np.ravel(model[name]) for model in models]
-        tasks.extend((name, flats, start, min(start + _CHUNK, size)) for start in range(0, size, _CHUNK))
+        tasks.extend(
+            (name, flats, start, min(start + _CHUNK, size)) for start in range(0, size, _CHUNK)
+        )
 
     def run(task: tuple) -> np.ndarray:
         name, flats, start, stop = task

@@ -197,9 +197,15 @@ def replying_errors(handler: Handler) -> Handler:
     def answer(msg: Message, context: Context) -> Message:
         try:
             return handler(msg, context)
-        except (ValueError, KeyError, TypeError) as err:  # ProtocolError, malformed records or layers
+        except (
+            ValueError,
+            KeyError,
+            TypeError,
+        ) as err:  # ProtocolError, malformed records or layers
             reason = f"secure recombination: {err}"
-            return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=msg)
+            return Message(
+                Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=msg
+            )
 
     return functools.wraps(handler)(answer)
 
@@ -211,7 +217,9 @@ def make_handlers(rng: Callable[[], random.Random] = _system_rng) -> dict[str, H
     reproduce every choice a client makes.
     """
     return {
-        SEND_ACTION: replying_errors(functools.wraps(handle_send)(lambda m, c: handle_send(m, c, rng()))),
+        SEND_ACTION: replying_errors(
+            functools.wraps(handle_send)(lambda m, c: handle_send(m, c, rng()))
+        ),
         RETURN_ACTION: replying_errors(
             functools.wraps(handle_return)(lambda m, c: handle_return(m, c, rng()))
         ),

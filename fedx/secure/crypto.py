@@ -39,8 +39,10 @@ def new_private_key() -> bytes:
 
 def public_key(private_key: bytes) -> bytes:
     """Return the 32-byte X25519 public key of ``private_key``."""
-    return X25519PrivateKey.from_private_bytes(private_key).public_key().public_bytes(
-        _RAW, serialization.PublicFormat.Raw
+    return (
+        X25519PrivateKey.from_private_bytes(private_key)
+        .public_key()
+        .public_bytes(_RAW, serialization.PublicFormat.Raw)
     )
 
 

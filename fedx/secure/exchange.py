@@ -185,7 +185,9 @@ def rebuild(
     for layer, names in enumerate(groups):
         if layer in sent:
             if (layer in returned) == (layer in aborted):
-                raise ProtocolError(f"layer {layer} was sent: expected either its return or an abort")
+                raise ProtocolError(
+                    f"layer {layer} was sent: expected either its return or an abort"
+                )
             tensors = returned.get(layer) or {name: model[name] for name in names}
             chosen_sources: set[int] = set()
         else:
@@ -199,7 +201,9 @@ def rebuild(
             if len(kept) != 1:
                 raise ProtocolError(f"layer {layer}: {len(kept)} layers left instead of one")
             (source,) = kept
-            tensors = {name: model[name] for name in names} if source == OWN else received[source][1]
+            tensors = (
+                {name: model[name] for name in names} if source == OWN else received[source][1]
+            )
         for name in names:
             new[name] = tensors[name]
     return {name: new[name] for name in model}
@@ -267,8 +271,13 @@ class ExchangeState:
     def _seal(self, peer: int, stage: str, attempt: int, layer: int, tensors: Model) -> Envelope:
         sender, receiver = self.node_id, peer
         data = crypto.associated_data(
-            server_round=self.server_round, repeat=self.repeat, stage=stage, attempt=attempt,
-            sender=sender, receiver=receiver, layer=layer,
+            server_round=self.server_round,
+            repeat=self.repeat,
+            stage=stage,
+            attempt=attempt,
+            sender=sender,
+            receiver=receiver,
+            layer=layer,
         )
         payload = crypto.seal(self._key(peer), encode_layer(layer, tensors), data)
         return Envelope(sender, receiver, layer, attempt, payload)
@@ -276,12 +285,18 @@ class ExchangeState:
     def _open(self, envelope: Envelope, stage: str) -> Model:
         """Decrypt a layer sealed for this client and check it fits the model."""
         if envelope.receiver != self.node_id:
-            raise ProtocolError(f"an envelope for node {envelope.receiver} reached node {self.node_id}")
+            raise ProtocolError(
+                f"an envelope for node {envelope.receiver} reached node {self.node_id}"
+            )
         if not 0 <= envelope.layer < len(self.groups):
             raise ProtocolError(f"layer index {envelope.layer} out of range")
         data = crypto.associated_data(
-            server_round=self.server_round, repeat=self.repeat, stage=stage,
-            attempt=envelope.attempt, sender=envelope.sender, receiver=self.node_id,
+            server_round=self.server_round,
+            repeat=self.repeat,
+            stage=stage,
+            attempt=envelope.attempt,
+            sender=envelope.sender,
+            receiver=self.node_id,
             layer=envelope.layer,
         )
         try:
@@ -330,7 +345,9 @@ class ExchangeState:
         dropped out; the new answer replaces the previous one.
         """
         if repeat != self.repeat or repeat == self.committed:
-            raise ProtocolError(f"answer for repetition {repeat}, but repetition {self.repeat} is in progress")
+            raise ProtocolError(
+                f"answer for repetition {repeat}, but repetition {self.repeat} is in progress"
+            )
         if len({(e.sender, e.layer) for e in incoming}) != len(incoming):
             raise ProtocolError("the same layer arrived twice from one sender")
         self.received = [(e.sender, e.layer, self._open(e, SEND_STAGE)) for e in incoming]
@@ -341,7 +358,9 @@ class ExchangeState:
         returns = []
         for (sender, layer, _), source in zip(self.received, self.sources, strict=True):
             tensors = (
-                {n: self.model[n] for n in groups[layer]} if source == OWN else self.received[source][2]
+                {n: self.model[n] for n in groups[layer]}
+                if source == OWN
+                else self.received[source][2]
             )
             returns.append(self._seal(sender, RETURN_STAGE, attempt, layer, tensors))
         return returns
@@ -349,11 +368,15 @@ class ExchangeState:
     def commit(self, repeat: int, returns: list[Envelope], aborted: list[int]) -> None:
         """Step 3: rebuild the model from the pool and the returned layers."""
         if repeat != self.repeat or repeat != self.committed + 1:
-            raise ProtocolError(f"commit for repetition {repeat}, but repetition {self.repeat} is in progress")
+            raise ProtocolError(
+                f"commit for repetition {repeat}, but repetition {self.repeat} is in progress"
+            )
         returned: dict[int, Model] = {}
         for envelope in returns:
             if self.sent.get(envelope.layer) != envelope.sender or envelope.layer in returned:
-                raise ProtocolError(f"unexpected return of layer {envelope.layer} from node {envelope.sender}")
+                raise ProtocolError(
+                    f"unexpected return of layer {envelope.layer} from node {envelope.sender}"
+                )
             returned[envelope.layer] = self._open(envelope, RETURN_STAGE)
         self.model = rebuild(
             self.model,
@@ -393,7 +416,11 @@ class ExchangeState:
             }
         )
         state[_INBOX_RECORD] = ArrayRecord(
-            {f"{k}|{n}": Array(np.asarray(a)) for k, (_, _, t) in enumerate(self.received) for n, a in t.items()}
+            {
+                f"{k}|{n}": Array(np.asarray(a))
+                for k, (_, _, t) in enumerate(self.received)
+                for n, a in t.items()
+            }
         )
 
     @classmethod
@@ -410,9 +437,13 @@ class ExchangeState:
         job = state.config_records[_JOB_RECORD]
         inbox = state.array_records[_INBOX_RECORD]
         received = []
-        for k, (sender, layer) in enumerate(zip(job["received-from"], job["received-layers"], strict=True)):
+        for k, (sender, layer) in enumerate(
+            zip(job["received-from"], job["received-layers"], strict=True)
+        ):
             prefix = f"{k}|"
-            tensors = {n[len(prefix):]: a.numpy() for n, a in inbox.items() if n.startswith(prefix)}
+            tensors = {
+                n[len(prefix) :]: a.numpy() for n, a in inbox.items() if n.startswith(prefix)
+            }
             received.append((int(sender), int(layer), tensors))
         return cls(
             node_id=int(job["node-id"]),

@@ -73,7 +73,9 @@ class LoopbackGrid:
         }
         self.lose = lose
         self.contexts = {
-            node: Context(run_id=run_id, node_id=node, node_config={}, state=RecordDict(), run_config={})
+            node: Context(
+                run_id=run_id, node_id=node, node_config={}, state=RecordDict(), run_config={}
+            )
             for node in self.node_ids
         }
         #: Every batch of requests and of replies, in order: what the server saw.
@@ -88,7 +90,9 @@ class LoopbackGrid:
         """The connected nodes."""
         return list(self.node_ids)
 
-    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> list[Message]:
         """Deliver every message and return the replies that were not lost."""
         del timeout  # nothing here is slow; a lost reply simply never comes
         messages = list(messages)

@@ -3,7 +3,7 @@
 Clients cannot reach each other, so the ServerApp carries their layers, as
 ciphertext it cannot open (it has no private key and imports no
 cryptography). One round with r_s repetitions is this sequence of message
-exchanges, each a ``grid.send_and_receive`` bounded by the round timeout::
+exchanges, each a :func:`~fedx.messaging.send_and_collect` bounded by the round timeout::
 
     train               clients train, keep the model, reply with a public key
     send (t = 1..r_s)   commit repetition t-1; each client seals n in
@@ -81,7 +81,7 @@ class RelayStats:
     Attributes
     ----------
     exchanges : int
-        ``send_and_receive`` calls after training (redo attempts included).
+        Exchanges after training (redo attempts included).
     layers_sent, layers_returned : int
         Envelopes delivered in send and return stages.
     layer_bytes : int
@@ -165,13 +165,19 @@ class SecureRelay:
                 WARNING,
                 "Round %s: secure recombination needs at least two clients, %d trained; "
                 "nothing is uploaded this round, so no client's own model reaches the server",
-                server_round, len(self.active),
+                server_round,
+                len(self.active),
             )
             return errors
         commits = {node: Commit() for node in self.active}
         for repeat in range(1, self.repeats + 1):
             if len(self.active) < 2:
-                log(WARNING, "Round %s: fewer than two clients left; no repetition %d", server_round, repeat)
+                log(
+                    WARNING,
+                    "Round %s: fewer than two clients left; no repetition %d",
+                    server_round,
+                    repeat,
+                )
                 break
             sends = self._send_stage(repeat, commits)
             commits = self._return_stage(repeat, sends)
@@ -181,8 +187,13 @@ class SecureRelay:
             INFO,
             "Round %s: secure recombination relayed %d+%d layers (%d ciphertext bytes) in %d exchanges, "
             "%d aborted, %.2fs",
-            server_round, self.stats.layers_sent, self.stats.layers_returned, self.stats.layer_bytes,
-            self.stats.exchanges, self.stats.aborted, self.stats.seconds,
+            server_round,
+            self.stats.layers_sent,
+            self.stats.layers_returned,
+            self.stats.layer_bytes,
+            self.stats.exchanges,
+            self.stats.aborted,
+            self.stats.seconds,
         )
         return errors + uploads
 
@@ -201,7 +212,8 @@ class SecureRelay:
                     WARNING,
                     "Round %s: node %s replied to training without a public key (does its ClientApp "
                     "register fedx.secure.client handlers?); it takes no part in this round",
-                    self._server_round, node,
+                    self._server_round,
+                    node,
                 )
                 continue
             self._keys[node] = key
@@ -244,11 +256,15 @@ class SecureRelay:
         answers: dict[int, list[Envelope]] = {}
         to_ask, attempt = set(self.active), 0
         while to_ask:
-            self._stage = f"return of repetition {repeat}" + (f" (attempt {attempt})" if attempt else "")
+            self._stage = f"return of repetition {repeat}" + (
+                f" (attempt {attempt})" if attempt else ""
+            )
             live = [e for e in sends if e.sender in self.active and e.receiver in self.active]
             contents = {}
             for node in to_ask:
-                record = ConfigRecord({"round": self._server_round, "repeat": repeat, "attempt": attempt})
+                record = ConfigRecord(
+                    {"round": self._server_round, "repeat": repeat, "attempt": attempt}
+                )
                 put_envelopes(record, "incoming", [e for e in live if e.receiver == node])
                 contents[node] = record
             asked = set(contents)
@@ -283,7 +299,9 @@ class SecureRelay:
                 partners.setdefault(send.sender, []).append(send.receiver)
                 continue
             if send.receiver in self.active:
-                commits[send.sender].returns.append(returns[(send.receiver, send.sender, send.layer)])
+                commits[send.sender].returns.append(
+                    returns[(send.receiver, send.sender, send.layer)]
+                )
                 self.stats.layers_sent += 1
             else:
                 commits[send.sender].aborted.append(send.layer)
@@ -294,7 +312,11 @@ class SecureRelay:
                 WARNING,
                 "Round %s, repetition %d: node %s dropped out; its %d layer exchange(s) with node(s) %s "
                 "are aborted and both sides keep their own layers",
-                self._server_round, repeat, node, len(others), sorted(set(others)),
+                self._server_round,
+                repeat,
+                node,
+                len(others),
+                sorted(set(others)),
             )
         delivered = [e for c in commits.values() for e in c.returns]
         self.stats.layers_returned += len(delivered)
@@ -317,14 +339,18 @@ class SecureRelay:
     # Messaging and checks
     # ------------------------------------------------------------------
 
-    def _round_trip(self, message_type: str, contents: dict[int, ConfigRecord], raw: bool = False) -> dict:
-        """One ``send_and_receive``; nodes without a usable reply are dropped.
+    def _round_trip(
+        self, message_type: str, contents: dict[int, ConfigRecord], raw: bool = False
+    ) -> dict:
+        """One exchange (``send_and_collect``); nodes without a usable reply are dropped.
 
         Returns the protocol record of every reply (the whole reply message
         with ``raw``, where errors are passed on for the strategy to log).
         """
         messages = [
-            Message(content=RecordDict({RECORD: record}), message_type=message_type, dst_node_id=node)
+            Message(
+                content=RecordDict({RECORD: record}), message_type=message_type, dst_node_id=node
+            )
             for node, record in contents.items()
         ]
         self.stats.exchanges += 1
@@ -353,7 +379,10 @@ class SecureRelay:
         log(
             WARNING,
             "Round %s: node %s dropped out of secure recombination at the %s (%s)",
-            self._server_round, node, self._stage, reason,
+            self._server_round,
+            node,
+            self._stage,
+            reason,
         )
         if node in self.active:
             self.active.remove(node)
@@ -366,10 +395,14 @@ class SecureRelay:
             raise ValueError("a layer was sent twice")
         for envelope in envelopes:
             if envelope.sender != node or envelope.receiver not in peers or envelope.attempt != 0:
-                raise ValueError(f"envelope from {envelope.sender} to {envelope.receiver} is misaddressed")
+                raise ValueError(
+                    f"envelope from {envelope.sender} to {envelope.receiver} is misaddressed"
+                )
 
     @staticmethod
-    def _check_returns(node: int, returns: list[Envelope], incoming: list[Envelope], attempt: int) -> None:
+    def _check_returns(
+        node: int, returns: list[Envelope], incoming: list[Envelope], attempt: int
+    ) -> None:
         expected = sorted((e.sender, e.layer) for e in incoming)
         if sorted((e.receiver, e.layer) for e in returns) != expected:
             raise ValueError("returns do not answer the delivered layers one to one")

@@ -3,14 +3,18 @@
 Use them in any Flower ServerApp in place of ``FedAvg``; ClientApps that reply
 with an ``"arrays"`` ArrayRecord and a ``"metrics"`` MetricRecord holding
 ``"num-examples"`` work unchanged. :class:`FedMe` is the exception: its
-clients train two models per round (see its docstring for the messages), and
-it also uses scikit-learn's KMeans. They run on Flower 1.36 (the last release
-whose SuperNodes reach the SuperLink over gRPC) and later; ``OLDEST_FLWR`` is
-the oldest release they are tested with.
+clients train two models per round (:mod:`fedx.protocol.fedme` says what the
+messages hold), and it also uses scikit-learn's KMeans. They run on Flower
+1.36 (the last release whose SuperNodes reach the SuperLink over gRPC) and
+later; ``OLDEST_FLWR`` is the oldest release they are tested with.
+
+Every module here may declare methods for the fedx app (``Method`` objects,
+:mod:`fedx.registry`); a new method is a new module.
 """
 
 # First: on a too old Flower, fail with a message that says so.
 from fedx.strategies.compat import OLDEST_FLWR  # isort: skip
+from fedx.strategies.base import FedxStrategy, RandomStreams, to_arrayrecord, to_model
 from fedx.strategies.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -25,9 +29,10 @@ from fedx.strategies.fedindep import FedIndep
 from fedx.strategies.fedme import FedMe
 from fedx.strategies.fedmr import FedMR
 from fedx.strategies.fedmut import FedMut
-from fedx.strategies.multi_model import MultiModelStrategy
+from fedx.strategies.multi_model import MultiModelStrategy, PoolRound
 from fedx.strategies.personalized import ClientEvaluation
 from fedx.strategies.rounds import run_rounds
+from fedx.strategies.secure import SecureRecombination
 
 __all__ = [
     "OLDEST_FLWR",
@@ -40,10 +45,16 @@ __all__ = [
     "FedMR",
     "FedMe",
     "FedMut",
+    "FedxStrategy",
     "MultiModelStrategy",
+    "PoolRound",
+    "RandomStreams",
+    "SecureRecombination",
     "capture_run",
     "load_checkpoint",
     "restore_run",
     "run_rounds",
     "save_checkpoint",
+    "to_arrayrecord",
+    "to_model",
 ]

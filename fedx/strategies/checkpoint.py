@@ -3,8 +3,9 @@
 A checkpoint is two files in a run directory:
 
 ``checkpoint-round-<r>.npz``
-    Every numpy array of the state (the global model, the pool, FedMut's
-    previous global model ...), under generated keys ``a0``, ``a1``, ...
+    Every numpy array of the state (the global model, the pool, whatever
+    else a strategy keeps between rounds), under generated keys ``a0``,
+    ``a1``, ...
 ``checkpoint.json``
     The round, the strategy's name, the JSON part of its state (RNG states,
     counters, metrics so far) with ``{"__ndarray__": "a7"}`` where an array
@@ -24,10 +25,7 @@ and the metrics of the rounds done.
 """
 
 import json
-import os
 import random
-import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +34,9 @@ import numpy as np
 from flwr.app import MetricRecord
 from flwr.serverapp.strategy import Result, Strategy
 
-from fedx.strategies.multi_model import to_arrayrecord, to_model
+from fedx.files import write_atomically
+from fedx.strategies.base import to_arrayrecord, to_model
+from fedx.strategies.capabilities import Stateful
 
 CHECKPOINT_FILE = "checkpoint.json"
 FORMAT_VERSION = 1
@@ -75,7 +75,8 @@ def save_checkpoint(directory: Path, checkpoint: Checkpoint) -> Path:
     tree = _split_arrays(checkpoint.state, arrays)
     arrays_file = f"checkpoint-round-{checkpoint.server_round:05d}.npz"
 
-    _write_atomically(directory / arrays_file, lambda handle: np.savez(handle, **arrays))
+    # numpy's stub reads **arrays as its allow_pickle argument; they are arrays.
+    write_atomically(directory / arrays_file, lambda handle: np.savez(handle, **arrays))  # type: ignore[arg-type]
     manifest = {
         "format": FORMAT_VERSION,
         "round": checkpoint.server_round,
@@ -84,7 +85,7 @@ def save_checkpoint(directory: Path, checkpoint: Checkpoint) -> Path:
         "state": tree,
     }
     path = directory / CHECKPOINT_FILE
-    _write_atomically(
+    write_atomically(
         path, lambda handle: handle.write(json.dumps(manifest, indent=1).encode("utf-8"))
     )
     for old in directory.glob("checkpoint-round-*.npz"):
@@ -143,10 +144,9 @@ def capture_run(strategy: Strategy, result: Result) -> dict[str, Any]:
 
     ``result.arrays`` is the global model the next round starts from.
     """
-    state_dict = getattr(strategy, "state_dict", None)
     return {
         "arrays": to_model(result.arrays),
-        "strategy": state_dict() if callable(state_dict) else None,
+        "strategy": strategy.state_dict() if isinstance(strategy, Stateful) else None,
         "python-random": random.getstate(),
         "metrics": {
             "train-clientapp": _metrics_to_json(result.train_metrics_clientapp),
@@ -172,15 +172,16 @@ def restore_run(strategy: Strategy, state: dict[str, Any]) -> Result:
     """
     strategy_state = state.get("strategy")
     if strategy_state is not None:
-        load_state_dict = getattr(strategy, "load_state_dict", None)
-        if not callable(load_state_dict):
+        if not isinstance(strategy, Stateful):
             raise CheckpointError(
                 f"the checkpoint holds a strategy state, {type(strategy).__name__} cannot load one"
             )
         try:
-            load_state_dict(strategy_state)
+            strategy.load_state_dict(strategy_state)
         except ValueError as err:
-            raise CheckpointError(f"the checkpoint does not fit {type(strategy).__name__}: {err}") from None
+            raise CheckpointError(
+                f"the checkpoint does not fit {type(strategy).__name__}: {err}"
+            ) from None
     try:
         version, internal, gauss = state["python-random"]
         random.setstate((version, tuple(internal), gauss))
@@ -232,16 +233,3 @@ def _join_arrays(value: Any, arrays: dict[str, np.ndarray]) -> Any:
     if isinstance(value, list):
         return [_join_arrays(item, arrays) for item in value]
     return value
-
-
-def _write_atomically(path: Path, write: Callable[[Any], Any]) -> None:
-    """Write through a temporary file in the same directory, then rename."""
-    with tempfile.NamedTemporaryFile("wb", dir=path.parent, suffix=".tmp", delete=False) as tmp:
-        try:
-            write(tmp)
-            tmp.flush()
-            os.fsync(tmp.fileno())
-        except BaseException:
-            os.unlink(tmp.name)
-            raise
-    os.replace(tmp.name, path)

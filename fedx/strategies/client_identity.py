@@ -15,8 +15,7 @@ from flwr.common import log
 from flwr.serverapp import Grid
 
 from fedx.messaging import send_and_collect
-
-CLIENT_ID_KEY = "client-id"
+from fedx.protocol.common import CLIENT_ID, CONFIG, SERVER_ROUND
 
 
 def query_client_ids(
@@ -32,7 +31,7 @@ def query_client_ids(
     """
     query = [
         Message(
-            content=RecordDict({"config": ConfigRecord({"server-round": server_round})}),
+            content=RecordDict({CONFIG: ConfigRecord({SERVER_ROUND: server_round})}),
             message_type=MessageType.QUERY,
             dst_node_id=node_id,
         )
@@ -54,10 +53,10 @@ def reported_client_id(reply: Message) -> int | str:
     if reply.has_error():
         return f"the node reported an error: {reply.error.reason}"
     for record in reply.content.metric_records.values():
-        value = record.get(CLIENT_ID_KEY)
+        value = record.get(CLIENT_ID)
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
             return value
-    return f"no non-negative integer '{CLIENT_ID_KEY}' metric in the reply"
+    return f"no non-negative integer '{CLIENT_ID}' metric in the reply"
 
 
 class ClientOrderedGrid:
@@ -76,9 +75,7 @@ class ClientOrderedGrid:
     def get_node_ids(self) -> list[int]:
         """Connected node ids, ordered by (client id, node id)."""
         unknown = float("inf")
-        return sorted(
-            self._grid.get_node_ids(), key=lambda n: (self.client_ids.get(n, unknown), n)
-        )
+        return sorted(self._grid.get_node_ids(), key=lambda n: (self.client_ids.get(n, unknown), n))
 
     def __getattr__(self, name: str):
         return getattr(self._grid, name)

@@ -4,12 +4,15 @@ Hu et al., "FedCross: Towards Accurate Federated Learning via Multi-Model
 Cross-Aggregation", ICDE 2024.
 """
 
-from logging import INFO
+from typing import Any
 
-from flwr.common import log
-
+from fedx.checks import Integer, Number, OneOf, check
 from fedx.ops import SELECTIONS, Model, average, cross_aggregate
-from fedx.strategies.multi_model import MultiModelStrategy
+from fedx.registry import Key, Method
+from fedx.strategies.multi_model import POOL_MEAN_KEY, MultiModelStrategy, PoolRound
+
+#: A model's own weight in a fusion, [0.5, 1).
+ALPHA = Number(0.5, 1.0, high_open=True)
 
 
 class FedCross(MultiModelStrategy):
@@ -53,32 +56,26 @@ class FedCross(MultiModelStrategy):
         propeller_rounds: int = 0,
         dynamic_alpha_rounds: int = 0,
         alpha_start: float = 0.5,
-        **kwargs,
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if not 0.5 <= alpha < 1.0:
-            raise ValueError(f"alpha must be in [0.5, 1), got {alpha}")
-        if selection not in SELECTIONS:
-            raise ValueError(f"selection must be one of {SELECTIONS}, got {selection!r}")
-        if propeller_rounds < 0 or dynamic_alpha_rounds < 0:
-            raise ValueError(
-                "propeller_rounds and dynamic_alpha_rounds must be >= 0, "
-                f"got {propeller_rounds} and {dynamic_alpha_rounds}"
-            )
-        if not 0.5 <= alpha_start <= alpha:
-            raise ValueError(f"alpha_start must be in [0.5, alpha={alpha}], got {alpha_start}")
-        self.alpha = alpha
-        self.selection = selection
-        self.propeller_rounds = propeller_rounds
-        self.dynamic_alpha_rounds = dynamic_alpha_rounds
-        self.alpha_start = alpha_start
+        self.alpha = check("alpha", alpha, ALPHA)
+        self.selection = check("selection", selection, OneOf(SELECTIONS))
+        self.propeller_rounds = check("propeller_rounds", propeller_rounds, Integer(0))
+        self.dynamic_alpha_rounds = check("dynamic_alpha_rounds", dynamic_alpha_rounds, Integer(0))
+        self.alpha_start = check("alpha_start", alpha_start, Number(0.5, self.alpha))
 
     def summary(self) -> None:
         """Log summary configuration of the strategy."""
-        log(INFO, "\t├──> FedCross settings:")
-        log(INFO, "\t│\t├── alpha: %s, collaborator selection: %s", self.alpha, self.selection)
-        log(INFO, "\t│\t├── Propeller rounds: %d", self.propeller_rounds)
-        log(INFO, "\t│\t└── Dynamic alpha: from %s over %d rounds", self.alpha_start, self.dynamic_alpha_rounds)
+        self.log_settings(
+            "FedCross settings",
+            {
+                "alpha": self.alpha,
+                "Collaborator selection": self.selection,
+                "Propeller rounds": self.propeller_rounds,
+                "Dynamic alpha": f"from {self.alpha_start} over {self.dynamic_alpha_rounds} rounds",
+            },
+        )
         super().summary()
 
     def alpha_at(self, server_round: int) -> float:
@@ -93,31 +90,58 @@ class FedCross(MultiModelStrategy):
         """Shuffle which node trains which middleware model."""
         return [int(slot) for slot in self.rng.permutation(len(self.pool))[:num_nodes]]
 
-    def update_pool(
-        self,
-        server_round: int,
-        models: list[Model],
-        weights: list[float],
-        trained: list[bool],
-    ) -> list[Model]:
+    def update_pool(self, trained: PoolRound) -> list[Model]:
         """Cross-aggregate every middleware model with its collaborator(s)."""
-        if len(models) < 2:
-            return list(models)  # nobody to collaborate with
+        if len(trained.models) < 2:
+            return list(trained.models)  # nobody to collaborate with
+        server_round = trained.server_round
         return cross_aggregate(
-            models,
+            trained.models,
             alpha=self.alpha_at(server_round),
-            selection=self.selection,  # type: ignore[arg-type]
+            selection=self.selection,
             round_index=server_round - 1,
             propeller=server_round <= self.propeller_rounds,
         )
 
-    def global_model(
-        self,
-        server_round: int,
-        models: list[Model],
-        weights: list[float],
-        trained: list[bool],
-        pool: list[Model],
-    ) -> Model:
+    def global_model(self, trained: PoolRound, pool: list[Model]) -> Model:
         """The mean of the new middleware models (GlobalModelGen)."""
-        return average(pool, weights if self.pool_mean == "weighted" else None)
+        return average(pool, trained.weights if self.pool_mean == "weighted" else None)
+
+
+METHOD = Method(
+    name="fedcross",
+    strategy=FedCross,
+    description="FedCross (Hu et al., ICDE'24): each model fused with a collaborator by cosine similarity",
+    keys=(
+        POOL_MEAN_KEY,
+        Key("fedcross-alpha", 0.99, ALPHA, "weight of a model's own parameters", argument="alpha"),
+        Key(
+            "fedcross-selection",
+            "lowest_similarity",
+            OneOf(SELECTIONS),
+            "collaborator rule",
+            argument="selection",
+        ),
+        Key(
+            "fedcross-propeller-rounds",
+            0,
+            Integer(0),
+            "rounds with two propeller models",
+            argument="propeller_rounds",
+        ),
+        Key(
+            "fedcross-dynamic-alpha-rounds",
+            0,
+            Integer(0),
+            "rounds over which alpha rises",
+            argument="dynamic_alpha_rounds",
+        ),
+        Key(
+            "fedcross-alpha-start",
+            0.5,
+            ALPHA,
+            "starting alpha of the dynamic schedule (at most `fedcross-alpha`)",
+            argument="alpha_start",
+        ),
+    ),
+)

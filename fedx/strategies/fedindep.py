@@ -1,9 +1,11 @@
 """FedIndep: K independently trained models, shuffled among nodes."""
 
-from fedx.strategies.fedmr import FedMR
+from fedx.ops import Model, recombine
+from fedx.registry import Method
+from fedx.strategies.multi_model import POOL_MEAN_KEY, MultiModelStrategy, PoolRound
 
 
-class FedIndep(FedMR):
+class FedIndep(MultiModelStrategy):
     """K models trained independently: FedMR-p1.0, the paper's extreme ablation.
 
     Every round the whole trained models are shuffled among the slots and no
@@ -14,8 +16,18 @@ class FedIndep(FedMR):
     Parameters
     ----------
     **kwargs
-        As for :class:`~fedx.strategies.MultiModelStrategy`.
+        As for :class:`~fedx.strategies.MultiModelStrategy` (``secure``
+        included: the clients may swap layers before the shuffle).
     """
 
-    def __init__(self, **kwargs) -> None:
-        super().__init__(first_stage_rounds=0, segment_fraction=1.0, **kwargs)
+    def update_pool(self, trained: PoolRound) -> list[Model]:
+        """Shuffle the whole models among the slots (one segment: every layer moves together)."""
+        return recombine(trained.models, self.rng, grouping="tensor", segment_fraction=1.0)
+
+
+METHOD = Method(
+    name="fedindep",
+    strategy=FedIndep,
+    description="FedIndep (Hu et al., KDD'24): K independent models, shuffled whole (FedMR-p1.0)",
+    keys=(POOL_MEAN_KEY,),
+)

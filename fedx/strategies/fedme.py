@@ -6,34 +6,41 @@ Matsuda et al., "FedMe: Federated Learning via Model Exchange", SDM 2022
 
 import time
 import warnings
-from typing import Any
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from logging import INFO, WARNING
+from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Result, Strategy
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
-from fedx.ops import Model, assign_exchanges, cluster_count, fedme_aggregate, find_problem
-from fedx.strategies.client_identity import query_client_ids
-from fedx.strategies.multi_model import to_arrayrecord, to_model
-from fedx.strategies.personalized import (
-    CLIENT_ID_KEY,
-    ClientEvaluation,
-    evaluation_due,
-    parse_evaluation,
-    summarize,
+from fedx.checks import FRACTION, ArgumentError, Flag, Integer, Rule, check
+from fedx.ops import Model, assign_exchanges, cluster_count, fedme_aggregate
+from fedx.protocol.common import CLIENT_ID, CONFIG, SERVER_ROUND
+from fedx.protocol.fedme import (
+    CHOSE_EXCHANGED,
+    EXCHANGED,
+    EXCHANGED_ARCHITECTURE,
+    EXCHANGED_FROM,
+    MODEL_TUNING,
+    MUTUAL_LEARNING,
+    PERSONALIZED,
+    PERSONALIZED_ARCHITECTURE,
 )
-
-#: ArrayRecord keys of the train messages and replies.
-PERSONALIZED_KEY = "personalized"
-EXCHANGED_KEY = "exchanged"
-#: MetricRecord key of the client's choice: 1 = adopt the exchanged model.
-CHOICE_KEY = "chose-exchanged"
+from fedx.protocol.personalized import FINETUNE_EPOCHS
+from fedx.registry import Key, Method, comma_list
+from fedx.strategies.base import (
+    FedxStrategy,
+    RoundInFlight,
+    read_model,
+    read_weight,
+    to_arrayrecord,
+)
+from fedx.strategies.client_identity import query_client_ids
+from fedx.strategies.personalized import FINETUNE_EPOCHS_KEY, ClientEvaluation, PerClientEvaluation
 
 #: ``predict_fn(architecture, model)``: softmax outputs ``(U, M)`` on the unlabeled set.
 PredictFn = Callable[[str, Model], np.ndarray]
@@ -61,12 +68,13 @@ class ClientState:
 
 
 @dataclass(frozen=True)
-class _Dispatch:
-    """One round's training messages: who got what."""
+class _ExchangeRound:
+    """The training round in flight: who got what."""
 
     clients: tuple[int, ...]  # client ids, one per message
     partners: tuple[int, ...]  # positions in `clients`: whose model each one received
-    nodes: dict[int, int]  # node id -> position
+    in_flight: RoundInFlight[int]  # node id -> position
+    info: dict[str, float]  # cluster count and clustering time, for the round's metrics
 
 
 @dataclass(frozen=True)
@@ -78,7 +86,7 @@ class _TrainReply:
 
 
 # pylint: disable=too-many-instance-attributes
-class FedMe(Strategy):
+class FedMe(PerClientEvaluation, FedxStrategy):
     """FedMe: every client keeps a personalized model; clients exchange models each round.
 
     The server keeps one personalized model and its architecture per client
@@ -96,9 +104,10 @@ class FedMe(Strategy):
     each client's next personalized model is the aggregated model it chose,
     with that model's architecture.
 
-    Clients are identified across rounds by an integer id they report when
-    the strategy first sees their node (a ``query`` message answered with a
-    ``client-id`` metric; the fedx ClientApp sends its ``partition-id``).
+    The messages are those of :mod:`fedx.protocol.fedme`. Clients are
+    identified across rounds by an integer id they report when the strategy
+    first sees their node (a ``query`` message answered with a ``client-id``
+    metric; the fedx ClientApp sends its ``partition-id``).
     Architectures are assigned round-robin over ``architectures`` by client
     id from a seeded offset, so the same seed gives client c the same
     architecture in every run, and the server can rebuild any client's model.
@@ -128,7 +137,8 @@ class FedMe(Strategy):
         same U samples for every model. Called once per sampled client in
         rounds with more than one cluster.
     cluster_rounds : Sequence[int] (default: ())
-        Rounds at which the cluster count grows by one (paper: 1 to 4).
+        Increasing rounds (>= 2) at which the cluster count, 1 at first,
+        grows by one (paper: 1 to 4).
     model_tuning : bool (default: True)
         False: clients always keep their personalized model (ablation).
     mutual_learning : bool (default: True)
@@ -152,7 +162,13 @@ class FedMe(Strategy):
         Seeds client sampling, architecture assignment, exchanges and KMeans.
     node_wait_timeout : float (default: 60.0)
         Seconds to wait for ``min_available_nodes``.
+    weighted_by_key : str (default: "num-examples")
+        The reply's metric that must be positive and weights the aggregated
+        training metrics.
     """
+
+    # "offset" draws the architecture assignment's offset, once.
+    random_streams = ("sampling", "exchange", "kmeans", "offset")
 
     # pylint: disable=too-many-arguments,too-many-locals
     def __init__(
@@ -172,38 +188,35 @@ class FedMe(Strategy):
         finetune_epochs: int = 0,
         seed: int | None = None,
         node_wait_timeout: float = 60.0,
+        weighted_by_key: str = "num-examples",
     ) -> None:
-        _check_arguments(architectures, cluster_rounds, fraction_train, min_train_nodes,
-                         evaluate_every, finetune_epochs)
+        super().__init__(seed=seed, node_wait_timeout=node_wait_timeout)
         self.architectures = tuple(architectures)
+        if not self.architectures:
+            raise ArgumentError("architectures", architectures, "at least one architecture name")
+        self.cluster_rounds = tuple(cluster_rounds)
+        if any(r < 2 for r in self.cluster_rounds) or list(self.cluster_rounds) != sorted(
+            set(self.cluster_rounds)
+        ):
+            raise ArgumentError("cluster_rounds", cluster_rounds, "increasing rounds >= 2")
         self.initial_model_fn = initial_model_fn
         self.predict_fn = predict_fn
-        self.cluster_rounds = tuple(sorted(cluster_rounds))
-        self.model_tuning = model_tuning
-        self.mutual_learning = mutual_learning
-        self.clustering = clustering
-        self.fraction_train = fraction_train
-        self.min_train_nodes = min_train_nodes
-        self.min_available_nodes = min_available_nodes
-        self.evaluate_every = evaluate_every
-        self.finetune_epochs = finetune_epochs
-        self.seed = seed
-        self.node_wait_timeout = node_wait_timeout
-        # Independent streams: sampling does not depend on how many draws the
-        # exchanges or KMeans used before.
-        sampling, exchange, kmeans, offset = np.random.SeedSequence(seed).spawn(4)
-        self.sampling_rng = np.random.default_rng(sampling)
-        self.rng = np.random.default_rng(exchange)
-        self.kmeans_rng = np.random.default_rng(kmeans)
-        self.architecture_offset = int(np.random.default_rng(offset).integers(len(self.architectures)))
+        self.model_tuning = check("model_tuning", model_tuning, Flag())
+        self.mutual_learning = check("mutual_learning", mutual_learning, Flag())
+        self.clustering = check("clustering", clustering, Flag())
+        self.fraction_train = check("fraction_train", fraction_train, FRACTION)
+        # An exchange needs a partner.
+        self.min_train_nodes = check("min_train_nodes", min_train_nodes, Integer(2))
+        self.min_available_nodes = check("min_available_nodes", min_available_nodes, Integer(1))
+        self.evaluate_every = check("evaluate_every", evaluate_every, Integer(1))
+        self.finetune_epochs = check("finetune_epochs", finetune_epochs, Integer(0))
+        self.weighted_by_key = weighted_by_key
+        self.architecture_offset = int(self.random["offset"].integers(len(self.architectures)))
         self.clients: dict[int, ClientState] = {}
         self.evaluations: dict[int, list[ClientEvaluation]] = {}
         self._node_clients: dict[int, int] = {}
-        self._dispatch = _Dispatch((), (), {})
-        self._evaluated_nodes: dict[int, int] = {}
-        self._round_info: dict[str, float] = {}
-        self._num_rounds: int | None = None
-        self._timeout: float = 3600.0
+        self._training: _ExchangeRound | None = None
+        self.evaluating: RoundInFlight[int] | None = None  # node id -> client id
 
     # ------------------------------------------------------------------
     # Public helpers
@@ -223,50 +236,20 @@ class FedMe(Strategy):
 
     def summary(self) -> None:
         """Log summary configuration of the strategy."""
-        log(INFO, "\t├──> FedMe settings:")
-        log(INFO, "\t│\t├── Architectures: %s", ", ".join(self.architectures))
-        log(INFO, "\t│\t├── Cluster count +1 at rounds: %s",
-            list(self.cluster_rounds) or "never")
-        log(INFO, "\t│\t├── Model tuning / mutual learning / clustering: %s / %s / %s",
-            self.model_tuning, self.mutual_learning, self.clustering)
-        log(INFO, "\t│\t├── Fraction train: %s (min %d nodes)",
-            self.fraction_train, self.min_train_nodes)
-        log(INFO, "\t│\t├── Evaluate every %d round(s), fine-tuning %d epoch(s)",
-            self.evaluate_every, self.finetune_epochs)
-        log(INFO, "\t│\t└── Seed: %s", self.seed)
+        self.log_settings(
+            "FedMe settings",
+            {
+                "Architectures": ", ".join(self.architectures),
+                "Cluster count +1 at rounds": list(self.cluster_rounds) or "never",
+                "Model tuning / mutual learning / clustering": f"{self.model_tuning} / {self.mutual_learning} / {self.clustering}",
+                "Fraction train": f"{self.fraction_train} (min {self.min_train_nodes} nodes)",
+                "Evaluate every": f"{self.evaluate_every} round(s), fine-tuning {self.finetune_epochs} epoch(s)",
+                "Seed": self.seed,
+            },
+        )
 
-    # pylint: disable=too-many-arguments,too-many-positional-arguments
-    def start(
-        self,
-        grid: Grid,
-        initial_arrays: ArrayRecord,
-        num_rounds: int = 3,
-        timeout: float = 3600,
-        train_config: ConfigRecord | None = None,
-        evaluate_config: ConfigRecord | None = None,
-        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
-    ) -> Result:
-        """Run FedMe (see :meth:`flwr.serverapp.strategy.Strategy.start`).
-
-        ``initial_arrays`` is not used for training (every client's first
-        model comes from ``initial_model_fn``); ``evaluate_fn`` receives it
-        unchanged every round, as there is no global model.
-        """
-        self.begin_run(num_rounds=num_rounds, timeout=timeout)
-        return super().start(grid, initial_arrays, num_rounds, timeout, train_config,
-                             evaluate_config, evaluate_fn)
-
-    def begin_run(self, *, num_rounds: int, timeout: float) -> None:
-        """Learn the run's limits before round 1 (called by ``start`` and ``run_rounds``).
-
-        The last round is always evaluated, and the identification queries
-        wait at most ``timeout``.
-        """
-        self._num_rounds = num_rounds
-        self._timeout = timeout
-
-    def state_dict(self) -> dict[str, Any]:
-        """Every client's architecture and personalized model, and the random streams.
+    def checkpoint_state(self) -> dict[str, Any]:
+        """Every client's architecture and personalized model (besides the random streams).
 
         Node ids are left out: nodes may come back under new ids, and the
         identification query attaches them to their client again.
@@ -276,15 +259,10 @@ class FedMe(Strategy):
                 str(client_id): {"architecture": client.architecture, "model": dict(client.model)}
                 for client_id, client in self.clients.items()
             },
-            "rng": {
-                "sampling": self.sampling_rng.bit_generator.state,
-                "exchange": self.rng.bit_generator.state,
-                "kmeans": self.kmeans_rng.bit_generator.state,
-            },
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned.
+    def restore_checkpoint_state(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`checkpoint_state` returned.
 
         Raises
         ------
@@ -296,10 +274,6 @@ class FedMe(Strategy):
                 int(client_id): ClientState(-1, entry["architecture"], dict(entry["model"]))
                 for client_id, entry in state["clients"].items()
             }
-            generators = state["rng"]
-            self.sampling_rng.bit_generator.state = generators["sampling"]
-            self.rng.bit_generator.state = generators["exchange"]
-            self.kmeans_rng.bit_generator.state = generators["kmeans"]
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"the strategy state lacks or garbles {err}") from None
         unknown = {c.architecture for c in clients.values()} - set(self.architectures)
@@ -311,50 +285,80 @@ class FedMe(Strategy):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Cluster the sampled clients' models and send each its model and an exchanged one."""
+        """Cluster the sampled clients' models and send each its model and an exchanged one.
+
+        ``arrays`` is not used: there is no global model, every client's
+        first model comes from ``initial_model_fn``.
+        """
         del arrays
-        self._dispatch = _Dispatch((), (), {})
-        node_ids = self._connected_nodes(grid)
+        self._training = None
+        node_ids = sorted(self.connected_nodes(grid))
         self._register(grid, node_ids, server_round)
         clients = self._sample_clients(node_ids)
         if len(clients) < 2:
-            log(WARNING, "Round %s: %d registered client(s) connected; FedMe needs two to exchange "
-                "models, skipping the round", server_round, len(clients))
+            log(
+                WARNING,
+                "Round %s: %d registered client(s) connected; FedMe needs two to exchange "
+                "models, skipping the round",
+                server_round,
+                len(clients),
+            )
             return []
         labels, num_clusters, seconds = self._cluster(server_round, clients)
-        partners = assign_exchanges(labels, self.rng)
-        self._dispatch = _Dispatch(
-            tuple(clients), tuple(partners),
-            {self.clients[cid].node_id: pos for pos, cid in enumerate(clients)},
+        partners = assign_exchanges(labels, self.random["exchange"])
+        log(
+            INFO,
+            "configure_train: %d clients in %d cluster(s) (%.2fs), exchanges %s",
+            len(clients),
+            num_clusters,
+            seconds,
+            {cid: clients[p] for cid, p in zip(clients, partners, strict=True)},
         )
-        self._round_info = {"num-clusters": num_clusters, "clustering-seconds": seconds}
-        log(INFO, "configure_train: %d clients in %d cluster(s) (%.2fs), exchanges %s",
-            len(clients), num_clusters, seconds,
-            {cid: clients[p] for cid, p in zip(clients, partners, strict=True)})
-        return [self._train_message(server_round, config, pos) for pos in range(len(clients))]
+        messages = [
+            self._train_message(server_round, config, cid, clients[partner])
+            for cid, partner in zip(clients, partners, strict=True)
+        ]
+        in_flight = RoundInFlight(
+            server_round,
+            {self.clients[cid].node_id: pos for pos, cid in enumerate(clients)},
+            messages,
+            describe=lambda pos: f"client {clients[pos]}",
+            consequence="its model is aggregated untrained",
+        )
+        self._training = _ExchangeRound(
+            tuple(clients),
+            tuple(partners),
+            in_flight,
+            {"num-clusters": num_clusters, "clustering-seconds": seconds},
+        )
+        return messages
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Aggregate by eq. 8 and give every client the model it chose."""
-        dispatch = self._dispatch
-        parsed = self._collect_train_replies(server_round, replies, dispatch)
+        exchange, self._training = self._training, None
+        if exchange is None:
+            return None, None
+        parsed = self._collect_train_replies(exchange, replies)
         if not parsed:
             return None, None
         start = time.perf_counter()
-        sent = [self.clients[cid].model for cid in dispatch.clients]
+        sent = [self.clients[cid].model for cid in exchange.clients]
         aggregated = fedme_aggregate(
             [parsed[p].personalized if p in parsed else sent[p] for p in range(len(sent))],
             [parsed[p].exchanged if p in parsed else None for p in range(len(sent))],
-            list(dispatch.partners),
+            list(exchange.partners),
         )
-        adopted, other_architecture = self._adopt(dispatch, aggregated, parsed)
-        metrics = aggregate_metricrecords([r.content for r in parsed.values()], "num-examples")
-        if CHOICE_KEY in metrics:
-            del metrics[CHOICE_KEY]  # a weighted mean of choices means little; counts follow
+        adopted, other_architecture = self._adopt(exchange, aggregated, parsed)
+        metrics = aggregate_metricrecords(
+            [r.content for r in parsed.values()], self.weighted_by_key
+        )
+        if CHOSE_EXCHANGED in metrics:
+            del metrics[CHOSE_EXCHANGED]  # a weighted mean of choices means little; counts follow
         metrics.update(
             {
-                **self._round_info,
+                **exchange.info,
                 "aggregation-seconds": time.perf_counter() - start,
                 "trained-clients": len(parsed),
                 "adopted-exchanged": adopted,
@@ -368,77 +372,51 @@ class FedMe(Strategy):
     ) -> Iterable[Message]:
         """Send every connected client its personalized model for evaluation on its test split."""
         del arrays
-        self._evaluated_nodes = {}
-        if not evaluation_due(server_round, self.evaluate_every, self._num_rounds):
+        self.evaluating = None
+        if not self.evaluation_due(server_round, self.evaluate_every):
             return []
         connected = set(grid.get_node_ids())
-        messages = []
+        messages, targets = [], {}
         for cid, client in sorted(self.clients.items()):
             if client.node_id not in connected:
                 continue
             content = ConfigRecord(
                 {
                     **dict(config.items()),
-                    "server-round": server_round,
-                    CLIENT_ID_KEY: cid,
-                    "personalized-architecture": client.architecture,
-                    "finetune-epochs": self.finetune_epochs,
+                    SERVER_ROUND: server_round,
+                    CLIENT_ID: cid,
+                    PERSONALIZED_ARCHITECTURE: client.architecture,
+                    FINETUNE_EPOCHS: self.finetune_epochs,
                 }
             )
-            records = RecordDict({PERSONALIZED_KEY: to_arrayrecord(client.model), "config": content})
-            messages.append(Message(content=records, message_type=MessageType.EVALUATE,
-                                    dst_node_id=client.node_id))
-            self._evaluated_nodes[client.node_id] = cid
+            records = RecordDict({PERSONALIZED: to_arrayrecord(client.model), CONFIG: content})
+            messages.append(
+                Message(
+                    content=records, message_type=MessageType.EVALUATE, dst_node_id=client.node_id
+                )
+            )
+            targets[client.node_id] = cid
+        self.evaluating = RoundInFlight(
+            server_round, targets, messages, describe=lambda cid: f"client {cid}"
+        )
         return messages
 
-    def aggregate_evaluate(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> MetricRecord | None:
-        """Keep every client's test result; report mean and std over clients."""
-        results = []
-        for message in replies:
-            node_id = message.metadata.src_node_id
-            cid = self._evaluated_nodes.pop(node_id, None)
-            if cid is None:
-                log(WARNING, "Round %s: ignored an evaluation reply from node %s",
-                    server_round, node_id)
-                continue
-            result = parse_evaluation(message, cid, self.clients[cid].architecture)
-            if isinstance(result, str):
-                log(WARNING, "Round %s: dropped the evaluation of node %s (client %s): %s",
-                    server_round, node_id, cid, result)
-                continue
-            results.append(result)
-        for node_id, cid in self._evaluated_nodes.items():
-            log(WARNING, "Round %s: no evaluation reply from node %s (client %s)",
-                server_round, node_id, cid)
-        self._evaluated_nodes = {}
-        if not results:
-            return None
-        results.sort(key=lambda e: e.client_id)
-        self.evaluations[server_round] = results
-        return summarize(results)
+    def evaluated_client(self, target: int) -> tuple[int | None, str]:
+        """The client a node was asked to evaluate for, and its model's architecture."""
+        return target, self.clients[target].architecture
 
     # ------------------------------------------------------------------
     # Helpers
     # ------------------------------------------------------------------
-
-    def _connected_nodes(self, grid: Grid) -> list[int]:
-        """Connected node ids, after waiting a bounded time for ``min_available_nodes``."""
-        deadline = time.monotonic() + self.node_wait_timeout
-        node_ids = sorted(grid.get_node_ids())
-        while len(node_ids) < self.min_available_nodes and time.monotonic() < deadline:
-            log(INFO, "Waiting for nodes: %d of %d connected", len(node_ids), self.min_available_nodes)
-            time.sleep(1.0)
-            node_ids = sorted(grid.get_node_ids())
-        return node_ids
 
     def _register(self, grid: Grid, node_ids: list[int], server_round: int) -> None:
         """Ask nodes seen for the first time which client they are; set up new clients."""
         unknown = [n for n in node_ids if n not in self._node_clients]
         if not unknown:
             return
-        for node_id, client_id in query_client_ids(grid, unknown, self._timeout, server_round).items():
+        for node_id, client_id in query_client_ids(
+            grid, unknown, self.round_timeout, server_round
+        ).items():
             self._attach(node_id, client_id)
 
     def _attach(self, node_id: int, client_id: int) -> None:
@@ -447,8 +425,13 @@ class FedMe(Strategy):
             architecture = self.architecture_for(client_id)
             model = self.initial_model_fn(architecture, client_id)
             self.clients[client_id] = ClientState(node_id, architecture, model)
-            log(INFO, "Client %s (node %s) joined with architecture %s",
-                client_id, node_id, architecture)
+            log(
+                INFO,
+                "Client %s (node %s) joined with architecture %s",
+                client_id,
+                node_id,
+                architecture,
+            )
         elif known.node_id != node_id:
             # A SuperNode restarted under a new node id: same client, same model.
             log(INFO, "Client %s moved from node %s to node %s", client_id, known.node_id, node_id)
@@ -460,11 +443,14 @@ class FedMe(Strategy):
         """Sample registered, connected clients; ids in ascending order (not node order)."""
         connected = set(node_ids)
         available = sorted(
-            cid for node, cid in self._node_clients.items()
+            cid
+            for node, cid in self._node_clients.items()
             if node in connected and self.clients[cid].node_id == node
         )
-        size = min(max(int(len(available) * self.fraction_train), self.min_train_nodes), len(available))
-        positions = self.sampling_rng.choice(len(available), size=size, replace=False)
+        size = min(
+            max(int(len(available) * self.fraction_train), self.min_train_nodes), len(available)
+        )
+        positions = self.random["sampling"].choice(len(available), size=size, replace=False)
         return sorted(available[int(p)] for p in positions)
 
     def _cluster(self, server_round: int, clients: list[int]) -> tuple[np.ndarray, int, float]:
@@ -481,13 +467,18 @@ class FedMe(Strategy):
         start = time.perf_counter()
         outputs = np.stack(
             [
-                np.asarray(self.predict_fn(self.clients[c].architecture, self.clients[c].model),
-                           dtype=np.float64).reshape(-1)
+                np.asarray(
+                    self.predict_fn(self.clients[c].architecture, self.clients[c].model),
+                    dtype=np.float64,
+                ).reshape(-1)
                 for c in clients
             ]
         )
-        kmeans = KMeans(n_clusters=num_clusters, n_init=10,
-                        random_state=int(self.kmeans_rng.integers(2**31 - 1)))
+        kmeans = KMeans(
+            n_clusters=num_clusters,
+            n_init=10,
+            random_state=int(self.random["kmeans"].integers(2**31 - 1)),
+        )
         with warnings.catch_warnings():
             # Clients that adopted the same model have identical outputs; fewer
             # distinct points than clusters is expected then, not an error.
@@ -495,58 +486,53 @@ class FedMe(Strategy):
             labels = kmeans.fit_predict(outputs)
         return labels, num_clusters, time.perf_counter() - start
 
-    def _train_message(self, server_round: int, config: ConfigRecord, pos: int) -> Message:
-        dispatch = self._dispatch
-        client = self.clients[dispatch.clients[pos]]
-        partner_id = dispatch.clients[dispatch.partners[pos]]
-        partner = self.clients[partner_id]
+    def _train_message(
+        self, server_round: int, config: ConfigRecord, client_id: int, partner_id: int
+    ) -> Message:
+        client, partner = self.clients[client_id], self.clients[partner_id]
         content = ConfigRecord(
             {
                 **dict(config.items()),
-                "server-round": server_round,
-                CLIENT_ID_KEY: dispatch.clients[pos],
-                "personalized-architecture": client.architecture,
-                "exchanged-architecture": partner.architecture,
-                "exchanged-from": partner_id,
-                "model-tuning": self.model_tuning,
-                "mutual-learning": self.mutual_learning,
+                SERVER_ROUND: server_round,
+                CLIENT_ID: client_id,
+                PERSONALIZED_ARCHITECTURE: client.architecture,
+                EXCHANGED_ARCHITECTURE: partner.architecture,
+                EXCHANGED_FROM: partner_id,
+                MODEL_TUNING: self.model_tuning,
+                MUTUAL_LEARNING: self.mutual_learning,
             }
         )
         records = RecordDict(
             {
-                PERSONALIZED_KEY: to_arrayrecord(client.model),
-                EXCHANGED_KEY: to_arrayrecord(partner.model),
-                "config": content,
+                PERSONALIZED: to_arrayrecord(client.model),
+                EXCHANGED: to_arrayrecord(partner.model),
+                CONFIG: content,
             }
         )
         return Message(content=records, message_type=MessageType.TRAIN, dst_node_id=client.node_id)
 
     def _collect_train_replies(
-        self, server_round: int, replies: Iterable[Message], dispatch: _Dispatch
+        self, exchange: _ExchangeRound, replies: Iterable[Message]
     ) -> dict[int, _TrainReply]:
-        """Valid replies by position in the dispatch; the rest logged and dropped."""
-        waiting = dict(dispatch.nodes)
+        """Valid replies by position in the exchange; the rest logged and dropped."""
         parsed: dict[int, _TrainReply] = {}
-        for message in replies:
-            node_id = message.metadata.src_node_id
-            pos = waiting.pop(node_id, None)
-            if pos is None:
-                log(WARNING, "Round %s: ignored a reply from node %s, which was not sent models",
-                    server_round, node_id)
-                continue
-            sent = (self.clients[dispatch.clients[pos]].model,
-                    self.clients[dispatch.clients[dispatch.partners[pos]]].model)
-            result = self._parse_train_reply(message, *sent)
+        for answer in exchange.in_flight.match(replies):
+            pos = answer.target
+            sent = (
+                self.clients[exchange.clients[pos]].model,
+                self.clients[exchange.clients[exchange.partners[pos]]].model,
+            )
+            result = self._parse_train_reply(answer.message, *sent)
             if isinstance(result, str):
-                log(WARNING, "Round %s: dropped the reply of node %s (client %s): %s",
-                    server_round, node_id, dispatch.clients[pos], result)
+                exchange.in_flight.dropped(answer, result)
                 continue
             parsed[pos] = result
-        for node_id, pos in waiting.items():
-            log(WARNING, "Round %s: no reply from node %s (client %s); its model is aggregated "
-                "untrained", server_round, node_id, dispatch.clients[pos])
-        log(INFO, "aggregate_train: %d of %d clients trained this round",
-            len(parsed), len(dispatch.clients))
+        log(
+            INFO,
+            "aggregate_train: %d of %d clients trained this round",
+            len(parsed),
+            len(exchange.clients),
+        )
         return parsed
 
     def _parse_train_reply(
@@ -556,45 +542,43 @@ class FedMe(Strategy):
         if message.has_error():
             return f"the node reported an error: {message.error.reason}"
         content = message.content
-        missing = [k for k in (PERSONALIZED_KEY, EXCHANGED_KEY) if k not in content.array_records]
+        missing = [k for k in (PERSONALIZED, EXCHANGED) if k not in content.array_records]
         metric_records = list(content.metric_records.values())
         if missing or len(metric_records) != 1:
-            return (f"expected ArrayRecords '{PERSONALIZED_KEY}' and '{EXCHANGED_KEY}' and one "
-                    f"MetricRecord, got {list(content.array_records)} and {len(metric_records)}")
-        metrics = metric_records[0]
-        weight, choice = metrics.get("num-examples"), metrics.get(CHOICE_KEY)
-        if not isinstance(weight, (int, float)) or not np.isfinite(weight) or weight <= 0:
-            return f"expected a positive 'num-examples', got {weight!r}"
+            return (
+                f"expected ArrayRecords '{PERSONALIZED}' and '{EXCHANGED}' and one "
+                f"MetricRecord, got {list(content.array_records)} and {len(metric_records)}"
+            )
+        weight = read_weight(content, self.weighted_by_key)
+        if isinstance(weight, str):
+            return weight
+        choice = metric_records[0].get(CHOSE_EXCHANGED)
         if choice not in (0, 1) or isinstance(choice, bool):
-            return f"expected '{CHOICE_KEY}' 0 or 1, got {choice!r}"
+            return f"expected '{CHOSE_EXCHANGED}' 0 or 1, got {choice!r}"
         if choice == 1 and not self.model_tuning:
-            return f"'{CHOICE_KEY}' is 1 but model tuning is off"
+            return f"'{CHOSE_EXCHANGED}' is 1 but model tuning is off"
         trained = {}
-        for key, sent in ((PERSONALIZED_KEY, personalized), (EXCHANGED_KEY, exchanged)):
-            try:
-                model = to_model(content.array_records[key])
-            except Exception as err:  # pylint: disable=broad-exception-caught
-                return f"{key} arrays cannot be read: {err}"
-            problem = find_problem(sent, model)
-            if problem is not None:
-                return f"{key} model: {problem}"
+        for key, sent in ((PERSONALIZED, personalized), (EXCHANGED, exchanged)):
+            model = read_model(content.array_records[key], sent)
+            if isinstance(model, str):
+                return f"{key} model: {model}"
             trained[key] = model
-        return _TrainReply(trained[PERSONALIZED_KEY], trained[EXCHANGED_KEY], choice == 1, content)
+        return _TrainReply(trained[PERSONALIZED], trained[EXCHANGED], choice == 1, content)
 
     def _adopt(
-        self, dispatch: _Dispatch, aggregated: list[Model], parsed: dict[int, _TrainReply]
+        self, exchange: _ExchangeRound, aggregated: list[Model], parsed: dict[int, _TrainReply]
     ) -> tuple[int, int]:
         """Make every client's chosen aggregated model its personalized model.
 
         Returns how many clients adopted the exchanged model, and how many of
         those changed architecture.
         """
-        old_architectures = [self.clients[cid].architecture for cid in dispatch.clients]
+        old_architectures = [self.clients[cid].architecture for cid in exchange.clients]
         adopted = other_architecture = 0
-        for pos, cid in enumerate(dispatch.clients):
+        for pos, cid in enumerate(exchange.clients):
             source = pos
             if pos in parsed and parsed[pos].chose_exchanged:
-                source = dispatch.partners[pos]
+                source = exchange.partners[pos]
                 adopted += 1
                 other_architecture += old_architectures[source] != old_architectures[pos]
             self.clients[cid].model = aggregated[source]
@@ -602,26 +586,93 @@ class FedMe(Strategy):
         return adopted, other_architecture
 
 
-# pylint: disable=too-many-arguments,too-many-positional-arguments
-def _check_arguments(
-    architectures: Sequence[str],
-    cluster_rounds: Sequence[int],
-    fraction_train: float,
-    min_train_nodes: int,
-    evaluate_every: int,
-    finetune_epochs: int,
-) -> None:
-    if not architectures:
-        raise ValueError("architectures must name at least one architecture")
-    if any(r < 1 for r in cluster_rounds):
-        raise ValueError(f"cluster_rounds must be rounds >= 1, got {list(cluster_rounds)}")
-    if not 0.0 < fraction_train <= 1.0:
-        raise ValueError(f"fraction_train must be in (0, 1], got {fraction_train}")
-    if min_train_nodes < 2:
-        raise ValueError(
-            f"min_train_nodes must be at least 2 (an exchange needs a partner), got {min_train_nodes}"
-        )
-    if evaluate_every < 1:
-        raise ValueError(f"evaluate_every must be >= 1, got {evaluate_every}")
-    if finetune_epochs < 0:
-        raise ValueError(f"finetune_epochs must be >= 0, got {finetune_epochs}")
+def _cluster_rounds(value: str) -> tuple[int, ...]:
+    return tuple(int(item) for item in comma_list(value))
+
+
+def _increasing_rounds(value: str) -> bool:
+    try:
+        rounds = _cluster_rounds(value)
+    except ValueError:
+        return False
+    return all(r >= 2 for r in rounds) and list(rounds) == sorted(set(rounds))
+
+
+def _server_models(config: Any) -> dict[str, Any]:
+    """The torch side: clients' first models, and models' outputs on the server's unlabeled set."""
+    from fedx.server_models import ServerModels  # pylint: disable=import-outside-toplevel
+
+    models = ServerModels.for_run(config)
+    return {"initial_model_fn": models.initial_model, "predict_fn": models.probabilities}
+
+
+def _load_unlabeled(config: Any) -> None:
+    """Load the server's unlabeled set now: missing data stops the run before round 1."""
+    from fedx.server_models import load_run_unlabeled  # pylint: disable=import-outside-toplevel
+
+    load_run_unlabeled(config)
+
+
+METHOD = Method(
+    name="fedme",
+    strategy=FedMe,
+    description="FedMe (Matsuda et al., SDM'22): personalized models of several architectures, "
+    "exchanged within clusters",
+    keys=(
+        FINETUNE_EPOCHS_KEY,
+        Key(
+            "fedme-architectures",
+            "cnn-1,cnn-2,cnn-3,cnn-4",
+            Rule(str, lambda v: bool(comma_list(v)), "comma-separated `model` names"),
+            "architectures assigned round-robin by client id (VGGs need 32x32 images)",
+            argument="architectures",
+            parse=comma_list,
+        ),
+        Key(
+            "fedme-cluster-rounds",
+            "10,15,18",
+            Rule(
+                str,
+                _increasing_rounds,
+                "comma-separated increasing rounds >= 2 (empty: always one cluster)",
+            ),
+            "the cluster count (1 at first) grows by one at each",
+            argument="cluster_rounds",
+            parse=_cluster_rounds,
+        ),
+        Key(
+            "fedme-model-tuning",
+            True,
+            Flag(),
+            "clients may adopt the exchanged model (false: ablation)",
+            argument="model_tuning",
+        ),
+        Key(
+            "fedme-mutual-learning",
+            True,
+            Flag(),
+            "KL terms in the local losses (false: ablation)",
+            argument="mutual_learning",
+        ),
+        Key(
+            "fedme-clustering",
+            True,
+            Flag(),
+            "cluster by outputs (false: random partners, ablation)",
+            argument="clustering",
+        ),
+    ),
+    takes=(
+        "fraction-train",
+        "min-train-nodes",
+        "min-available-nodes",
+        "eval-every",
+        "seed",
+        "node-wait-timeout",
+    ),
+    personalized=True,
+    model_key="fedme-architectures",
+    components=_server_models,
+    prepare=_load_unlabeled,
+    client_train="fedx.client.fedme:train",
+)

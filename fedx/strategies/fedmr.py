@@ -4,17 +4,14 @@ Hu et al., "Is Aggregation the Only Choice? Federated Learning via Layer-wise
 Model Recombination", KDD 2024 (arXiv:2305.10730).
 """
 
-from collections.abc import Iterable
-from logging import INFO
+from typing import Any
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
-from flwr.common import log
-from flwr.serverapp import Grid
-
+from fedx.checks import FRACTION, Flag, Integer, OneOf, Rule, check, renamed
 from fedx.ops import GROUPINGS, Model, recombine
-from fedx.secure.relay import RelayStats, SecureRelay
-from fedx.secure.wire import FLAG_KEY, GROUPING_KEY, MAX_LAYERS_KEY, MIN_LAYERS_KEY
-from fedx.strategies.multi_model import MultiModelStrategy
+from fedx.registry import Key, Method, Variant
+from fedx.strategies.multi_model import POOL_MEAN_KEY, MultiModelStrategy, PoolRound
+from fedx.strategies.secure import KEYS as SECURE_KEYS
+from fedx.strategies.secure import SecureRecombination
 
 
 class FedMR(MultiModelStrategy):
@@ -48,7 +45,8 @@ class FedMR(MultiModelStrategy):
         (:mod:`fedx.secure`), so the server only receives recombined models.
         The ClientApp must support it (:mod:`fedx.secure.client`). The
         server-side recombination still follows. Each exchange waits at most
-        the ``timeout`` given to :meth:`start`.
+        the ``timeout`` given to :meth:`start`. (Any pool strategy can take
+        a :class:`~fedx.strategies.secure.SecureRecombination` as ``secure``.)
     secure_repeats : int (default: 3)
         r_s, repetitions of the exchange per round (at least 1).
     secure_min_layers, secure_max_layers : int (default: 2, 4)
@@ -73,105 +71,97 @@ class FedMR(MultiModelStrategy):
         secure_repeats: int = 3,
         secure_min_layers: int = 2,
         secure_max_layers: int = 4,
-        **kwargs,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
-        if first_stage_rounds < 0:
-            raise ValueError(f"first_stage_rounds must be >= 0, got {first_stage_rounds}")
-        if grouping not in GROUPINGS:
-            raise ValueError(f"grouping must be one of {GROUPINGS}, got {grouping!r}")
-        if segment_fraction is not None and not 0.0 < segment_fraction <= 1.0:
-            raise ValueError(f"segment_fraction must be in (0, 1], got {segment_fraction}")
-        if secure_repeats < 1:
-            raise ValueError(f"secure_repeats must be >= 1, got {secure_repeats}")
-        if secure_recombination and self.pool_mean == "weighted":
-            # After a secure exchange a model's layers come from several
-            # clients, so its uploader's example count no longer weights them.
-            raise ValueError(
-                "pool_mean='weighted' cannot be used with secure_recombination: "
-                "the uploaded models mix several clients' layers"
-            )
-        if not 1 <= secure_min_layers <= secure_max_layers:
-            raise ValueError(
-                "secure layers must satisfy 1 <= secure_min_layers <= secure_max_layers, "
-                f"got {secure_min_layers} and {secure_max_layers}"
-            )
-        self.first_stage_rounds = first_stage_rounds
-        self.grouping = grouping
-        self.segment_fraction = segment_fraction
-        self.secure_recombination = secure_recombination
-        self.secure_repeats = secure_repeats
-        self.secure_min_layers = secure_min_layers
-        self.secure_max_layers = secure_max_layers
-        #: What the last round's secure exchange cost (None before the first).
-        self.relay_stats: RelayStats | None = None
-        self._grid: Grid | None = None
+        self.first_stage_rounds = check("first_stage_rounds", first_stage_rounds, Integer(0))
+        self.grouping = check("grouping", grouping, OneOf(GROUPINGS))
+        self.segment_fraction = (
+            None
+            if segment_fraction is None
+            else check("segment_fraction", segment_fraction, FRACTION)
+        )
+        secure = None
+        if check("secure_recombination", secure_recombination, Flag()):
+            with renamed("secure_"):
+                secure = SecureRecombination(
+                    secure_repeats, secure_min_layers, secure_max_layers, grouping
+                )
+        super().__init__(secure=secure, **kwargs)
 
     def summary(self) -> None:
         """Log summary configuration of the strategy."""
-        log(INFO, "\t├──> FedMR settings:")
-        log(INFO, "\t│\t├── First-stage (FedAvg) rounds: %d", self.first_stage_rounds)
-        log(INFO, "\t│\t├── Layer grouping: %s", self.grouping)
-        log(INFO, "\t│\t├── Segment fraction: %s", self.segment_fraction or "off (layer-wise)")
-        if self.secure_recombination:
-            log(
-                INFO,
-                "\t│\t└── Secure recombination: r_s=%d, n in [%d, %d]",
-                self.secure_repeats, self.secure_min_layers, self.secure_max_layers,
-            )
-        else:
-            log(INFO, "\t│\t└── Secure recombination: off")
+        self.log_settings(
+            "FedMR settings",
+            {
+                "First-stage (FedAvg) rounds": self.first_stage_rounds,
+                "Layer grouping": self.grouping,
+                "Segment fraction": self.segment_fraction or "off (layer-wise)",
+            },
+        )
         super().summary()
 
-    # pylint: disable=too-many-arguments
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """Send every sampled node its pool model; ask for secure recombination if on."""
-        if self.secure_recombination:
-            self._grid = grid
-            config[FLAG_KEY] = True
-            config[MIN_LAYERS_KEY] = self.secure_min_layers
-            config[MAX_LAYERS_KEY] = self.secure_max_layers
-            config[GROUPING_KEY] = self.grouping
-        return super().configure_train(server_round, arrays, config, grid)
-
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """With secure recombination, exchange layers first; then recombine as usual.
-
-        The training replies then carry public keys only; the relay turns
-        them into upload replies, which go through the usual validation.
-        """
-        if not self.secure_recombination:
-            return super().aggregate_train(server_round, replies)
-        if self._grid is None:
-            raise RuntimeError("secure recombination needs configure_train to have been called")
-        relay = SecureRelay(self._grid, timeout=self.round_timeout, repeats=self.secure_repeats)
-        uploads = relay.run(server_round, replies)
-        self.relay_stats = relay.stats
-        arrays, metrics = super().aggregate_train(server_round, uploads)
-        if metrics is not None:
-            metrics["secure-exchanges"] = relay.stats.exchanges
-            metrics["secure-layer-bytes"] = relay.stats.layer_bytes
-            metrics["secure-seconds"] = relay.stats.seconds
-            metrics["secure-aborted"] = relay.stats.aborted
-        return arrays, metrics
-
-    def update_pool(
-        self,
-        server_round: int,
-        models: list[Model],
-        weights: list[float],
-        trained: list[bool],
-    ) -> list[Model]:
+    def update_pool(self, trained: PoolRound) -> list[Model]:
         """Average in the first stage, recombine layers after it."""
-        if server_round <= self.first_stage_rounds:
-            return [self.round_mean(models, weights, trained)] * len(models)
+        if trained.server_round <= self.first_stage_rounds:
+            return [self.round_mean(trained)] * len(trained.models)
         return recombine(
-            models,
+            trained.models,
             self.rng,
-            grouping=self.grouping,  # type: ignore[arg-type]
+            grouping=self.grouping,
             segment_fraction=self.segment_fraction,
         )
+
+
+def _two_stage(config) -> str | None:
+    rounds, total = config["first-stage-rounds"], config["num-server-rounds"]
+    if 0 < rounds < total:
+        return None
+    return (
+        "needs 0 < first-stage-rounds < num-server-rounds in the setting, got "
+        f"first-stage-rounds={rounds}, num-server-rounds={total}"
+    )
+
+
+#: FedMR's run-config name, keys and fedx-compare variants.
+METHOD = Method(
+    name="fedmr",
+    strategy=FedMR,
+    description="FedMR (Hu et al., KDD'24): layer-wise recombination of the K trained models",
+    keys=(
+        POOL_MEAN_KEY,
+        Key(
+            "first-stage-rounds",
+            0,
+            Integer(0),
+            "FedAvg rounds before recombination (two-stage FedMR)",
+            argument="first_stage_rounds",
+        ),
+        Key(
+            "grouping",
+            "tensor",
+            OneOf(GROUPINGS),
+            "what one layer is: a state-dict tensor, or a module's tensors together",
+            argument="grouping",
+        ),
+        # 0 switches segments off (every layer recombined on its own).
+        Key(
+            "segment-fraction",
+            0.0,
+            Rule(
+                float,
+                lambda v: 0.0 <= v <= 1.0,
+                "0 (off: layer-wise recombination) or a number in (0, 1]",
+            ),
+            "the FedMR-px ablation: layer j of N belongs to segment ceil(j / (x N)); 0 = off",
+            argument="segment_fraction",
+            parse=lambda value: value or None,
+        ),
+        *SECURE_KEYS,
+    ),
+    variants=(
+        # One-stage FedMR, whatever the setting's first stage.
+        Variant("fedmr", {"first-stage-rounds": 0}),
+        # The setting's first stage: the papers' FedMR for ResNet-20 and VGG-16.
+        Variant("fedmr-two-stage", requires=_two_stage),
+    ),
+)

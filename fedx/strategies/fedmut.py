@@ -4,13 +4,12 @@ Hu et al., "FedMut: Generalized Federated Learning via Stochastic Mutation",
 AAAI 2024.
 """
 
-from logging import INFO
 from typing import Any
 
-from flwr.common import log
-
+from fedx.checks import NON_NEGATIVE, UNIT_INTERVAL, Integer, check
 from fedx.ops import Model, dynamic_beta, mutate
-from fedx.strategies.multi_model import MultiModelStrategy
+from fedx.registry import Key, Method
+from fedx.strategies.multi_model import POOL_MEAN_KEY, MultiModelStrategy, PoolRound
 
 
 class FedMut(MultiModelStrategy):
@@ -40,66 +39,77 @@ class FedMut(MultiModelStrategy):
     """
 
     def __init__(
-        self, *, alpha: float = 4.0, beta0: float = 0.3, beta_rounds: int = 100, **kwargs
+        self, *, alpha: float = 4.0, beta0: float = 0.3, beta_rounds: int = 100, **kwargs: Any
     ) -> None:
         super().__init__(**kwargs)
-        if alpha < 0:
-            raise ValueError(f"alpha must be >= 0, got {alpha}")
-        if not 0.0 <= beta0 <= 1.0:
-            raise ValueError(f"beta0 must be in [0, 1], got {beta0}")
-        if beta_rounds < 1:
-            raise ValueError(f"beta_rounds must be >= 1, got {beta_rounds}")
-        self.alpha = alpha
-        self.beta0 = beta0
-        self.beta_rounds = beta_rounds
+        self.alpha = check("alpha", alpha, NON_NEGATIVE)
+        self.beta0 = check("beta0", beta0, UNIT_INTERVAL)
+        self.beta_rounds = check("beta_rounds", beta_rounds, Integer(1))
         self.previous_global: Model | None = None
 
     def summary(self) -> None:
         """Log summary configuration of the strategy."""
-        log(INFO, "\t├──> FedMut settings:")
-        log(INFO, "\t│\t├── Mutation range alpha: %s", self.alpha)
-        log(INFO, "\t│\t└── Dynamic preference: beta0=%s over %d rounds", self.beta0, self.beta_rounds)
+        self.log_settings(
+            "FedMut settings",
+            {
+                "Mutation range alpha": self.alpha,
+                "Dynamic preference": f"beta0={self.beta0} over {self.beta_rounds} rounds",
+            },
+        )
         super().summary()
 
-    def state_dict(self) -> dict[str, Any]:
+    def checkpoint_state(self) -> dict[str, Any]:
         """The pool state plus ``w_glb`` of the last round, which ``g`` needs."""
-        state = super().state_dict()
-        state["previous-global"] = (
-            None if self.previous_global is None else dict(self.previous_global)
-        )
-        return state
+        previous = None if self.previous_global is None else dict(self.previous_global)
+        return {**super().checkpoint_state(), "previous-global": previous}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned."""
-        super().load_state_dict(state)
+    def restore_checkpoint_state(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`checkpoint_state` returned."""
+        super().restore_checkpoint_state(state)
         if "previous-global" not in state:
             raise ValueError("the strategy state lacks 'previous-global'")
         previous = state["previous-global"]
         self.previous_global = None if previous is None else dict(previous)
 
-    def update_pool(
-        self,
-        server_round: int,
-        models: list[Model],
-        weights: list[float],
-        trained: list[bool],
-    ) -> list[Model]:
+    def update_pool(self, trained: PoolRound) -> list[Model]:
         """Aggregate the trained models, then mutate the result."""
-        aggregated = self.round_mean(models, weights, trained)
+        aggregated = self.round_mean(trained)
         # Before the first aggregation every slot holds the initial model w_glb^0.
         previous = self.previous_global if self.previous_global is not None else self.pool[0]
-        beta = dynamic_beta(self.beta0, server_round, self.beta_rounds)
+        beta = dynamic_beta(self.beta0, trained.server_round, self.beta_rounds)
         self.previous_global = aggregated
-        return mutate(aggregated, previous, self.rng, k=len(models), alpha=self.alpha, beta=beta)
+        return mutate(
+            aggregated, previous, self.rng, k=len(trained.models), alpha=self.alpha, beta=beta
+        )
 
-    def global_model(
-        self,
-        server_round: int,
-        models: list[Model],
-        weights: list[float],
-        trained: list[bool],
-        pool: list[Model],
-    ) -> Model:
+    def global_model(self, trained: PoolRound, pool: list[Model]) -> Model:
         """The aggregated model ``w_glb`` the mutations are centred on."""
         assert self.previous_global is not None  # set by update_pool this round
         return self.previous_global
+
+
+METHOD = Method(
+    name="fedmut",
+    strategy=FedMut,
+    description="FedMut (Hu et al., AAAI'24): K mutations of the global model along its last update",
+    keys=(
+        POOL_MEAN_KEY,
+        Key(
+            "fedmut-alpha",
+            1.0,
+            NON_NEGATIVE,
+            "mutation range alpha (paper: 4.0, with lr 0.01; see below)",
+            argument="alpha",
+        ),
+        Key(
+            "fedmut-beta0", 0.3, UNIT_INTERVAL, "initial dynamic preference beta0", argument="beta0"
+        ),
+        Key(
+            "fedmut-beta-rounds",
+            100,
+            Integer(1),
+            "T_b: rounds until beta_t = 0",
+            argument="beta_rounds",
+        ),
+    ),
+)

@@ -2,46 +2,81 @@
 
 import time
 from abc import abstractmethod
-from collections.abc import Callable, Iterable
-from logging import INFO, WARNING
+from collections.abc import Iterable
+from dataclasses import dataclass
+from logging import INFO
 from typing import Any
 
 import numpy as np
-from flwr.app import (
-    Array,
-    ArrayRecord,
-    ConfigRecord,
-    Message,
-    MessageType,
-    MetricRecord,
-    RecordDict,
-)
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg, Result
+from flwr.serverapp.strategy import FedAvg
 
-from fedx.ops import Model, average, find_problem
-from fedx.strategies.rounds import EvaluateFn, RoundEndFn, run_rounds
-
+from fedx.checks import FRACTION, NON_NEGATIVE, ArgumentError, Integer, OneOf, check
+from fedx.ops import Model, average
+from fedx.registry import Key
+from fedx.secure.relay import RelayStats
+from fedx.strategies.base import (
+    FedxStrategy,
+    RoundInFlight,
+    read_model,
+    read_weight,
+    to_arrayrecord,
+    to_model,
+)
+from fedx.strategies.secure import SecureRecombination
 
 #: How a multi-model method averages the models of a round into one model:
-#: ``"uniform"``, the plain mean (the authors' code for FedMR, FedMut and
-#: FedCross), or ``"weighted"`` by each reply's ``weighted_by_key``.
+#: ``"uniform"``, the plain mean (what the papers' authors' code computes),
+#: or ``"weighted"`` by each reply's ``weighted_by_key``.
 POOL_MEANS: tuple[str, ...] = ("uniform", "weighted")
 
+#: The run-config key of ``pool_mean``, shared by the pool methods.
+POOL_MEAN_KEY = Key(
+    "pool-mean",
+    "uniform",
+    OneOf(POOL_MEANS),
+    "how a round's models are averaged (the global model, and any mean the method takes: a "
+    "first stage, the centre of mutations): the plain mean of the K models (`uniform`, the "
+    "authors' code) or the trained ones weighted by `num-examples` (`weighted`, not with "
+    "secure recombination)",
+    argument="pool_mean",
+)
 
-def to_model(record: ArrayRecord) -> Model:
-    """Convert an ``ArrayRecord`` into ``{name: np.ndarray}``, keeping its order."""
-    return {name: array.numpy() for name, array in record.items()}
 
+@dataclass(frozen=True)
+class PoolRound:
+    """The models of one round, one per pool slot, as :meth:`MultiModelStrategy.update_pool` gets them.
 
-def to_arrayrecord(model: Model) -> ArrayRecord:
-    """Convert ``{name: np.ndarray}`` into an ``ArrayRecord``, keeping its order."""
-    return ArrayRecord({name: Array(array) for name, array in model.items()})
+    Attributes
+    ----------
+    server_round : int
+        The round, from 1.
+    models : list[Model]
+        One model per slot: the trained model where the slot's node replied
+        validly, else the model it was sent (``trained`` False).
+    weights : list[float]
+        The replies' ``weighted_by_key`` values (0.0 where not trained).
+    trained : list[bool]
+        Which slots hold a model trained this round (at least one does).
+    """
+
+    server_round: int
+    models: list[Model]
+    weights: list[float]
+    trained: list[bool]
+
+    def trained_models(self) -> tuple[list[Model], list[float]]:
+        """The models trained this round and their weights."""
+        pairs = [
+            (m, w) for m, w, ok in zip(self.models, self.weights, self.trained, strict=True) if ok
+        ]
+        return [m for m, _ in pairs], [w for _, w in pairs]
 
 
 # pylint: disable=too-many-instance-attributes
-class MultiModelStrategy(FedAvg):
+class MultiModelStrategy(FedxStrategy, FedAvg):
     """A strategy that sends a different model to every sampled node.
 
     The server keeps a pool of K models. Each round it samples up to K nodes
@@ -51,11 +86,11 @@ class MultiModelStrategy(FedAvg):
     arrays that do not fit the model it was sent (other names, shapes or
     dtypes, NaN or Inf, no usable weight) keeps its dispatched model; such
     replies are logged with the node id and never aggregated. A subclass then
-    computes the next pool from the round's models (:meth:`update_pool`), and
-    the strategy reports a global model (:meth:`global_model`, by default the
-    mean of the round's models, see ``pool_mean``) to Flower. The
-    global model is what centralized and federated evaluation see; the pool
-    is what training uses.
+    computes the next pool from the round's models (:meth:`update_pool`, given
+    a :class:`PoolRound`), and the strategy reports a global model
+    (:meth:`global_model`, by default the mean of the round's models, see
+    ``pool_mean``) to Flower. The global model is what centralized
+    and federated evaluation see; the pool is what training uses.
 
     Federated evaluation works as in FedAvg, on the global model.
 
@@ -89,11 +124,12 @@ class MultiModelStrategy(FedAvg):
     num_models : int, optional
         Pool size K. ``None`` takes the number of nodes sampled in round 1.
     pool_mean : {"uniform", "weighted"} (default: "uniform")
-        How the method averages the round's models (the global model, FedMR's
-        first stage, FedMut's ``w_glb``): their plain mean, as the authors'
-        code computes it, or weighted by ``weighted_by_key``. With skewed
-        partitions the weighted mean follows a few large clients; FedMut's
-        mutation of it diverges where the plain mean does not.
+        How the method averages the round's models (the global model, and
+        any mean the method takes, see :meth:`round_mean`): the plain mean of
+        the K models, as the authors' code computes it, or the trained ones
+        weighted by ``weighted_by_key``. With skewed partitions the weighted mean follows
+        a few large clients (docs/results.md: a mutation around it diverges
+        where one around the plain mean does not).
     seed : int, optional
         Seed of node sampling and of the method's randomness. ``None`` draws
         fresh entropy; the run is then not reproducible.
@@ -109,139 +145,98 @@ class MultiModelStrategy(FedAvg):
         node that left is then gone from the list anyway, and one that was
         only slow is sampled again. It is only skipped while enough other
         nodes are connected.
+    secure : SecureRecombination, optional
+        Let the clients exchange layers among themselves before they upload
+        (:mod:`fedx.strategies.secure`); the ClientApp must support it.
+        Needs ``pool_mean="uniform"``: an uploaded model then mixes several
+        clients' layers, so no reply's weight belongs to it.
     """
 
-    # pylint: disable=too-many-arguments,too-many-locals
+    random_streams = ("sampling", "method", "evaluation")
+
     def __init__(
         self,
         *,
-        fraction_train: float = 1.0,
-        fraction_evaluate: float = 1.0,
-        min_train_nodes: int = 2,
-        min_evaluate_nodes: int = 2,
-        min_available_nodes: int = 2,
-        weighted_by_key: str = "num-examples",
-        arrayrecord_key: str = "arrays",
-        configrecord_key: str = "config",
-        train_metrics_aggr_fn: (
-            Callable[[list[RecordDict], str], MetricRecord] | None
-        ) = None,
-        evaluate_metrics_aggr_fn: (
-            Callable[[list[RecordDict], str], MetricRecord] | None
-        ) = None,
         num_models: int | None = None,
         pool_mean: str = "uniform",
         seed: int | None = None,
         node_wait_timeout: float = 60.0,
         unresponsive_cooldown: float = 60.0,
+        secure: SecureRecombination | None = None,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(
-            fraction_train=fraction_train,
-            fraction_evaluate=fraction_evaluate,
-            min_train_nodes=min_train_nodes,
-            min_evaluate_nodes=min_evaluate_nodes,
-            min_available_nodes=min_available_nodes,
-            weighted_by_key=weighted_by_key,
-            arrayrecord_key=arrayrecord_key,
-            configrecord_key=configrecord_key,
-            train_metrics_aggr_fn=train_metrics_aggr_fn,
-            evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn,
+        # The rest are Flower's FedAvg arguments, with FedAvg's defaults.
+        if "fraction_train" in kwargs:
+            check("fraction_train", kwargs["fraction_train"], FRACTION)
+        super().__init__(seed=seed, node_wait_timeout=node_wait_timeout, **kwargs)
+        self.num_models = (
+            None if num_models is None else check("num_models", num_models, Integer(1))
         )
-        if not 0.0 < fraction_train <= 1.0:
-            raise ValueError(f"fraction_train must be in (0, 1], got {fraction_train}")
-        if num_models is not None and num_models < 1:
-            raise ValueError(f"num_models must be at least 1, got {num_models}")
-        if unresponsive_cooldown < 0:
-            raise ValueError(f"unresponsive_cooldown must be >= 0, got {unresponsive_cooldown}")
-        if pool_mean not in POOL_MEANS:
-            raise ValueError(f"pool_mean must be one of {POOL_MEANS}, got {pool_mean!r}")
-        self.num_models = num_models
-        self.pool_mean = pool_mean
-        self.seed = seed
-        self.node_wait_timeout = node_wait_timeout
-        self.unresponsive_cooldown = unresponsive_cooldown
-        # Separate streams, so that the nodes sampled in a round do not depend
-        # on how much randomness the method or evaluation used before it:
-        # strategies run with the same seed sample the same nodes.
-        sampling, method, evaluation = np.random.SeedSequence(seed).spawn(3)
-        self.sampling_rng = np.random.default_rng(sampling)
-        self.rng = np.random.default_rng(method)
-        self.evaluate_rng = np.random.default_rng(evaluation)
+        self.pool_mean = check("pool_mean", pool_mean, OneOf(POOL_MEANS))
+        self.unresponsive_cooldown = check(
+            "unresponsive_cooldown", unresponsive_cooldown, NON_NEGATIVE
+        )
+        if secure is not None and pool_mean == "weighted":
+            raise ArgumentError(
+                "pool_mean",
+                pool_mean,
+                "'uniform' with secure recombination (an uploaded model "
+                "mixes several clients' layers)",
+            )
+        self.secure = secure
+        #: What the last round's secure exchange cost (None before the first, or without it).
+        self.relay_stats: RelayStats | None = None
         self.pool: list[Model] = []
-        self.round_timeout = 3600.0  # Flower's default; begin_run() sets the run's
-        # The round in flight: node id -> pool slot, and the messages sent
-        # (their ids, set by the Grid when it pushes them, identify replies
-        # the SuperLink writes on behalf of a node that went away).
-        self._dispatched: dict[int, int] = {}
-        self._sent: list[Message] = []
+        #: The round in flight: node id -> pool slot.
+        self.in_flight: RoundInFlight[int] | None = None
+        self._grid: Grid | None = None
         # Nodes that missed a reply: node id -> (round, monotonic time).
         self._unresponsive: dict[int, tuple[int, float]] = {}
+
+    @property
+    def rng(self) -> np.random.Generator:
+        """The method's random stream (separate from node sampling and evaluation)."""
+        return self.random["method"]
 
     # ------------------------------------------------------------------
     # What a method defines
     # ------------------------------------------------------------------
 
     @abstractmethod
-    def update_pool(
-        self,
-        server_round: int,
-        models: list[Model],
-        weights: list[float],
-        trained: list[bool],
-    ) -> list[Model]:
+    def update_pool(self, trained: PoolRound) -> list[Model]:
         """Compute the next pool from this round's models.
-
-        Parameters
-        ----------
-        server_round : int
-            The round, from 1.
-        models : list[Model]
-            One model per slot: the trained model where the slot's node
-            replied validly, else the model it was sent (``trained`` False).
-        weights : list[float]
-            The replies' ``weighted_by_key`` values (0.0 where not trained).
-        trained : list[bool]
-            Which slots hold a model trained this round (at least one does).
 
         Returns
         -------
         list[Model]
-            K models. They may share arrays with ``models``; nobody writes
-            into pool arrays.
+            K models. They may share arrays with ``trained.models``; nobody
+            writes into pool arrays.
         """
 
-    def global_model(
-        self,
-        server_round: int,
-        models: list[Model],
-        weights: list[float],
-        trained: list[bool],
-        pool: list[Model],
-    ) -> Model:
+    def global_model(self, trained: PoolRound, pool: list[Model]) -> Model:
         """Return the deployment model of this round.
 
-        By default :meth:`round_mean`. Arguments as in :meth:`update_pool`;
-        ``pool`` is the new pool.
+        By default :meth:`round_mean`; ``pool`` is the new pool.
         """
-        del server_round, pool
-        return self.round_mean(models, weights, trained)
+        del pool
+        return self.round_mean(trained)
 
-    def round_mean(self, models: list[Model], weights: list[float], trained: list[bool]) -> Model:
+    def round_mean(self, trained: PoolRound) -> Model:
         """The mean of this round's models, as ``pool_mean`` says.
 
         ``"uniform"``: the plain mean of the K slot models, each the trained
         model where its node replied validly and the model it was sent where
         not, as the authors' ``Aggregation(w_locals, None)`` averages their
         list of K models. A slot that did not train thus pulls the mean
-        towards where it was, which keeps FedMut's mutations centred when
-        only some nodes reply. ``"weighted"``: FedAvg's rule, the models
+        towards where it was, which keeps a mutation around the mean centred
+        when only some nodes reply. ``"weighted"``: FedAvg's rule, the models
         trained this round weighted by ``weighted_by_key``, the others left
-        out. Arguments as in :meth:`update_pool`; at least one slot is trained.
+        out.
         """
         if self.pool_mean == "uniform":
-            return average(models)
-        fresh = [(m, w) for m, w, ok in zip(models, weights, trained, strict=True) if ok]
-        return average([m for m, _ in fresh], [w for _, w in fresh])
+            return average(trained.models)
+        models, weights = trained.trained_models()
+        return average(models, weights)
 
     def assign_slots(self, num_nodes: int) -> list[int]:
         """Return the pool slot of each of ``num_nodes`` sampled nodes.
@@ -256,54 +251,18 @@ class MultiModelStrategy(FedAvg):
         return sorted(int(slot) for slot in chosen)
 
     # ------------------------------------------------------------------
-    # State: what a checkpoint holds
+    # State: what a checkpoint holds besides the random streams
     # ------------------------------------------------------------------
 
-    def state_dict(self) -> dict[str, Any]:
-        """Return everything the next round depends on, for a checkpoint.
+    def checkpoint_state(self) -> dict[str, Any]:
+        """The pool and the pool size (subclasses with more state extend it)."""
+        return {"num-models": self.num_models, "pool": [dict(model) for model in self.pool]}
 
-        The pool, the pool size and the states of the three random
-        generators (node sampling, the method's draws, evaluation sampling),
-        as nested dicts and lists of JSON values and numpy arrays (see
-        :mod:`fedx.strategies.checkpoint`). Subclasses with more state extend
-        it. Taken between rounds, it makes a restored strategy continue
-        exactly as the original would have.
-        """
-        return {
-            "num-models": self.num_models,
-            "pool": [dict(model) for model in self.pool],
-            "rng": {
-                "sampling": self.sampling_rng.bit_generator.state,
-                "method": self.rng.bit_generator.state,
-                "evaluation": self.evaluate_rng.bit_generator.state,
-            },
-        }
-
-    def begin_run(self, *, num_rounds: int, timeout: float) -> None:
-        """Learn the run's limits before round 1 (called by :func:`run_rounds`).
-
-        ``timeout`` bounds every message exchange of a round, the extra ones
-        a subclass makes as well.
-        """
-        del num_rounds
-        self.round_timeout = timeout
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned.
-
-        Raises
-        ------
-        ValueError
-            When ``state`` lacks a part or its pool does not have
-            ``num-models`` models.
-        """
+    def restore_checkpoint_state(self, state: dict[str, Any]) -> None:
+        """Restore the pool; its size must be ``num-models``."""
         try:
             num_models = state["num-models"]
             pool = [dict(model) for model in state["pool"]]
-            generators = state["rng"]
-            self.sampling_rng.bit_generator.state = generators["sampling"]
-            self.rng.bit_generator.state = generators["method"]
-            self.evaluate_rng.bit_generator.state = generators["evaluation"]
         except (KeyError, TypeError) as err:
             raise ValueError(f"the strategy state lacks {err}") from None
         if pool and num_models != len(pool):
@@ -315,57 +274,24 @@ class MultiModelStrategy(FedAvg):
     # Flower Strategy interface
     # ------------------------------------------------------------------
 
-    # pylint: disable=too-many-arguments
-    def start(
-        self,
-        grid: Grid,
-        initial_arrays: ArrayRecord,
-        num_rounds: int = 3,
-        timeout: float = 3600,
-        train_config: ConfigRecord | None = None,
-        evaluate_config: ConfigRecord | None = None,
-        evaluate_fn: EvaluateFn | None = None,
-        *,
-        start_round: int = 1,
-        result: Result | None = None,
-        on_round_end: RoundEndFn | None = None,
-    ) -> Result:
-        """Run the strategy, as Flower's ``Strategy.start``, optionally resumed.
-
-        Parameters are those of Flower's ``Strategy.start``, plus:
-
-        start_round : int (default: 1)
-            First round to run. To continue a checkpointed run, restore the
-            strategy with :meth:`load_state_dict`, pass the checkpoint's global
-            arrays as ``initial_arrays`` and its round + 1 here.
-        result : Result, optional
-            Metrics of the rounds already done, extended by the new rounds.
-        on_round_end : callable, optional
-            ``on_round_end(round, arrays, result)`` after every round; write
-            checkpoints there (see :func:`fedx.strategies.run_rounds`).
-        """
-        return run_rounds(
-            self,
-            grid,
-            arrays=initial_arrays,
-            num_rounds=num_rounds,
-            first_round=start_round,
-            timeout=timeout,
-            train_config=train_config,
-            evaluate_config=evaluate_config,
-            evaluate_fn=evaluate_fn,
-            result=result,
-            on_round_end=on_round_end,
-        )
-
     def summary(self) -> None:
         """Log summary configuration of the strategy."""
-        log(INFO, "\t├──> Multi-model pool:")
-        log(INFO, "\t│\t├── Models (K): %s", self.num_models or "nodes sampled in round 1")
-        log(INFO, "\t│\t├── Mean of a round's models: %s", self.pool_mean)
-        log(INFO, "\t│\t├── Seed: %s", self.seed)
-        log(INFO, "\t│\t├── Node wait timeout: %.0fs", self.node_wait_timeout)
-        log(INFO, "\t│\t└── Unresponsive-node cooldown: %.0fs", self.unresponsive_cooldown)
+        secure = self.secure
+        self.log_settings(
+            "Multi-model pool",
+            {
+                "Models (K)": self.num_models or "nodes sampled in round 1",
+                "Mean of a round's models": self.pool_mean,
+                "Seed": self.seed,
+                "Node wait timeout": f"{self.node_wait_timeout:.0f}s",
+                "Unresponsive-node cooldown": f"{self.unresponsive_cooldown:.0f}s",
+                "Secure recombination": (
+                    f"r_s={secure.repeats}, n in [{secure.min_layers}, {secure.max_layers}]"
+                    if secure
+                    else "off"
+                ),
+            },
+        )
         super().summary()
 
     def configure_train(
@@ -374,7 +300,7 @@ class MultiModelStrategy(FedAvg):
         """Send every sampled node the model of its pool slot."""
         sample_size = self.num_models or len(self.pool) or None
         node_ids = self._sample_nodes(
-            grid, self.fraction_train, self.min_train_nodes, self.sampling_rng, sample_size
+            grid, self.fraction_train, self.min_train_nodes, self.random["sampling"], sample_size
         )
         if not self.pool:
             if not node_ids:
@@ -385,7 +311,9 @@ class MultiModelStrategy(FedAvg):
             node_ids = node_ids[: self.num_models]
         slots = self.assign_slots(len(node_ids))
         config["server-round"] = server_round
-        self._dispatched = dict(zip(node_ids, slots, strict=True))
+        if self.secure is not None:
+            self._grid = grid
+            self.secure.ask(config)
         log(
             INFO,
             "configure_train: %d nodes get %d different pool models (K=%d)",
@@ -393,7 +321,8 @@ class MultiModelStrategy(FedAvg):
             len(set(slots)),
             len(self.pool),
         )
-        self._sent = [
+        targets = dict(zip(node_ids, slots, strict=True))
+        messages = [
             Message(
                 content=RecordDict(
                     {
@@ -404,60 +333,67 @@ class MultiModelStrategy(FedAvg):
                 message_type=MessageType.TRAIN,
                 dst_node_id=node_id,
             )
-            for node_id, slot in self._dispatched.items()
+            for node_id, slot in targets.items()
         ]
-        return list(self._sent)
+        self.in_flight = RoundInFlight(
+            server_round,
+            targets,
+            messages,
+            describe=lambda slot: f"slot {slot}",
+            consequence="the slot keeps the model it was sent",
+        )
+        return list(messages)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Map replies to slots, drop invalid ones, update the pool."""
+        """Map replies to slots, drop invalid ones, update the pool.
+
+        With secure recombination the training replies carry public keys
+        only; the exchange turns them into upload replies first, which then
+        go through the usual validation.
+        """
+        in_flight, self.in_flight = self.in_flight, None
+        if in_flight is None:
+            raise RuntimeError("aggregate_train needs configure_train to have sent the round")
+        if self.secure is not None:
+            assert self._grid is not None  # set by configure_train
+            replies, self.relay_stats = self.secure.exchange(
+                self._grid, server_round, replies, self.round_timeout
+            )
         models = list(self.pool)
         weights = [0.0] * len(self.pool)
         trained = [False] * len(self.pool)
         accepted: list[RecordDict] = []
-        node_of_message = {
-            m.metadata.message_id: m.metadata.dst_node_id for m in self._sent if m.metadata.message_id
-        }
-        for message in replies:
-            # A reply the SuperLink wrote for a node that went away comes from
-            # the SuperLink, not from the node: find the node by message id.
-            node_id = node_of_message.get(
-                message.metadata.reply_to_message_id, message.metadata.src_node_id
-            )
-            slot = self._dispatched.pop(node_id, None)
-            if slot is None:
-                log(WARNING, "Round %s: ignored a reply from node %s, which was not sent a model", server_round, node_id)
-                continue
-            if message.has_error() and message.metadata.src_node_id != node_id:
-                log(WARNING, "Round %s: node %s (slot %s) is lost: %s; the slot keeps the model it was sent", server_round, node_id, slot, message.error.reason)
-                self._unresponsive[node_id] = (server_round, time.monotonic())
-                continue
-            parsed = self._parse_reply(message, self.pool[slot])
+        for answer in in_flight.match(replies):
+            parsed = self._parse_reply(answer.message, self.pool[answer.target])
             if isinstance(parsed, str):
-                log(WARNING, "Round %s: dropped the reply of node %s (slot %s): %s", server_round, node_id, slot, parsed)
+                in_flight.dropped(answer, parsed)
                 continue
-            models[slot], weights[slot] = parsed
-            trained[slot] = True
-            accepted.append(message.content)
-        for node_id, slot in self._dispatched.items():
-            log(WARNING, "Round %s: no reply from node %s (slot %s) within the round timeout; the slot keeps the model it was sent", server_round, node_id, slot)
-            self._unresponsive[node_id] = (server_round, time.monotonic())
-        self._dispatched = {}
-        self._sent = []
+            models[answer.target], weights[answer.target] = parsed
+            trained[answer.target] = True
+            accepted.append(answer.message.content)
+        now = time.monotonic()
+        for node_id in in_flight.unanswered:
+            self._unresponsive[node_id] = (server_round, now)
         log(INFO, "aggregate_train: %d of %d slots trained this round", sum(trained), len(trained))
         if not accepted:
             return None, None
 
         start = time.perf_counter()
-        pool = self.update_pool(server_round, models, weights, trained)
+        this_round = PoolRound(server_round, models, weights, trained)
+        pool = self.update_pool(this_round)
         if len(pool) != len(self.pool):
-            raise RuntimeError(f"update_pool returned {len(pool)} models for {len(self.pool)} slots")
-        deployment = self.global_model(server_round, models, weights, trained, pool)
+            raise RuntimeError(
+                f"update_pool returned {len(pool)} models for {len(self.pool)} slots"
+            )
+        deployment = self.global_model(this_round, pool)
         self.pool = pool
         metrics = self.train_metrics_aggr_fn(accepted, self.weighted_by_key)
         metrics["pool-update-seconds"] = time.perf_counter() - start
         metrics["trained-slots"] = sum(trained)
+        if self.secure is not None and self.relay_stats is not None:
+            self.secure.add_metrics(metrics, self.relay_stats)
         return to_arrayrecord(deployment), metrics
 
     def configure_evaluate(
@@ -467,7 +403,7 @@ class MultiModelStrategy(FedAvg):
         if self.fraction_evaluate == 0.0:
             return []
         node_ids = self._sample_nodes(
-            grid, self.fraction_evaluate, self.min_evaluate_nodes, self.evaluate_rng, None
+            grid, self.fraction_evaluate, self.min_evaluate_nodes, self.random["evaluation"], None
         )
         config["server-round"] = server_round
         record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
@@ -496,21 +432,7 @@ class MultiModelStrategy(FedAvg):
         connected (see ``unresponsive_cooldown``). Node ids are unsigned 64-bit
         integers and never pass through a numpy array.
         """
-        deadline = time.monotonic() + self.node_wait_timeout
-        node_ids = list(grid.get_node_ids())
-        while len(node_ids) < self.min_available_nodes and time.monotonic() < deadline:
-            log(INFO, "Waiting for nodes: %d of %d connected", len(node_ids), self.min_available_nodes)
-            time.sleep(1.0)
-            node_ids = list(grid.get_node_ids())
-        if len(node_ids) < self.min_available_nodes:
-            log(
-                WARNING,
-                "Only %d of min_available_nodes=%d nodes connected after %.0fs; sampling among them",
-                len(node_ids),
-                self.min_available_nodes,
-                self.node_wait_timeout,
-            )
-        node_ids = self._responsive(node_ids, min_nodes)
+        node_ids = self._responsive(self.connected_nodes(grid), min_nodes)
         size = max(int(len(node_ids) * fraction), min_nodes)
         size = min(size, len(node_ids), at_most or len(node_ids))
         positions = rng.choice(len(node_ids), size=size, replace=False)
@@ -541,22 +463,14 @@ class MultiModelStrategy(FedAvg):
         """Return the reply's model and weight, or why it cannot be used."""
         if message.has_error():
             return f"the node reported an error: {message.error.reason}"
-        content = message.content
-        records = content.array_records
+        records = message.content.array_records
         record = records.get(self.arrayrecord_key)
         if record is None:
             if len(records) != 1:
                 return f"expected one ArrayRecord ('{self.arrayrecord_key}'), got {list(records)}"
             record = next(iter(records.values()))
-        metrics = list(content.metric_records.values())
-        weight = metrics[0].get(self.weighted_by_key) if len(metrics) == 1 else None
-        if not isinstance(weight, (int, float)) or not np.isfinite(weight) or weight <= 0:
-            return f"expected one MetricRecord with a positive '{self.weighted_by_key}', got {weight!r}"
-        try:
-            model = to_model(record)
-        except Exception as err:  # pylint: disable=broad-exception-caught
-            return f"arrays cannot be read: {err}"
-        problem = find_problem(sent, model)
-        if problem is not None:
-            return problem
-        return model, float(weight)
+        weight = read_weight(message.content, self.weighted_by_key)
+        if isinstance(weight, str):
+            return weight
+        model = read_model(record, sent)
+        return model if isinstance(model, str) else (model, weight)

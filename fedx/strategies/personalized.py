@@ -1,21 +1,32 @@
-"""Personalized evaluation shared by FedMe and FedAvg + fine-tuning.
+"""Per-client evaluation, shared by the personalized methods.
 
 Each client evaluates its own model (after optional local fine-tuning) on its
-own test split and replies with a MetricRecord holding ``eval-acc``,
-``eval-loss`` and ``num-examples`` (and ``client-id`` when the strategy does
-not know which client a node is). The strategy keeps every client's result
-per round and reports the mean and standard deviation over clients.
+own test split and replies as :mod:`fedx.protocol.personalized` says. The
+strategy keeps every client's result per round (``evaluations``, which the
+ServerApp writes into ``metrics.json``) and reports the mean and standard
+deviation over clients.
 """
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from flwr.app import Message, MetricRecord
 
-from fedx.strategies.client_identity import CLIENT_ID_KEY
+from fedx.checks import Integer
+from fedx.protocol.personalized import CLIENT_ID, EVAL_ACCURACY, EVAL_LOSS, NUM_EXAMPLES
+from fedx.registry import Key
+from fedx.strategies.base import RoundInFlight, Target
 
-ACCURACY_KEY = "eval-acc"
-LOSS_KEY = "eval-loss"
+#: The run-config key of the fine-tuning epochs, shared by the personalized methods.
+FINETUNE_EPOCHS_KEY = Key(
+    "finetune-epochs",
+    1,
+    Integer(0),
+    "local fine-tuning epochs before each personalized test (0 = none)",
+    argument="finetune_epochs",
+)
 
 
 @dataclass(frozen=True)
@@ -53,11 +64,6 @@ class ClientEvaluation:
         return row
 
 
-def evaluation_due(server_round: int, every: int, num_rounds: int | None) -> bool:
-    """Whether to evaluate after ``server_round``: every ``every`` rounds and the last."""
-    return server_round % every == 0 or server_round == num_rounds
-
-
 def parse_evaluation(
     message: Message, client_id: int | None, architecture: str = ""
 ) -> ClientEvaluation | str:
@@ -79,18 +85,20 @@ def parse_evaluation(
     if len(records) != 1:
         return f"expected one MetricRecord, got {len(records)}"
     metrics = records[0]
-    values = {key: metrics.get(key) for key in (ACCURACY_KEY, LOSS_KEY, "num-examples")}
-    if client_id is None:
-        values[CLIENT_ID_KEY] = metrics.get(CLIENT_ID_KEY)
-    if any(not isinstance(v, (int, float)) or not np.isfinite(v) for v in values.values()):
-        return f"expected finite {', '.join(values)} metrics, got {values}"
-    if values["num-examples"] <= 0 or not 0.0 <= values[ACCURACY_KEY] <= 1.0:
-        return f"num-examples must be positive and {ACCURACY_KEY} in [0, 1], got {values}"
+    keys = (EVAL_ACCURACY, EVAL_LOSS, NUM_EXAMPLES) + ((CLIENT_ID,) if client_id is None else ())
+    given = {key: metrics.get(key) for key in keys}
+    values = {
+        k: float(v) for k, v in given.items() if isinstance(v, (int, float)) and np.isfinite(v)
+    }
+    if len(values) != len(keys):
+        return f"expected finite {', '.join(keys)} metrics, got {given}"
+    if values[NUM_EXAMPLES] <= 0 or not 0.0 <= values[EVAL_ACCURACY] <= 1.0:
+        return f"{NUM_EXAMPLES} must be positive and {EVAL_ACCURACY} in [0, 1], got {given}"
     return ClientEvaluation(
-        client_id=int(values[CLIENT_ID_KEY]) if client_id is None else client_id,
-        accuracy=float(values[ACCURACY_KEY]),
-        loss=float(values[LOSS_KEY]),
-        num_examples=int(values["num-examples"]),
+        client_id=int(values[CLIENT_ID]) if client_id is None else client_id,
+        accuracy=values[EVAL_ACCURACY],
+        loss=values[EVAL_LOSS],
+        num_examples=int(values[NUM_EXAMPLES]),
         architecture=architecture,
     )
 
@@ -115,3 +123,58 @@ def summarize(evaluations: list[ClientEvaluation]) -> MetricRecord:
             "evaluated-clients": len(evaluations),
         }
     )
+
+
+def collect_evaluations(
+    evaluations: dict[int, list[ClientEvaluation]],
+    in_flight: RoundInFlight[Target],
+    replies: Iterable[Message],
+    identify: Callable[[Target], tuple[int | None, str]],
+) -> MetricRecord | None:
+    """Read the replies of an evaluation in flight; keep the round's results; summarize them.
+
+    ``identify(target)`` gives the client id the strategy knows a node as
+    (``None``: the reply says) and the evaluated model's architecture.
+    Unusable replies are logged and dropped; the results are stored in
+    ``evaluations`` under the round, by client id.
+    """
+    results: dict[int, ClientEvaluation] = {}
+    for answer in in_flight.match(replies):
+        result = parse_evaluation(answer.message, *identify(answer.target))
+        if isinstance(result, str):
+            in_flight.dropped(answer, result)
+            continue
+        results[result.client_id] = result
+    if not results:
+        return None
+    evaluations[in_flight.server_round] = [results[cid] for cid in sorted(results)]
+    return summarize(evaluations[in_flight.server_round])
+
+
+class PerClientEvaluation:
+    """What a personalized strategy's evaluation keeps: every client's result, by round.
+
+    A strategy that mixes this in sets :attr:`evaluating` in its
+    ``configure_evaluate`` (the nodes asked, and what each stands for) and
+    says, if it knows, which client a node is (:meth:`evaluated_client`).
+    """
+
+    #: Every client's result, by round (the ServerApp writes them into metrics.json).
+    evaluations: dict[int, list[ClientEvaluation]]
+    #: The evaluation in flight.
+    evaluating: RoundInFlight[Any] | None
+
+    def evaluated_client(self, target: Any) -> tuple[int | None, str]:
+        """The client id and model architecture of an evaluated node; ``None``: its reply says."""
+        del target
+        return None, ""
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        """Keep every client's test result; report mean and std over clients."""
+        del server_round  # the evaluation in flight knows its round
+        in_flight, self.evaluating = self.evaluating, None
+        if in_flight is None:
+            return None
+        return collect_evaluations(self.evaluations, in_flight, replies, self.evaluated_client)

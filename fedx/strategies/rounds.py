@@ -21,6 +21,7 @@ from flwr.serverapp.strategy import Result, Strategy
 from flwr.serverapp.strategy.strategy_utils import log_strategy_start_info
 
 from fedx.messaging import send_and_collect
+from fedx.strategies.capabilities import RunAware
 
 EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 RoundEndFn = Callable[[int, ArrayRecord, Result], None]
@@ -86,10 +87,9 @@ def run_rounds(
     strategy.summary()
     log(INFO, "")
     # Strategies whose extra message exchanges or schedules depend on the
-    # run's limits (FedMR's secure recombination, FedMe) learn them here.
-    begin_run = getattr(strategy, "begin_run", None)
-    if callable(begin_run):
-        begin_run(num_rounds=num_rounds, timeout=timeout)
+    # run's limits (secure recombination, evaluation of the last round) learn them here.
+    if isinstance(strategy, RunAware):
+        strategy.begin_run(num_rounds=num_rounds, timeout=timeout)
 
     train_config = ConfigRecord() if train_config is None else train_config
     evaluate_config = ConfigRecord() if evaluate_config is None else evaluate_config
@@ -107,8 +107,22 @@ def run_rounds(
     for server_round in range(first_round, num_rounds + 1):
         log(INFO, "")
         log(INFO, "[ROUND %s/%s]", server_round, num_rounds)
-        arrays = _train(strategy, grid, server_round, arrays, train_config, timeout, result)
-        _evaluate(strategy, grid, server_round, arrays, evaluate_config, timeout, result)
+        replies = send_and_collect(
+            grid, strategy.configure_train(server_round, arrays, train_config, grid), timeout
+        )
+        new_arrays, metrics = strategy.aggregate_train(server_round, replies)
+        if new_arrays is not None:
+            result.arrays = arrays = new_arrays
+        _keep(result.train_metrics_clientapp, server_round, metrics)
+        # Federated evaluation of the global arrays, when the strategy asks for it.
+        replies = send_and_collect(
+            grid, strategy.configure_evaluate(server_round, arrays, evaluate_config, grid), timeout
+        )
+        _keep(
+            result.evaluate_metrics_clientapp,
+            server_round,
+            strategy.aggregate_evaluate(server_round, replies),
+        )
         if evaluate_fn is not None:
             log(INFO, "Global evaluation")
             metrics = evaluate_fn(server_round, arrays)
@@ -129,45 +143,10 @@ def run_rounds(
     return result
 
 
-# pylint: disable=too-many-arguments
-def _train(
-    strategy: Strategy,
-    grid: Grid,
-    server_round: int,
-    arrays: ArrayRecord,
-    config: ConfigRecord,
-    timeout: float,
-    result: Result,
-) -> ArrayRecord:
-    """One training round; returns the new global arrays (or the old ones)."""
-    replies = send_and_collect(
-        grid, strategy.configure_train(server_round, arrays, config, grid), timeout
-    )
-    new_arrays, metrics = strategy.aggregate_train(server_round, replies)
-    if new_arrays is not None:
-        result.arrays = new_arrays
-        arrays = new_arrays
-    if metrics is not None:
-        log(INFO, "\t└──> Aggregated MetricRecord: %s", metrics)
-        result.train_metrics_clientapp[server_round] = metrics
-    return arrays
-
-
-# pylint: disable=too-many-arguments
-def _evaluate(
-    strategy: Strategy,
-    grid: Grid,
-    server_round: int,
-    arrays: ArrayRecord,
-    config: ConfigRecord,
-    timeout: float,
-    result: Result,
+def _keep(
+    by_round: dict[int, MetricRecord], server_round: int, metrics: MetricRecord | None
 ) -> None:
-    """Federated evaluation of the global arrays, when the strategy asks for it."""
-    replies = send_and_collect(
-        grid, strategy.configure_evaluate(server_round, arrays, config, grid), timeout
-    )
-    metrics = strategy.aggregate_evaluate(server_round, replies)
+    """Log a round's aggregated metrics and keep them in the result."""
     if metrics is not None:
         log(INFO, "\t└──> Aggregated MetricRecord: %s", metrics)
-        result.evaluate_metrics_clientapp[server_round] = metrics
+        by_round[server_round] = metrics

@@ -11,7 +11,9 @@ app = ClientApp()
 @app.train()
 def train_step(msg: Message, context: Context) -> Message:
     """Train the received arrays and reply with Flower's usual records."""
-    x, y = load_data(int(context.node_config["partition-id"]), int(context.node_config["num-partitions"]))
+    x, y = load_data(
+        int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
+    )
     arrays = msg.content["arrays"]
     model = {name: array.numpy() for name, array in arrays.items()}
     loss = train(model, x, y)
@@ -27,7 +29,9 @@ def train_step(msg: Message, context: Context) -> Message:
 @app.evaluate()
 def evaluate_step(msg: Message, context: Context) -> Message:
     """Report the received model's accuracy on this node's data."""
-    x, y = load_data(int(context.node_config["partition-id"]), int(context.node_config["num-partitions"]))
+    x, y = load_data(
+        int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
+    )
     model = {name: array.numpy() for name, array in msg.content["arrays"].items()}
     metrics = MetricRecord({"num-examples": len(y), "accuracy": accuracy(model, x, y)})
     return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)

@@ -1,0 +1,164 @@
+"""What a ClientApp call works with, read once: the run config, this node's partition, the round.
+
+The ClientApp is stateless: every message carries what it needs, and the run
+config (checked and typed by :class:`fedx.config.RunConfig`, as on the
+server) says which data, model and method the run uses. A :class:`ClientTask`
+reads all of that once per message and hands it to the handlers.
+"""
+
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from fedx.config import RunConfig
+from fedx.data import (
+    LocalSplits,
+    dataset_info,
+    load_local_splits,
+    load_partition,
+    load_split,
+    partition_indices,
+)
+from fedx.models import build_model
+from fedx.protocol.common import CONFIG, SERVER_ROUND, TrainingSettings
+from fedx.training import get_device
+
+#: Batch size of evaluation passes.
+EVALUATION_BATCH = 256
+
+
+@functools.lru_cache(maxsize=4)
+def _checked(items: tuple[tuple[str, Any], ...]) -> RunConfig:
+    return RunConfig.from_mapping(dict(items))
+
+
+def read_run_config(run_config: Mapping[str, Any]) -> RunConfig:
+    """The node's run config, checked once per process and run."""
+    return _checked(tuple(sorted(run_config.items())))
+
+
+def node_partition(context: Context) -> tuple[int, int]:
+    """``partition-id`` and ``num-partitions`` of the node's config.
+
+    Raises
+    ------
+    RuntimeError
+        When the SuperNode was started without them.
+    """
+    try:
+        return int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
+    except KeyError as err:
+        raise RuntimeError(
+            f"node config lacks {err}: start the SuperNode with "
+            "--node-config 'partition-id=<i> num-partitions=<n>'"
+        ) from None
+
+
+class ClientTask:
+    """One message to answer, with everything the answer needs.
+
+    Attributes
+    ----------
+    message : Message
+        The message.
+    context : Context
+        The node's context (secure recombination keeps state in it).
+    config : RunConfig
+        The run config.
+    partition_id, num_partitions : int
+        This node's share of the data.
+    round_config : ConfigRecord
+        The message's ConfigRecord (empty when it has none).
+    server_round : int
+        The round the message belongs to (0 when the server did not say).
+    training : TrainingSettings
+        The local-training hyperparameters: the message's, else the run config's.
+    """
+
+    def __init__(self, message: Message, context: Context) -> None:
+        self.message = message
+        self.context = context
+        self.config = read_run_config(context.run_config)
+        self.partition_id, self.num_partitions = node_partition(context)
+        self.round_config = message.content.config_records.get(CONFIG, ConfigRecord())
+        self.server_round = int(self.round_config.get(SERVER_ROUND, 0))
+        self.training = TrainingSettings.read(self.round_config, self.config)
+        self.device = get_device()
+
+    # ------------------------------------------------------------------
+    # Data
+    # ------------------------------------------------------------------
+
+    @functools.cached_property
+    def local_splits(self) -> LocalSplits:
+        """This node's train/validation/test splits in the personalized layout."""
+        return load_local_splits(
+            self.config.dataset,
+            self.partition_id,
+            self.num_partitions,
+            **self.config.local_split_settings(),
+        )
+
+    def training_data(self) -> Dataset:
+        """What this node trains on: its share, or its train split when the method is personalized."""
+        if self.config.personalized:
+            return self.local_splits.train
+        return load_partition(
+            self.config.dataset,
+            self.partition_id,
+            self.num_partitions,
+            **self.config.partition_settings(),
+        )
+
+    def test_share(self) -> Dataset:
+        """This node's IID share of the held-out test split (it has the distribution of the whole)."""
+        test_set = load_split(self.config.dataset, "test", **self.config.data_settings())
+        targets = np.asarray(test_set.targets, dtype=np.int64)
+        shares = partition_indices(
+            targets, self.num_partitions, partitioning="iid", seed=self.config.seed
+        )
+        return Subset(test_set, shares[self.partition_id].tolist())
+
+    def train_loader(self, dataset: Dataset) -> DataLoader:
+        """Shuffled batches of ``batch-size``."""
+        return DataLoader(dataset, batch_size=self.training.batch_size, shuffle=True)
+
+    @staticmethod
+    def test_loader(dataset: Dataset) -> DataLoader:
+        """Batches for evaluation, in order."""
+        return DataLoader(dataset, batch_size=EVALUATION_BATCH)
+
+    # ------------------------------------------------------------------
+    # Models and training
+    # ------------------------------------------------------------------
+
+    def model(self, architecture: str, record: ArrayRecord) -> nn.Module:
+        """A model of ``architecture`` holding the weights of ``record``."""
+        info = dataset_info(self.config.dataset)
+        model = build_model(architecture, info.input_shape, info.num_classes)
+        model.load_state_dict(record.to_torch_state_dict())
+        return model
+
+    def sgd(self) -> dict[str, float]:
+        """The optimizer's settings, as :func:`fedx.training.train` takes them."""
+        return {
+            "learning_rate": self.training.learning_rate,
+            "momentum": self.training.momentum,
+            "weight_decay": self.training.weight_decay,
+        }
+
+    def seed_torch(self) -> None:
+        """Reproducible shuffling and dropout: one stream per (seed, round, node)."""
+        torch.manual_seed(
+            self.config.seed * 1_000_003 + self.server_round * 1009 + self.partition_id
+        )
+
+    def reply(self, records: Mapping[str, Any]) -> Message:
+        """The reply to the message, holding ``records``."""
+        return Message(content=RecordDict(dict(records)), reply_to=self.message)

@@ -1,0 +1,31 @@
+"""Writing files so that a reader, or a crash, never sees half of one."""
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+
+def write_atomically(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
+    """Call ``write(handle)`` on a temporary file beside ``path``, flush it to disk, rename it.
+
+    On any error the temporary file is removed and ``path`` is untouched.
+    """
+    with tempfile.NamedTemporaryFile("wb", dir=path.parent, suffix=".tmp", delete=False) as tmp:
+        try:
+            write(tmp)
+            tmp.flush()
+            os.fsync(tmp.fileno())
+        except BaseException:
+            os.unlink(tmp.name)
+            raise
+    os.replace(tmp.name, path)
+
+
+def write_json_atomically(path: Path, payload: Any) -> None:
+    """Write ``payload`` as indented JSON, atomically."""
+    write_atomically(
+        path, lambda handle: handle.write(json.dumps(payload, indent=2).encode("utf-8"))
+    )

@@ -1,0 +1,73 @@
+"""Flower's usual training messages, as fedx's strategies and ClientApp use them.
+
+A training message holds the model in an ArrayRecord (``"arrays"``) and the
+round's settings in a ConfigRecord (``"config"``); the reply holds the
+trained model and a MetricRecord (``"metrics"``) with ``"num-examples"``.
+A ``query`` message asks a node which client it is; the reply's
+``"client-id"`` metric says so.
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
+
+from flwr.app import ConfigRecord
+
+if TYPE_CHECKING:
+    from fedx.config import RunConfig
+
+#: Record names (Flower's strategies' ``arrayrecord_key``/``configrecord_key`` defaults).
+ARRAYS = "arrays"
+CONFIG = "config"
+METRICS = "metrics"
+
+#: Config keys the server sets.
+SERVER_ROUND = "server-round"
+PROXIMAL_MU = "proximal-mu"  # Flower's FedProx
+
+#: Metric keys of the replies.
+NUM_EXAMPLES = "num-examples"
+TRAIN_LOSS = "train-loss"
+EVAL_LOSS = "eval-loss"
+EVAL_ACCURACY = "eval-acc"
+CLIENT_ID = "client-id"
+
+
+@dataclass(frozen=True)
+class TrainingSettings:
+    """The local-training hyperparameters every training message carries.
+
+    The ServerApp sends them (:meth:`to_record`); a client reads them from
+    the message and falls back on its run config for those a ServerApp did
+    not send (:meth:`read`).
+    """
+
+    learning_rate: float
+    momentum: float
+    weight_decay: float
+    batch_size: int
+    local_epochs: int
+
+    @staticmethod
+    def config_key(field_name: str) -> str:
+        """The ConfigRecord key of a field: ``learning_rate`` -> ``learning-rate``."""
+        return field_name.replace("_", "-")
+
+    @classmethod
+    def from_run_config(cls, config: "RunConfig") -> "TrainingSettings":
+        """The run config's values (its keys have the same names)."""
+        return cls(**{f.name: getattr(config, f.name) for f in fields(cls)})
+
+    def to_record(self) -> ConfigRecord:
+        """The ConfigRecord the server sends with every training message."""
+        return ConfigRecord({self.config_key(f.name): getattr(self, f.name) for f in fields(self)})
+
+    @classmethod
+    def read(cls, record: Mapping[str, Any], fallback: "RunConfig") -> "TrainingSettings":
+        """The message's values, the run config's where the message has none."""
+        defaults = cls.from_run_config(fallback)
+        values = {}
+        for f in fields(cls):
+            default = getattr(defaults, f.name)
+            values[f.name] = type(default)(record.get(cls.config_key(f.name), default))
+        return cls(**values)

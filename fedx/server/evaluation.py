@@ -1,0 +1,62 @@
+"""Flower's ``evaluate_fn`` for the fedx app: the round clock, central and per-client results."""
+
+import torch
+from flwr.app import ArrayRecord, MetricRecord
+from torch.utils.data import DataLoader
+
+from fedx.config import RunConfig
+from fedx.data import load_split
+from fedx.outputs import RunRecorder
+from fedx.strategies.capabilities import EvaluatesPerClient
+from fedx.strategies.personalized import summarize
+from fedx.training import evaluate, get_device
+
+
+class RoundEvaluation:
+    """Records every round in ``metrics.json``; evaluates the global model centrally.
+
+    Flower calls it before the first round and after every round, after
+    federated evaluation. It records the round's wall time (the time between
+    calls, minus central evaluation), evaluates the global model on the
+    held-out test split every ``eval-every`` rounds and after the last (when
+    the run has a global model: ``model`` is ``None`` otherwise), and copies
+    the per-client results of the round into ``metrics.json`` when the
+    strategy keeps them (:class:`~fedx.strategies.capabilities.EvaluatesPerClient`).
+    """
+
+    def __init__(
+        self, cfg: RunConfig, model: torch.nn.Module | None, recorder: RunRecorder, strategy: object
+    ) -> None:
+        self.cfg = cfg
+        self.model = model
+        self.recorder = recorder
+        self.per_client = strategy.evaluations if isinstance(strategy, EvaluatesPerClient) else {}
+        self.device = get_device()
+        self.loader = None
+        if model is not None:
+            # LEAF: the union of the selected users' test samples.
+            test_set = load_split(cfg.dataset, "test", **cfg.data_settings())
+            self.loader = DataLoader(test_set, batch_size=256, shuffle=False)
+
+    def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+        """Record the round; return the central metrics when they were computed."""
+        if server_round > 0:
+            self.recorder.record(server_round, **{"round-seconds": self.recorder.round_seconds()})
+        self._record_per_client(server_round)
+        due = server_round % self.cfg.eval_every == 0 or server_round == self.cfg.num_server_rounds
+        metrics = None
+        if due and self.model is not None and self.loader is not None:
+            self.model.load_state_dict(arrays.to_torch_state_dict())
+            loss, accuracy = evaluate(self.model, self.loader, self.device)
+            self.recorder.record(server_round, loss=loss, accuracy=accuracy)
+            metrics = MetricRecord({"loss": loss, "accuracy": accuracy})
+        self.recorder.start_round_clock()
+        return metrics
+
+    def _record_per_client(self, server_round: int) -> None:
+        results = self.per_client.get(server_round)
+        if not results:
+            return
+        summary = summarize(results)
+        self.recorder.record(server_round, **{k: float(v) for k, v in summary.items()})
+        self.recorder.record_clients(server_round, {str(r.client_id): r.to_dict() for r in results})

@@ -1,0 +1,82 @@
+"""What several test modules share (fixtures are in conftest.py): the app's defaults, models, runs."""
+
+import json
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedx.ops import Model
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+#: ``[tool.flwr.app.config]`` of the app's pyproject.toml: what Flower gives the apps.
+DEFAULTS: dict[str, Any] = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["flwr"][
+    "app"
+]["config"]
+# The tests that go through `flwr run` share one simulation SuperLink and one
+# plain FedMR run: each Flower simulation costs a Ray start-up.
+PLAIN_FEDMR = {"rounds": 3, "seed": 3}
+
+
+def run_config(overrides: dict[str, Any] | None = None, **more: Any) -> dict[str, Any]:
+    """The app's defaults with ``overrides`` (kebab-case keys) and ``more`` (keys without dashes)."""
+    return {**DEFAULTS, **(overrides or {}), **more}
+
+
+def make_model(rng: np.random.Generator, scale: float = 1.0) -> Model:
+    """A small CNN-shaped state dict: conv, BatchNorm (with an int counter), linear."""
+    return {
+        "conv1.weight": (scale * rng.normal(size=(4, 1, 3, 3))).astype(np.float32),
+        "conv1.bias": (scale * rng.normal(size=(4,))).astype(np.float32),
+        "bn1.weight": (scale * rng.normal(size=(4,))).astype(np.float32),
+        "bn1.bias": (scale * rng.normal(size=(4,))).astype(np.float32),
+        "bn1.running_mean": (scale * rng.normal(size=(4,))).astype(np.float32),
+        "bn1.running_var": np.abs(scale * rng.normal(size=(4,))).astype(np.float32),
+        "bn1.num_batches_tracked": np.array(int(rng.integers(0, 100)), dtype=np.int64),
+        "fc1.weight": (scale * rng.normal(size=(8, 16))).astype(np.float32),
+        "fc1.bias": (scale * rng.normal(size=(8,))).astype(np.float32),
+        "fc2.weight": (scale * rng.normal(size=(3, 8))).astype(np.float32),
+        "fc2.bias": (scale * rng.normal(size=(3,))).astype(np.float32),
+    }
+
+
+def metrics_rows(directory: Path) -> dict[int, dict[str, Any]]:
+    """The rows of a run's ``metrics.json``, by round."""
+    metrics = json.loads((directory / "metrics.json").read_text())
+    return {row["round"]: row for row in metrics["rounds"]}
+
+
+def flwr_run(
+    env: dict[str, str],
+    app: Path,
+    run_config_text: str,
+    *options: str,
+    timeout: float = 300,
+    bin_dir: Path = BIN,
+) -> str:
+    """``flwr run <app> <options> --stream --run-config ...`` to the end; everything it printed.
+
+    ``env`` points ``flwr`` (of ``bin_dir``) at a SuperLink (``FLWR_HOME``);
+    ``options`` are a connection name or ``--federation-config ...``.
+    """
+    done = subprocess.run(
+        [
+            str(bin_dir / "flwr"),
+            "run",
+            str(app),
+            *options,
+            "--stream",
+            "--run-config",
+            run_config_text,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    return done.stdout + done.stderr

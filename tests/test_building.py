@@ -1,0 +1,148 @@
+"""From a run config to a strategy: every method builds, its constructor's errors become config errors."""
+
+import pytest
+
+from fedx.config import ConfigError, RunConfig
+from fedx.registry import builtin_methods
+from fedx.server.building import build_strategy
+from fedx.strategies import FedCross, FedMe, FedMR
+
+
+@pytest.mark.parametrize("method", builtin_methods(), ids=lambda m: m.name)
+def test_every_method_builds_with_its_keys(defaults, method):
+    cfg = RunConfig.from_mapping({**defaults, "strategy": method.name})
+    strategy = build_strategy(cfg)
+    assert type(strategy) is method.strategy  # pylint: disable=unidiomatic-typecheck
+    # The app keys it takes reached the constructor.
+    if "min-train-nodes" in method.takes:
+        assert strategy.min_train_nodes == cfg.min_train_nodes
+    if "seed" in method.takes:
+        assert strategy.seed == cfg.seed
+
+
+def test_the_methods_own_values_reach_the_constructor(defaults):
+    cross = build_strategy(
+        RunConfig.from_mapping(
+            {
+                **defaults,
+                "strategy": "fedcross",
+                "fedcross-alpha": 0.9,
+                "fedcross-selection": "in_order",
+                "fedcross-propeller-rounds": 3,
+                "pool-mean": "weighted",
+                "seed": 7,
+            }
+        )
+    )
+    assert isinstance(cross, FedCross)
+    assert (cross.alpha, cross.selection, cross.propeller_rounds, cross.pool_mean, cross.seed) == (
+        0.9,
+        "in_order",
+        3,
+        "weighted",
+        7,
+    )
+    secure = build_strategy(
+        RunConfig.from_mapping(
+            {**defaults, "secure-recombination": True, "secure-repeats": 2, "grouping": "module"}
+        )
+    )
+    assert isinstance(secure, FedMR) and secure.secure is not None
+    assert (secure.secure.repeats, secure.secure.min_layers, secure.secure.grouping) == (
+        2,
+        2,
+        "module",
+    )
+    assert build_strategy(RunConfig.from_mapping(defaults)).secure is None
+
+
+def test_combinations_the_strategy_rejects_are_config_errors(defaults):
+    cfg = RunConfig.from_mapping(
+        {**defaults, "strategy": "fedcross", "fedcross-alpha": 0.9, "fedcross-alpha-start": 0.95}
+    )
+    with pytest.raises(ConfigError) as error:
+        build_strategy(cfg)
+    assert (
+        str(error.value)
+        == "invalid run config fedcross-alpha-start=0.95: must be a number in [0.5, 0.9]"
+    )
+    few = RunConfig.from_mapping({**defaults, "secure-recombination": True, "secure-repeats": 0})
+    with pytest.raises(ConfigError) as error:
+        build_strategy(few)
+    assert str(error.value) == "invalid run config secure-repeats=0: must be an integer >= 1"
+    crossed = RunConfig.from_mapping(
+        {**defaults, "secure-recombination": True, "secure-min-layers": 3, "secure-max-layers": 2}
+    )
+    with pytest.raises(ConfigError) as error:
+        build_strategy(crossed)
+    assert str(error.value) == "invalid run config secure-max-layers=2: must be an integer >= 3"
+    weighted = RunConfig.from_mapping(
+        {**defaults, "secure-recombination": True, "pool-mean": "weighted"}
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"^invalid run config pool-mean='weighted': must be 'uniform' with secure",
+    ):
+        build_strategy(weighted)
+
+
+def test_fedme_settings_reach_the_strategy(defaults):
+    cfg = RunConfig.from_mapping(
+        {
+            **defaults,
+            "strategy": "fedme",
+            "fedme-architectures": "cnn-3, cnn-1",
+            "fedme-cluster-rounds": "",
+            "fedme-mutual-learning": False,
+            "finetune-epochs": 2,
+        }
+    )
+    strategy = build_strategy(cfg)
+    assert isinstance(strategy, FedMe)
+    assert strategy.architectures == ("cnn-3", "cnn-1") and cfg.models == ("cnn-3", "cnn-1")
+    assert strategy.cluster_rounds == ()
+    assert strategy.mutual_learning is False and strategy.model_tuning and strategy.clustering
+    assert strategy.finetune_epochs == 2 and strategy.seed == cfg.seed
+    default = build_strategy(RunConfig.from_mapping({**defaults, "strategy": "fedme"}))
+    assert default.cluster_rounds == (10, 15, 18)
+    # The server's unlabeled set (200 digits) feeds the clustering outputs.
+    model = strategy.initial_model_fn("cnn-1", 0)
+    assert strategy.predict_fn("cnn-1", model).shape == (200, 10)
+
+
+def test_models_that_do_not_fit_the_data_are_config_errors(defaults):
+    cfg = RunConfig.from_mapping(
+        {**defaults, "strategy": "fedme", "fedme-architectures": "cnn-2,vgg11"}
+    )
+    with pytest.raises(ConfigError) as error:
+        build_strategy(cfg)
+    assert str(error.value).startswith(
+        "invalid run config fedme-architectures='cnn-2,vgg11' for dataset='digits': vgg11 needs inputs of at least 32x32"
+    )
+    unknown = RunConfig.from_mapping(
+        {**defaults, "strategy": "fedme", "fedme-architectures": "cnn-1,resnet99"}
+    )
+    with pytest.raises(
+        ConfigError, match=r"fedme-architectures='cnn-1,resnet99' .*'resnet99' is not one of"
+    ):
+        build_strategy(unknown)
+    # The model key of another method is not built: FedMe ignores `model`.
+    assert build_strategy(
+        RunConfig.from_mapping({**defaults, "strategy": "fedme", "model": "lstm"})
+    )
+    cfg = RunConfig.from_mapping({**defaults, "strategy": "fedme", "min-train-nodes": 1})
+    with pytest.raises(ConfigError) as error:
+        build_strategy(cfg)
+    assert str(error.value) == "invalid run config min-train-nodes=1: must be an integer >= 2"
+    cfg = RunConfig.from_mapping({**defaults, "strategy": "fedavg-ft", "min-partition-size": 2})
+    with pytest.raises(
+        ConfigError, match=r"^invalid run config min-partition-size=2: must be an integer >= 3"
+    ):
+        build_strategy(cfg)
+
+
+def test_segment_fraction_zero_means_layer_wise(defaults):
+    strategy = build_strategy(RunConfig.from_mapping({**defaults, "segment-fraction": 0.0}))
+    assert strategy.segment_fraction is None
+    strategy = build_strategy(RunConfig.from_mapping({**defaults, "segment-fraction": 0.25}))
+    assert strategy.segment_fraction == 0.25
