@@ -15,15 +15,22 @@ rounds 2 to R (round 1 pays the start-up). It runs
     process per message;
   - ``warm``: fedx's, ``fedx-superexec`` (the ClientApp's imports loaded
     once per SuperNode, a fork per message);
-  - ``:POLL`` (seconds, e.g. ``warm:0.1``): the SuperNodes' idle poll of
-    the SuperLink (Flower: 3 s, ``fedx-supernode --poll-interval``) and
-    their SuperExecs' task poll (Flower: 1 s,
-    ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``) set to POLL.
+  - without ``:POLL``, Flower's polling everywhere: the ServerApp pulls
+    replies every 3 s as Flower's ``send_and_receive`` does
+    (``FEDX_REPLY_PULL_INTERVAL=3``), an idle SuperNode pulls the SuperLink
+    every 3 s and its SuperExec asks for tasks every 1 s; so ``flower`` is
+    Flower as shipped, the baseline of the ``/flower`` column;
+  - with ``:POLL`` (seconds, e.g. ``warm:0.1``), fedx's: the ServerApp
+    collects replies as they arrive (``fedx.messaging.send_and_collect``'s
+    adaptive pulls), the SuperNodes pull every POLL
+    (``fedx-supernode --poll-interval``) and so do their SuperExecs
+    (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``).
 
 Every client trains with ``--client-threads`` torch threads (default 1): the
 plain loop sets it, the simulation gives each client that many CPUs
 (``client-resources-num-cpus``), and the SuperNodes' ClientApps get it
-through ``OMP_NUM_THREADS``, so that thread contention on a small machine
+through ``OMP_NUM_THREADS`` (the simulation's actors get Ray's ``num_cpus``
+and with it the same), so that thread contention on a small machine
 does not decide the comparison.
 
 The per-round times are the ``round-seconds`` the fedx ServerApp writes to
@@ -31,7 +38,7 @@ The per-round times are the ``round-seconds`` the fedx ServerApp writes to
 whole run is the wall time of ``flwr run --stream`` (for real processes
 once the SuperLink and SuperNodes are up and, for ``warm``, once their warm
 interpreters have imported the app). Ratios are taken against the
-simulation and the plain loop of the same benchmark run. For each real
+simulation, the plain loop and ``flower`` of the same benchmark run. For each real
 setup, before the job, the SuperLink's CPU time while the SuperNodes sit
 idle for ``--idle-seconds`` is reported as a share of one core: what the
 SuperNodes' polling costs it.
@@ -49,7 +56,7 @@ Two more measurements:
 Usage::
 
     python benchmarks/deployment.py                    # everything above
-    python benchmarks/deployment.py --setups flower warm --skip-secure
+    python benchmarks/deployment.py --setups flower warm:0.1 --skip-secure
     python benchmarks/deployment.py --quick            # 4 clients, 2 rounds of 1 epoch, warm:0.5 only
 
 The machine's other load shows in every figure: compare ratios taken in one
@@ -72,8 +79,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
+import psutil
 import torch
 
+from fedx import messaging
 from fedx.compare.plan import app_defaults
 from fedx.config import RunConfig
 from fedx.deploy.local import FederationSpec, LocalFederation, free_port
@@ -82,6 +91,8 @@ from fedx.outputs import METRICS_FILE
 APP = Path(__file__).resolve().parents[1]
 EXECUTORS = ("flower", "warm")
 DEFAULT_SETUPS = ("flower", "warm", "flower:0.1", "warm:0.1")
+#: The ServerApp's fixed pull interval that stands for Flower's send_and_receive.
+FLOWER_REPLY_PULL_INTERVAL = 3.0
 
 
 def _load_sibling(name: str) -> ModuleType:
@@ -119,8 +130,19 @@ class Setup:
     def description(self) -> str:
         """Words for the report."""
         executor = "Flower's executor" if self.executor == "flower" else "warm executor"
-        polls = "Flower's polls" if self.poll is None else f"{self.poll:g} s polls"
+        polls = "Flower's polls" if self.poll is None else f"fedx's polls ({self.poll:g} s)"
         return f"real, {executor}, {polls}"
+
+    def environment(self, threads: int) -> dict[str, str]:
+        """What every process of the federation gets in its environment."""
+        environment = {"OMP_NUM_THREADS": str(threads)}
+        if self.poll is None:  # the ServerApp pulls replies in Flower's steps
+            environment[messaging.PULL_INTERVAL_VARIABLE] = f"{FLOWER_REPLY_PULL_INTERVAL:g}"
+        return environment
+
+
+#: Flower's executor and Flower's polling: the baseline of the comparison.
+FLOWER_AS_SHIPPED = Setup("flower")
 
 
 @dataclass
@@ -207,20 +229,6 @@ def flwr_run_on(federation: LocalFederation, overrides: dict, timeout: float) ->
 
 
 @contextlib.contextmanager
-def client_threads(threads: int):
-    """Processes started inside get ``OMP_NUM_THREADS=threads`` (torch's intra-op threads)."""
-    saved = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = str(threads)
-    try:
-        yield
-    finally:
-        if saved is None:
-            del os.environ["OMP_NUM_THREADS"]
-        else:
-            os.environ["OMP_NUM_THREADS"] = saved
-
-
-@contextlib.contextmanager
 def federation_of(
     state_dir: Path, clients: int, setup: Setup, threads: int, timeout: float = 300.0
 ):
@@ -237,8 +245,9 @@ def federation_of(
         executor=setup.executor,
         poll_interval=setup.poll,
         workdir=state_dir,
+        extra_environment=setup.environment(threads),
     )
-    with client_threads(threads), LocalFederation(spec) as federation:
+    with LocalFederation(spec) as federation:
         federation.start()
         for index in range(clients):
             federation.node_id(index, timeout=timeout)
@@ -249,9 +258,9 @@ def federation_of(
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far (Linux ``/proc``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU seconds of process ``pid`` so far."""
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
 
 
 def idle_superlink_cpu(federation: LocalFederation, seconds: float) -> float:
@@ -386,24 +395,37 @@ def _ratio(numerator: float | None, denominator: float | None) -> str:
     return f"{numerator / denominator:.2f}" if numerator and denominator else ""
 
 
+def load_text() -> str:
+    """The machine's load averages (1, 5, 15 min), for the report."""
+    return "load average " + " ".join(f"{load:.2f}" for load in os.getloadavg())
+
+
+def flower_baseline(runs: Sequence[Real] | Sequence[Secure]):
+    """The run of Flower as shipped (setup ``flower``) among ``runs``, if it was measured."""
+    return next((run for run in runs if run.setup == FLOWER_AS_SHIPPED), None)
+
+
 def print_job(report: Report) -> None:
-    """One line per way of running the job, with its ratios to the simulation and the plain loop."""
+    """One line per way of running the job, with its ratios to the simulation, the plain loop
+    and Flower as shipped."""
     simulation = report.simulation.per_round if report.simulation else None
     plain = report.plain.per_round if report.plain else None
+    baseline = flower_baseline(report.real)
+    flower = baseline.timing.per_round if baseline else None
     rows = [("plain loop", report.plain, None), ("simulation", report.simulation, None)]
     rows += [(real.setup.description, real.timing, real.idle_cpu) for real in report.real]
     print(
-        f"{'':<40}{'s/round':>9}{'/sim':>7}{'/plain':>8}{'round 1 s':>11}{'whole run s':>13}"
-        f"{'idle SuperLink CPU':>20}"
+        f"{'':<46}{'s/round':>9}{'/sim':>7}{'/plain':>8}{'/flower':>9}{'round 1 s':>11}"
+        f"{'whole run s':>13}{'idle SuperLink CPU':>20}"
     )
     for label, timing, idle in rows:
         if timing is None:
             continue
         idle_text = "" if idle is None else f"{100 * idle:.1f}%"
         print(
-            f"{label:<40}{_text(timing.per_round):>9}{_ratio(timing.per_round, simulation):>7}"
-            f"{_ratio(timing.per_round, plain):>8}{_text(timing.first):>11}"
-            f"{_text(timing.total, 1):>13}{idle_text:>20}"
+            f"{label:<46}{_text(timing.per_round):>9}{_ratio(timing.per_round, simulation):>7}"
+            f"{_ratio(timing.per_round, plain):>8}{_ratio(timing.per_round, flower):>9}"
+            f"{_text(timing.first):>11}{_text(timing.total, 1):>13}{idle_text:>20}"
         )
         if timing.error:
             print(f"  {label}: {timing.error}")
@@ -423,6 +445,8 @@ def print_secure(secure: Secure, baseline: Secure | None) -> None:
     ratio = ""
     if baseline is not None and baseline is not secure and secure.per_round and baseline.per_round:
         ratio = f", {baseline.per_round / secure.per_round:.1f}x faster than {baseline.setup.label}"
+    elif secure is baseline:
+        ratio = " (the baseline: Flower as shipped)"
     print(
         f"secure recombination, 4 SuperNodes, {secure.setup.description}: secure stage "
         f"{_text(secure.per_round)} s/round{ratio} (rounds: {rounds}; exchanges per round "
@@ -517,13 +541,16 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return arguments
 
 
-def _attempt(step, failed):
+def _attempt(what: str, step, failed):
     """``step()``, or ``failed(error)`` after printing the traceback (a report, not a test)."""
+    started = time.monotonic()
     try:
-        return step()
+        result = step()
     except Exception as err:  # pylint: disable=broad-exception-caught
         traceback.print_exc()
-        return failed(repr(err))
+        result = failed(repr(err))
+    print(f"  {what}: {time.monotonic() - started:.0f} s; {load_text()}", flush=True)
+    return result
 
 
 def main(argv: Sequence[str] | None = None) -> Report:
@@ -534,19 +561,23 @@ def main(argv: Sequence[str] | None = None) -> Report:
         f"FedMR on digits, cnn, IID, {arguments.clients} clients, {arguments.rounds} rounds of "
         f"{arguments.local_epochs} local epoch(s); per round = mean of rounds 2-{arguments.rounds}; "
         f"{arguments.client_threads} torch thread(s) per client; {os.cpu_count()} cores, shared "
-        "with whatever else runs"
+        f"with whatever else runs ({load_text()} at start)",
+        flush=True,
     )
     with tempfile.TemporaryDirectory(prefix="fedx-deployment-") as directory:
         home = Path(directory)
         if not arguments.skip_plain:
-            report.plain = _attempt(lambda: time_plain(arguments, home), lambda e: Timing(error=e))
+            report.plain = _attempt(
+                "plain loop", lambda: time_plain(arguments, home), lambda e: Timing(error=e)
+            )
         if not arguments.skip_simulation:
             report.simulation = _attempt(
-                lambda: time_simulation(arguments, home), lambda e: Timing(error=e)
+                "simulation", lambda: time_simulation(arguments, home), lambda e: Timing(error=e)
             )
         secure: list[Secure | None] = []
         for setup in arguments.setups:
             real, secure_run = _attempt(
+                setup.description,
                 lambda s=setup: run_setup(arguments, home, s),
                 lambda e, s=setup: (
                     Real(s, Timing(error=e)),
@@ -561,13 +592,12 @@ def main(argv: Sequence[str] | None = None) -> Report:
             print_cold(report.cold)
         report.secure = [run for run in secure if run is not None]
         for run in report.secure:
-            print_secure(run, report.secure[0])
+            print_secure(run, flower_baseline(report.secure) or report.secure[0])
+    print(f"{load_text()} at the end")
     return report
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except Exception:  # pylint: disable=broad-exception-caught
-        traceback.print_exc()
-    sys.exit(0)
+    from _report import run_reporting_errors  # this script's folder is first on sys.path
+
+    run_reporting_errors(main)
