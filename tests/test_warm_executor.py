@@ -28,8 +28,9 @@ from fedx.deploy.cli import main as deploy_main
 from fedx.deploy.credentials import write_supernode_keys, write_tls_certificates
 from fedx.deploy.local import FederationSpec, LocalFederation
 from fedx.deploy.superexec import WarmExecutor
-from tests.deployment import REPO, flwr_run, spec_on_free_ports
+from tests.deployment import run_app, spec_on_free_ports
 from tests.executor_probe import probe
+from tests.helpers import REPO
 from tests.test_deploy_static import flags, help_flags
 
 
@@ -283,11 +284,16 @@ def test_deploy_up_starts_warm_supernodes_with_short_polls(tmp_path, monkeypatch
 
 @pytest.fixture(scope="module")
 def warm_federation(tmp_path_factory):
-    """3 SuperNodes (--isolation process) + fedx-superexec each; TLS, SuperNode and SuperExec auth."""
+    """3 SuperNodes (--isolation process) + fedx-superexec each; TLS, SuperNode and SuperExec auth.
+
+    The SuperNodes are fedx-supernode with a 0.1 s idle poll (their SuperExecs poll as often).
+    """
     base = tmp_path_factory.mktemp("warm")
     tls = write_tls_certificates(base / "certificates", ["localhost", "127.0.0.1"])
     write_supernode_keys(base / "keys", 3)
-    spec = spec_on_free_ports(3, base / "state", tls=tls, auth_keys=base / "keys", executor="warm")
+    spec = spec_on_free_ports(
+        3, base / "state", tls=tls, auth_keys=base / "keys", executor="warm", poll_interval=0.1
+    )
     with LocalFederation(spec) as federation:
         federation.start()
         for index in range(3):
@@ -300,7 +306,8 @@ def test_fedmr_runs_on_warm_executors_over_tls_with_authentication(warm_federati
     federation, warm_pids = warm_federation
     spec = federation.spec
     assert "--superexec-auth-secret-file" in spec.supernode_command(0)
-    output = flwr_run(
+    assert Path(spec.supernode_command(0)[0]).name == "fedx-supernode"
+    output = run_app(
         federation,
         REPO,
         f'num-server-rounds=2 local-epochs=1 min-available-nodes=3 run-name="warm" output-dir="{tmp_path}"',
@@ -315,7 +322,7 @@ def test_fedmr_runs_on_warm_executors_over_tls_with_authentication(warm_federati
         log = (spec.log_dir / f"supernode-{index}.log").read_text(errors="replace")
         received = log.count("Receiving: ")
         forked = log.count("forked from the warm interpreter")
-        assert received >= 3 and forked == received, (index, received, forked)  # query + 2 rounds
+        assert received >= 2 and forked == received, (index, received, forked)  # 2 rounds (+ query)
         assert f"warm ClientApp interpreter (pid {warm_pid}) ready" in log
         assert "Traceback" not in log, log[-3000:]
         # The SuperNode's Runtime API, where the tasks' tokens travel, speaks TLS only.
