@@ -63,7 +63,7 @@ def run_rounds(
         The first round to run. Rounds before it count as done: the
         ``evaluate_fn`` of round 0 runs only when ``first_round`` is 1.
     timeout : float (default: 3600)
-        Seconds each ``send_and_receive`` waits for replies.
+        Seconds each exchange waits for replies (:func:`~fedx.messaging.send_and_collect`).
     train_config, evaluate_config : ConfigRecord, optional
         Sent to the nodes with every training / evaluation message.
     evaluate_fn : callable, optional
