@@ -218,7 +218,7 @@ def plain_loop(cfg: RunConfig, num_clients: int) -> list[float]:
         if method_rng is None:
             global_model = average(trained, weights=[examples for _, examples in results])
         else:
-            pool = recombine(trained, method_rng, grouping=cfg.grouping)  # type: ignore[arg-type]
+            pool = recombine(trained, method_rng, grouping=cfg["grouping"])
             global_model = average(trained)
         seconds.append(time.perf_counter() - start)
     return seconds

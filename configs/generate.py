@@ -70,9 +70,11 @@ fedmut-beta0 = {beta0}
 fedmut-beta-rounds = 100
 
 # FedCross: alpha = 0.99 and lowest-similarity collaborators, the best in its
-# ablation (Sec. 4.4.1, Table 2 and Figure 3).
+# ablation (Sec. 4.4.1, Table 2 and Figure 3), by the paper's cosine over whole
+# models ("layer-pairs": the authors' lab's code, see README).
 fedcross-alpha = 0.99
 fedcross-selection = "lowest_similarity"
+fedcross-similarity = "model"
 fedcross-propeller-rounds = 0
 fedcross-dynamic-alpha-rounds = 0
 """

@@ -21,6 +21,7 @@ while the clients swap layers (:mod:`fedx.secure.client`).
 
 import functools
 import importlib
+import sys
 from collections.abc import Callable
 
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
@@ -40,6 +41,13 @@ from fedx.protocol.common import (
 from fedx.protocol.personalized import ARCHITECTURE, FINETUNE_EPOCHS
 from fedx.secure.client import is_secure_round, register_secure_handlers, secure_train_reply
 from fedx.training import evaluate, train
+
+# Inside Flower's simulation engine, ClientApps run on fedx's Ray backend: its
+# actor pool follows the nodes of a Ray cluster (fedx/ray_backend.py).
+if "flwr.server.superlink.fleet.vce.vce_api" in sys.modules:
+    from fedx.ray_backend import install as install_ray_backend
+
+    install_ray_backend()
 
 app = ClientApp()
 # Secure recombination: the exchange's send, return and upload steps.

@@ -207,15 +207,33 @@ class RunConfig:
         "central (and personalized) evaluation every this many rounds (and the last)",
         "evaluate_every",
     )
+    divergence_rounds: int = _app(
+        3,
+        Integer(0),
+        "stop the run (`stop-reason` in metrics.json) after this many consecutive rounds in "
+        "which training replies came back but every one was invalid (NaN, Inf...); 0 = never",
+    )
+    divergence_nonfinite: bool = _app(
+        True,
+        Flag(),
+        "stop the run when the global model or its central loss is NaN or infinite",
+    )
+    divergence_loss_ratio: float = _app(
+        1000.0,
+        NON_NEGATIVE,
+        "stop the run when the central loss exceeds this multiple of the initial model's; 0 = never",
+    )
     run_name: str = _app(
         "", Text(), "output folder name; empty = `<strategy>-<dataset>-<model>-<time>`"
     )
     output_dir: str = _app("outputs", Text(), "where run folders go")
-    # "" starts a new run; a run directory (or its checkpoint.json) continues it.
+    # "" starts a new run; a run directory (or its checkpoint.json) continues it, and
+    # num-server-rounds set along with it extends it (fedx.server.resume).
     resume_from: str = _app(
         "",
         Text(),
-        "continue an interrupted run from its directory (or its `checkpoint.json`); empty = a new run",
+        "continue an interrupted run from its directory (or its `checkpoint.json`), or extend a "
+        "finished one with a larger `num-server-rounds`; empty = a new run",
     )
     #: The methods' keys, by run-config name.
     options: Mapping[str, Any] = field(default_factory=dict, repr=False)

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
-from fedx.training import get_device
+from fedx.training import SGD, get_device
 
 
 def mutual_losses(
@@ -106,9 +106,7 @@ def train_mutual(
         model.to(device)
         model.train()
         optimizers.append(
-            torch.optim.SGD(
-                model.parameters(), lr=learning_rate, momentum=momentum, weight_decay=weight_decay
-            )
+            SGD(model.parameters(), lr=learning_rate, momentum=momentum, weight_decay=weight_decay)
         )
     sums, num_samples = [0.0, 0.0], 0
     for _ in range(epochs):
@@ -118,7 +116,7 @@ def train_mutual(
             inputs = inputs.to(device, non_blocking=True)
             labels = labels.to(device, non_blocking=True)
             for optimizer in optimizers:
-                optimizer.zero_grad(set_to_none=True)
+                optimizer.zero_grad()
             logits = (personalized(inputs), exchanged(inputs))
             losses = mutual_losses(*logits, labels, mutual_learning=mutual_learning)
             # The KL targets are detached, so one backward pass gives each

@@ -4,13 +4,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")  # no display on servers and in CI
-import matplotlib.pyplot as plt  # noqa: E402  pylint: disable=wrong-import-position
-from matplotlib.ticker import MaxNLocator  # noqa: E402  pylint: disable=wrong-import-position
-
-from fedx.files import write_json_atomically  # noqa: E402
+from fedx.files import write_json_atomically
 
 METRICS_FILE = "metrics.json"
 PLOT_FILE = "accuracy.png"
@@ -25,7 +19,9 @@ class RunRecorder:
     personalized methods, ``personalized-accuracy`` (mean over clients of
     each client's model on its own test split) with
     ``personalized-accuracy-std``, plus a ``clients`` object holding each
-    client's own result under its id.
+    client's own result under its id. ``stop-reason`` says why a run ended
+    before its last round (``null`` when it did not: see
+    :class:`~fedx.strategies.divergence.DivergenceGuard`).
 
     Parameters
     ----------
@@ -49,6 +45,8 @@ class RunRecorder:
         self.rounds: dict[int, dict[str, Any]] = {
             server_round: dict(row) for server_round, row in (rounds or {}).items()
         }
+        #: Why the run ended before its last round (``None``: it did not).
+        self.stop_reason: str | None = None
         self._started = time.perf_counter()
         self._round_started = self._started
 
@@ -64,6 +62,11 @@ class RunRecorder:
     def record_clients(self, server_round: int, clients: dict[str, dict[str, Any]]) -> None:
         """Store per-client results (``{client id: {"accuracy": ..., ...}}``) in a round's row."""
         self.rounds.setdefault(server_round, {})["clients"] = clients
+        write_json_atomically(self.directory / METRICS_FILE, self.summary())
+
+    def stopped(self, reason: str) -> None:
+        """Record that the run ended early, and why, and rewrite ``metrics.json``."""
+        self.stop_reason = reason
         write_json_atomically(self.directory / METRICS_FILE, self.summary())
 
     def round_seconds(self) -> float:
@@ -83,6 +86,7 @@ class RunRecorder:
             "config": self.config,
             "rounds": [{"round": r, **m} for r, m in sorted(self.rounds.items())],
             "final": final,
+            "stop-reason": self.stop_reason,
             "timings": {
                 "total-seconds": time.perf_counter() - self._started,
                 "mean-round-seconds": sum(durations) / len(durations) if durations else None,
@@ -102,7 +106,14 @@ class RunRecorder:
             for r, m in rows
             if "personalized-accuracy" in m
         ]
-        figure, axes = plt.subplots(figsize=(6, 4))
+        # Imported here: only the end of a run draws. A Figure of its own (not
+        # pyplot's) needs no display and leaves the process's backend alone.
+        # pylint: disable=import-outside-toplevel
+        from matplotlib.figure import Figure
+        from matplotlib.ticker import MaxNLocator
+
+        figure = Figure(figsize=(6, 4))
+        axes = figure.subplots()
         if points:
             axes.plot(
                 [r for r, _ in points],
@@ -134,5 +145,4 @@ class RunRecorder:
         figure.tight_layout()
         path = self.directory / PLOT_FILE
         figure.savefig(path, dpi=120)
-        plt.close(figure)
         return path

@@ -4,7 +4,8 @@ The parts live in :mod:`fedx.server`: building the strategy from the method
 registry (``building``), central and per-client evaluation (``evaluation``),
 saving models (``saving``) and checkpoints with resuming (``resume``): a
 crash loses at most the round in progress, and ``resume-from`` continues
-the run.
+the run. A run that diverges stops early (see
+:class:`~fedx.strategies.DivergenceGuard`, the ``divergence-*`` keys).
 """
 
 import random
@@ -24,9 +25,9 @@ from fedx.outputs import RunRecorder
 from fedx.protocol.common import TrainingSettings
 from fedx.server.building import build_strategy, check_natural_clients, prepare_data, require_nodes
 from fedx.server.evaluation import RoundEvaluation
-from fedx.server.resume import Checkpointer, model_label
+from fedx.server.resume import Checkpointer, model_label, overridden_keys
 from fedx.server.saving import log_final, save_models
-from fedx.strategies import run_rounds
+from fedx.strategies import DivergenceGuard, run_rounds
 from fedx.strategies.capabilities import KeepsPersonalizedModels
 from fedx.strategies.client_identity import ClientOrderedGrid, query_client_ids
 
@@ -37,13 +38,21 @@ app = ServerApp()
 def main(grid: Grid, context: Context) -> None:
     """Run one fedx experiment as the run config describes."""
     try:
-        checkpointer = Checkpointer.open(RunConfig.from_mapping(context.run_config))
+        checkpointer = Checkpointer.open(
+            RunConfig.from_mapping(context.run_config), overridden_keys(grid)
+        )
         cfg = checkpointer.config
         strategy = build_strategy(cfg)
         prepare_data(cfg)
         random.seed(cfg.seed)  # Flower's own strategies sample nodes with `random`
         torch.manual_seed(cfg.seed)
-        resumed = checkpointer.restore(strategy)
+        # A strategy that keeps a model per client has no global model to
+        # evaluate centrally or to start from.
+        model = None
+        if not isinstance(strategy, KeepsPersonalizedModels):
+            info = dataset_info(cfg.dataset)
+            model = build_model(cfg.model, info.input_shape, info.num_classes)
+        resumed = checkpointer.restore(strategy, model)
         connected = require_nodes(grid, cfg.min_available_nodes, cfg.node_wait_timeout)
         check_natural_clients(cfg, connected)
     except ConfigError as err:
@@ -54,12 +63,6 @@ def main(grid: Grid, context: Context) -> None:
     client_ids = query_client_ids(grid, list(grid.get_node_ids()), cfg.round_timeout)
     grid = ClientOrderedGrid(grid, client_ids)
 
-    # A strategy that keeps a model per client has no global model to
-    # evaluate centrally or to start from.
-    model = None
-    if not isinstance(strategy, KeepsPersonalizedModels):
-        info = dataset_info(cfg.dataset)
-        model = build_model(cfg.model, info.input_shape, info.num_classes)
     directory = checkpointer.directory
     recorder = RunRecorder(directory, cfg.to_dict(), resumed.rows)
     log(
@@ -89,6 +92,9 @@ def main(grid: Grid, context: Context) -> None:
         seconds = checkpointer.save(server_round, strategy, result, recorder.rounds)
         recorder.record(server_round, **{"checkpoint-seconds": seconds})
 
+    guard = DivergenceGuard(
+        cfg.divergence_rounds, cfg.divergence_nonfinite, cfg.divergence_loss_ratio
+    )
     training = TrainingSettings.from_run_config(cfg).to_record
     result = run_rounds(
         strategy,
@@ -103,7 +109,10 @@ def main(grid: Grid, context: Context) -> None:
         evaluate_fn=RoundEvaluation(cfg, model, recorder, strategy),
         result=resumed.result,
         on_round_end=after_round,
+        guard=guard,
     )
+    if guard.stop_reason is not None:  # run_rounds logged it; the checkpoint is of a good round
+        recorder.stopped(guard.stop_reason)
 
     recorder.plot(f"{cfg.strategy} on {cfg.dataset} ({model_label(cfg)})")
     save_models(strategy, model, result, directory)

@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from fedx.data import dataset_info, load_unlabeled
-from fedx.models import build_model
+from fedx.models import build_model, build_seeded_model, client_model_seed
 from fedx.ops import Model
 from fedx.training import get_device, predict_probabilities
 
@@ -106,11 +106,12 @@ class ServerModels:
 
     def initial_model(self, architecture: str, client_id: int) -> Model:
         """Client ``client_id``'s first model (a strategy's ``initial_model_fn``)."""
-        # A private RNG state: the initial model depends on (seed, client) only,
-        # and the process's global torch RNG is left as it was.
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(self.seed * 1_000_003 + client_id)
-            return to_numpy_model(build_model(architecture, self.input_shape, self.num_classes))
+        # It depends on (seed, client) only: the client builds the same model
+        # when it chooses its architecture, and the global torch RNG is left alone.
+        seed = client_model_seed(self.seed, client_id)
+        return to_numpy_model(
+            build_seeded_model(architecture, self.input_shape, self.num_classes, seed)
+        )
 
     def probabilities(self, architecture: str, model: Model) -> np.ndarray:
         """Class probabilities ``(U, M)`` of a model on the unlabeled set (a strategy's ``predict_fn``)."""

@@ -1,13 +1,80 @@
 """Local training and evaluation of torch models on a client or the server."""
 
+from collections.abc import Iterable
+
 import torch
 from torch import nn
+from torch.optim.sgd import sgd
 from torch.utils.data import DataLoader
 
 
 def get_device() -> torch.device:
     """Return ``cuda`` when a GPU is visible to this process, else ``cpu``."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+class SGD:
+    """Stochastic gradient descent with momentum: ``torch.optim.SGD``'s update, without its class.
+
+    Creating any ``torch.optim.Optimizer`` imports ``torch._dynamo`` (the
+    optimizer's methods are wrapped to stay out of compiled graphs), which
+    costs about as much as importing torch itself. A deployed ClientApp
+    process answers one message and exits, so it would pay that every round.
+    This class keeps the momentum buffers and calls the function that
+    ``torch.optim.SGD.step`` calls (``torch.optim.sgd.sgd``) with the same
+    arguments (no dampening, no Nesterov, torch's choice of the single-,
+    multi-tensor or fused kernel): the same update, bit for bit.
+
+    Parameters
+    ----------
+    params : iterable of torch.Tensor
+        The parameters to update; those without a gradient at a step are skipped.
+    lr, momentum, weight_decay : float
+        As for ``torch.optim.SGD``.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[torch.Tensor],
+        *,
+        lr: float,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+    ) -> None:
+        for name, value in (("lr", lr), ("momentum", momentum), ("weight_decay", weight_decay)):
+            if value < 0.0:
+                raise ValueError(f"{name}={value!r} must be >= 0")
+        self.params = list(params)
+        self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
+        self._buffers: list[torch.Tensor | None] = [None] * len(self.params)
+
+    def zero_grad(self) -> None:
+        """Drop the gradients (``set_to_none=True``, torch's default)."""
+        for param in self.params:
+            param.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """Update every parameter that has a gradient."""
+        positions = [i for i, param in enumerate(self.params) if param.grad is not None]
+        params = [self.params[i] for i in positions]
+        grads = [param.grad for param in params]
+        buffers = [self._buffers[i] for i in positions] if self.momentum != 0 else []
+        sgd(
+            params,
+            grads,  # type: ignore[arg-type]  (None was filtered out above)
+            buffers,
+            weight_decay=self.weight_decay,
+            momentum=self.momentum,
+            lr=self.lr,
+            dampening=0.0,
+            nesterov=False,
+            maximize=False,
+            has_sparse_grad=any(grad.is_sparse for grad in grads),  # type: ignore[union-attr]
+        )
+        if self.momentum != 0:  # sgd() filled in the buffers of the first step
+            for i, buffer in zip(positions, buffers, strict=True):
+                self._buffers[i] = buffer
 
 
 def train(
@@ -58,9 +125,7 @@ def train(
     model.to(device)
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.SGD(
-        trainable, lr=learning_rate, momentum=momentum, weight_decay=weight_decay
-    )
+    optimizer = SGD(trainable, lr=learning_rate, momentum=momentum, weight_decay=weight_decay)
     criterion = nn.CrossEntropyLoss()
     start = [p.detach().clone() for p in trainable] if proximal_mu > 0 else []
 
@@ -71,7 +136,7 @@ def train(
         for inputs, labels in loader:
             inputs = inputs.to(device, non_blocking=True)
             labels = labels.to(device, non_blocking=True)
-            optimizer.zero_grad(set_to_none=True)
+            optimizer.zero_grad()
             data_loss = criterion(model(inputs), labels)
             loss = data_loss
             if start:

@@ -1,5 +1,6 @@
 """Shared fixtures: small models made of real arrays, the app's defaults, a simulation SuperLink."""
 
+import os
 from typing import Any
 
 import numpy as np
@@ -8,6 +9,43 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fedx.ops import Model
 from tests.helpers import DEFAULTS, PLAIN_FEDMR, make_model
+
+# The modules that share the session's simulation SuperLink and plain FedMR run.
+_SHARED_SIMULATION = {"tests.test_app_e2e", "tests.test_secure_e2e", "tests.test_fedme_e2e"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """With pytest-xdist (``--dist loadgroup``), a module's tests run in one worker.
+
+    So a module-scoped fixture (a federation, a built environment, a Ray
+    simulation) starts once, and the modules that share the session's
+    simulation SuperLink and plain FedMR run go to the same worker too.
+    """
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        module = item.module.__name__ if item.module is not None else item.nodeid
+        group = "shared-simulation" if module in _SHARED_SIMULATION else module
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def partition_cache(tmp_path_factory):
+    """The tests' partition cache (fedx.data.cache): a folder of the session's, never the user's.
+
+    Set in the environment, so the processes the tests start (flwr run, Ray
+    workers, SuperNodes) share it.
+    """
+    from fedx.data.cache import CACHE_ENV  # pylint: disable=import-outside-toplevel
+
+    folder = tmp_path_factory.mktemp("fedx-cache")
+    saved = os.environ.get(CACHE_ENV)
+    os.environ[CACHE_ENV] = str(folder)
+    yield folder
+    if saved is None:
+        del os.environ[CACHE_ENV]
+    else:
+        os.environ[CACHE_ENV] = saved
 
 
 @pytest.fixture
@@ -55,6 +93,14 @@ def defaults() -> dict[str, Any]:
 
 
 @pytest.fixture(scope="session")
+def app(tmp_path_factory):
+    """A copy of the fedx app for `flwr run` (tests.helpers.copy_app: packing it is cheap)."""
+    from tests.helpers import copy_app  # pylint: disable=import-outside-toplevel
+
+    return copy_app(tmp_path_factory.mktemp("app"))
+
+
+@pytest.fixture(scope="session")
 def superlink(tmp_path_factory):
     """Environment for `flwr` talking to a simulation SuperLink of the tests' own."""
     from tests.simulation import simulation_superlink  # pylint: disable=import-outside-toplevel
@@ -64,7 +110,7 @@ def superlink(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def plain_fedmr_run(superlink, tmp_path_factory):
+def plain_fedmr_run(superlink, app, tmp_path_factory):
     """FedMR on digits through `flwr run`: 4 nodes, 3 rounds, seed 3; the run's folder and output."""
     from tests.simulation import run_app  # pylint: disable=import-outside-toplevel
 
@@ -73,5 +119,5 @@ def plain_fedmr_run(superlink, tmp_path_factory):
         f"num-server-rounds={PLAIN_FEDMR['rounds']} seed={PLAIN_FEDMR['seed']} round-timeout=120.0"
     )
     return outputs / "plain", run_app(
-        superlink, f'{settings} run-name="plain" output-dir="{outputs}"'
+        superlink, app, f'{settings} run-name="plain" output-dir="{outputs}"'
     )

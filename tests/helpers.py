@@ -1,6 +1,7 @@
 """What several test modules share (fixtures are in conftest.py): the app's defaults, models, runs."""
 
 import json
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -20,6 +21,19 @@ DEFAULTS: dict[str, Any] = tomllib.loads((REPO / "pyproject.toml").read_text())[
 # The tests that go through `flwr run` share one simulation SuperLink and one
 # plain FedMR run: each Flower simulation costs a Ray start-up.
 PLAIN_FEDMR = {"rounds": 3, "seed": 3}
+
+
+def copy_app(folder: Path) -> Path:
+    """The fedx app, as `flwr run` needs it (pyproject.toml and the fedx package), in ``folder``.
+
+    `flwr run <app>` reads every file under the app's folder before it packs
+    the app: in a checkout with its virtual environment inside (``.venv``,
+    as the README's Quickstart makes it) that is some 60,000 files and about
+    5 s per run. The tests' runs use this copy instead.
+    """
+    shutil.copy2(REPO / "pyproject.toml", folder / "pyproject.toml")
+    shutil.copytree(REPO / "fedx", folder / "fedx", ignore=shutil.ignore_patterns("__pycache__"))
+    return folder
 
 
 def run_config(overrides: dict[str, Any] | None = None, **more: Any) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from fedx.deploy.local import FederationSpec, LocalFederation, free_port
-from tests.helpers import REPO, flwr_run
+from tests.helpers import flwr_run
 
 FEDERATION = "num-supernodes=4 client-resources-num-cpus=1"
 
@@ -26,6 +26,7 @@ def simulation_superlink(home: Path, **environment: str):
         yield spec.environment()
 
 
-def run_app(env: dict, run_config: str, timeout: float = 300) -> str:
-    """``flwr run`` of the fedx app in simulation (:data:`FEDERATION`); everything it printed."""
-    return flwr_run(env, REPO, run_config, "--federation-config", FEDERATION, timeout=timeout)
+def run_app(env: dict, app: Path, run_config: str, timeout: float = 300) -> str:
+    """``flwr run`` of the fedx app in ``app`` (the ``app`` fixture) in simulation
+    (:data:`FEDERATION`); everything it printed."""
+    return flwr_run(env, app, run_config, "--federation-config", FEDERATION, timeout=timeout)

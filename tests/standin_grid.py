@@ -4,7 +4,7 @@ import functools
 from collections.abc import Callable, Iterable
 
 import numpy as np
-from flwr.app import ConfigRecord, Error, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 
 from fedx.ops import Model
 from fedx.strategies import to_arrayrecord, to_model
@@ -129,3 +129,26 @@ def owners_of(model: Model, trained: list[Model]) -> set[int]:
 
 def sent_models(messages: list[Message]) -> dict[int, Model]:
     return {m.metadata.dst_node_id: to_model(m.content["arrays"]) for m in messages}
+
+
+def real_clients_grid(node_ids: list[int], config: dict) -> StandInGrid:
+    """Nodes answering with the real ClientApp functions (torch, the run's data); node i holds partition i."""
+    from fedx import client_app  # pylint: disable=import-outside-toplevel  (imports torch)
+
+    handlers = {
+        "query": client_app.identify,
+        "train": client_app.train_model,
+        "evaluate": client_app.evaluate_model,
+    }
+    contexts = {
+        node: Context(
+            1, node, {"partition-id": i, "num-partitions": len(node_ids)}, RecordDict(), config
+        )
+        for i, node in enumerate(node_ids)
+    }
+    grid = StandInGrid(
+        node_ids, lambda m: handlers[m.metadata.message_type](m, contexts[m.metadata.dst_node_id])
+    )
+    # Flower lists nodes as a set: the order carries no meaning.
+    grid.node_ids = sorted(node_ids)
+    return grid

@@ -30,8 +30,8 @@ def test_fedmr_on_digits_writes_metrics_curve_and_model(plain_fedmr_run):
     assert "4 nodes get 4 different pool models" in output
 
 
-def test_bad_run_config_stops_the_run_with_one_clear_line(superlink, tmp_path):
-    output = run_app(superlink, f'strategy="fedfoo" output-dir="{tmp_path}"', timeout=120)
+def test_bad_run_config_stops_the_run_with_one_clear_line(superlink, app, tmp_path):
+    output = run_app(superlink, app, f'strategy="fedfoo" output-dir="{tmp_path}"', timeout=120)
     known = ", ".join(m.name for m in builtin_methods())
     assert f"invalid run config strategy='fedfoo': must be one of {known}" in output
     assert not any(tmp_path.iterdir()), "no outputs for a run that never started"

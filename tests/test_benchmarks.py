@@ -98,9 +98,10 @@ def test_round_bytes_quick(server_task_identity, capsys):
     assert "down/FedAvg" in out and "fedmr-secure" in out
 
 
-def test_simulation_overhead_quick(capsys):
+def test_simulation_overhead_quick(app, capsys, monkeypatch):
     """One FedAvg run through `flwr run` against the plain loop; nothing left running after."""
     simulation_overhead = load_script("simulation_overhead")
+    monkeypatch.setattr(simulation_overhead, "APP", app)  # a copy that packs quickly
     report = simulation_overhead.main(["--quick", "--strategies", "fedavg", "--rounds", "2"])
     ((case, strategy, simulation, plain),) = report.rows
     assert (case.clients, case.fraction, strategy) == (10, 1.0, "fedavg")
@@ -114,3 +115,28 @@ def test_simulation_overhead_quick(capsys):
     ratio = simulation.per_round / plain.per_round
     assert f"{ratio:.2f}" in out
     assert "none left running" in out
+
+
+def test_deployment_quick(capsys):
+    """The job on real processes (warm executor, short polls), its secure stage and the cold start."""
+    deployment = load_script("deployment")
+    report = deployment.main(["--quick"])
+    assert report.simulation is None
+    plain = report.plain
+    ((real,),) = [report.real]
+    assert real.setup == deployment.Setup("warm", 0.5)
+    for timing in (plain, real.timing):
+        assert timing.error is None, timing.error
+        assert timing.first > 0 and len(timing.later) == 1 and timing.per_round > 0
+    assert real.timing.total >= real.timing.first + sum(real.timing.later)
+    assert 0 <= real.idle_cpu < 2  # CPU seconds per second of one SuperLink process
+    cold = report.cold
+    assert len(cold.torch) == len(cold.client_app) == 1 and min(cold.torch) > 0
+    assert cold.ratio > 1  # the ClientApp module imports torch and more
+    ((secure,),) = [report.secure]
+    assert secure.error is None, secure.error
+    assert len(secure.seconds) == 1 and secure.seconds[0] > 0
+    assert secure.exchanges == [7]  # 2 + 2 r_s exchanges with r_s = 3, the training one excluded
+    out = capsys.readouterr().out
+    assert f"{real.timing.per_round / plain.per_round:.2f}" in out
+    assert f"ratio {cold.ratio:.2f}" in out and "secure stage" in out

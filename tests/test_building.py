@@ -94,17 +94,39 @@ def test_fedme_settings_reach_the_strategy(defaults):
             "fedme-architectures": "cnn-3, cnn-1",
             "fedme-cluster-rounds": "",
             "fedme-mutual-learning": False,
+            "fedme-initial-architecture": "local-best",
+            "fedme-choice-epochs": 2,
             "finetune-epochs": 2,
         }
     )
     strategy = build_strategy(cfg)
     assert isinstance(strategy, FedMe)
+    assert (strategy.initial_architecture, strategy.choice_epochs) == ("local-best", 2)
     assert strategy.architectures == ("cnn-3", "cnn-1") and cfg.models == ("cnn-3", "cnn-1")
     assert strategy.cluster_rounds == ()
     assert strategy.mutual_learning is False and strategy.model_tuning and strategy.clustering
     assert strategy.finetune_epochs == 2 and strategy.seed == cfg.seed
     default = build_strategy(RunConfig.from_mapping({**defaults, "strategy": "fedme"}))
     assert default.cluster_rounds == (10, 15, 18)
+    assert default.initial_architecture == "local-best"
+    # The fixed architecture must be one of the list: the error names the key.
+    fixed = RunConfig.from_mapping(
+        {**defaults, "strategy": "fedme", "fedme-initial-architecture": "fixed:cnn-2 "}
+    )
+    assert build_strategy(fixed).architecture_for(0) == "cnn-2"
+    outside = RunConfig.from_mapping(
+        {**defaults, "strategy": "fedme", "fedme-initial-architecture": "fixed:vgg11"}
+    )
+    with pytest.raises(ConfigError) as error:
+        build_strategy(outside)
+    assert str(error.value).startswith(
+        "invalid run config fedme-initial-architecture='fixed:vgg11': must be local-best, "
+        "round-robin or fixed:<name> with <name> one of ('cnn-1', 'cnn-2', 'cnn-3', 'cnn-4')"
+    )
+    with pytest.raises(ConfigError, match=r"^invalid run config fedme-initial-architecture='best'"):
+        RunConfig.from_mapping(
+            {**defaults, "strategy": "fedme", "fedme-initial-architecture": "best"}
+        )
     # The server's unlabeled set (200 digits) feeds the clustering outputs.
     model = strategy.initial_model_fn("cnn-1", 0)
     assert strategy.predict_fn("cnn-1", model).shape == (200, 10)

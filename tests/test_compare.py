@@ -17,7 +17,7 @@ import pytest
 from fedx.compare.cli import main, parse_override, parse_seeds
 from fedx.compare.plan import RUN_RECORD, Setting, app_defaults, plan_runs
 from fedx.compare.report import load_result, summarize_runs, write_report
-from fedx.compare.runner import finished_record, write_run_config
+from fedx.compare.runner import finished_record, stop_reason, write_run_config
 from fedx.config import ConfigError
 from fedx.outputs import METRICS_FILE
 
@@ -31,13 +31,19 @@ def write_setting(path: Path, **keys) -> Setting:
     return Setting.load(path)
 
 
-def fake_finished_run(run, curve: list[float], wall: float) -> None:
-    """What a finished run leaves: metrics.json with one row per round and run.json."""
+def fake_finished_run(run, curve: list[float], wall: float, stop_reason: str | None = None) -> None:
+    """What a finished (or diverged) run leaves: metrics.json with one row per round and run.json."""
     run.directory.mkdir(parents=True)
     rows = [{"round": r, "accuracy": a, "round-seconds": 0.5} for r, a in enumerate(curve)]
-    metrics = {"rounds": rows, "final": rows[-1], "timings": {"mean-round-seconds": 0.5}}
+    metrics = {
+        "rounds": rows,
+        "final": rows[-1],
+        "timings": {"mean-round-seconds": 0.5},
+        "stop-reason": stop_reason,
+    }
     (run.directory / METRICS_FILE).write_text(json.dumps(metrics))
-    record = {"status": "finished", "wall-seconds": wall, "run-config": run.run_config}
+    status = "finished" if stop_reason is None else "diverged"
+    record = {"status": status, "wall-seconds": wall, "run-config": run.run_config}
     (run.directory / RUN_RECORD).write_text(json.dumps(record))
 
 
@@ -233,6 +239,36 @@ def test_default_target_is_a_share_of_the_best_mean_and_unfinished_runs_are_left
     assert rows[1].seeds == (0,)
 
 
+def test_diverged_runs_are_reported_as_diverged_not_as_numbers(tmp_path):
+    setting = write_setting(tmp_path / "grid.toml")
+    runs = plan_runs([setting], ["fedavg", "fedmut"], [0, 1], {}, DEFAULTS, tmp_path / "out")
+    reason = "diverged: the central loss of round 2 is nan"
+    fake_finished_run(runs[0], [0.1, 0.6, 0.8], 1.0)
+    fake_finished_run(runs[1], [0.1, 0.7, 0.9], 1.0, stop_reason=reason)
+    for run in runs[2:]:  # fedmut: both seeds diverged
+        fake_finished_run(run, [0.1, 0.1, float("nan")], 1.0, stop_reason=reason)
+    assert finished_record(runs[1])["status"] == "diverged"  # done: not run again
+    assert stop_reason(runs[1]) == reason and stop_reason(runs[0]) is None
+    rows, _ = write_report(tmp_path / "out", runs, target=None)
+    fedavg, fedmut = rows
+    assert fedavg.final_mean == pytest.approx(0.8) and fedavg.diverged == (1,)
+    assert fedavg.target == round(0.95 * 0.8, 3), "the target ignores the diverged seed's 0.9"
+    assert fedavg.rounds_to_target == (2, None)
+    assert fedavg.final_text() == "0.8000 ± 0.0000 (1/2 seeds diverged)"
+    assert fedmut.diverged == (0, 1) and fedmut.final_text() == "diverged (2/2 seeds)"
+    markdown = (tmp_path / "out/results.md").read_text()
+    assert "| fedmut | 2 | diverged (2/2 seeds) | not reached |" in markdown
+    with (tmp_path / "out/results.csv").open() as file:
+        table = {r["method"]: r for r in csv.DictReader(file)}
+    assert (
+        table["fedmut"]["final_accuracy_mean"] == "" and table["fedmut"]["seeds_diverged"] == "0 1"
+    )
+    with (tmp_path / "out/runs.csv").open() as file:
+        per_run = list(csv.DictReader(file))
+    assert [r["final_accuracy"] for r in per_run] == ["0.8000", "diverged", "diverged", "diverged"]
+    assert per_run[1]["stop_reason"] == reason
+
+
 # --------------------------------------------------------------------------- end to end
 
 
@@ -249,7 +285,7 @@ def processes_mentioning(text: str) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def digits_comparison(tmp_path_factory):
+def digits_comparison(app, tmp_path_factory):
     """``fedx-compare`` on a 2 methods x 2 seeds digits grid: stopped by SIGTERM
     during its second run, then run to the end, then run once more."""
     folder = tmp_path_factory.mktemp("compare")
@@ -271,6 +307,8 @@ def digits_comparison(tmp_path_factory):
         "0,1",
         "--out",
         str(folder / "out"),
+        "--app",
+        str(app),
     ]
 
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -24,6 +24,7 @@ from fedx.data import (
     load_split,
     partition_indices,
 )
+from fedx.data.cache import CACHE_ENV
 
 CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 
@@ -264,8 +265,9 @@ print(json.dumps([
 
 def test_partitions_are_the_same_in_another_process() -> None:
     # A SuperNode computes its partition in its own process: it must agree
-    # with every other process (different hash seed included).
-    environment = os.environ | {"PYTHONHASHSEED": "12345"}
+    # with every other process (different hash seed included). Without the
+    # disk cache, so that the other process computes them.
+    environment = os.environ | {"PYTHONHASHSEED": "12345", CACHE_ENV: ""}
     output = subprocess.run(
         [sys.executable, "-c", _PARTITIONS_SCRIPT],
         capture_output=True,

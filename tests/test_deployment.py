@@ -27,7 +27,6 @@ from fedx.deploy.credentials import (
 )
 from fedx.deploy.local import free_port
 from tests.deployment import (
-    REPO,
     WIRE_APP,
     flwr_submit,
     run_app,
@@ -53,10 +52,10 @@ def secure(tmp_path_factory):
 # ----------------------------------------------------------------------
 
 
-def test_fedmr_over_tls_with_supernode_authentication_writes_metrics(secure, tmp_path):
+def test_fedmr_over_tls_with_supernode_authentication_writes_metrics(secure, app, tmp_path):
     output = run_app(
         secure,
-        REPO,
+        app,
         f'num-server-rounds=2 local-epochs=1 min-available-nodes=3 run-name="tls" output-dir="{tmp_path}"',
         timeout=480,
     )

@@ -131,10 +131,11 @@ def test_register_in_process_and_its_own_app_config(monkeypatch):
     )
 
 
-def test_fedx_runs_it_by_name_in_simulation(installed, tmp_path):
+def test_fedx_runs_it_by_name_in_simulation(installed, app, tmp_path):
     with simulation_superlink(tmp_path / "flwr-home", PYTHONPATH=str(installed)) as env:
         output = run_app(
             env,
+            app,
             f'strategy="fedblend" num-server-rounds=3 seed=1 round-timeout=120.0 '
             f'run-name="blend" output-dir="{tmp_path}"',
         )

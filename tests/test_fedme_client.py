@@ -9,12 +9,14 @@ import numpy as np
 import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
-from torch.utils.data import DataLoader
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 from fedx import client_app
+from fedx.client.fedme import CandidateResult, best_architecture, try_architectures
 from fedx.config import RunConfig
 from fedx.data import load_local_splits, load_unlabeled
-from fedx.models import build_model
+from fedx.models import build_model, build_seeded_model, client_model_seed
 from fedx.protocol.common import TrainingSettings
 from fedx.server.building import build_strategy
 from fedx.server_models import ServerModels
@@ -174,3 +176,110 @@ def test_fedavg_ft_fine_tunes_the_global_model_on_each_client():
     # One round of FedAvg leaves a weak global model; one epoch on each
     # client's own (label-skewed) data fits it to that client's test split.
     assert accuracy[1] > accuracy[0] + 0.05
+
+
+# ---------------------------------------------------------------------------
+# The local choice of an architecture before the first round
+# ---------------------------------------------------------------------------
+
+
+def xor_data(size: int, seed: int) -> TensorDataset:
+    """Two noisy features; the label is 1 where they have the same sign (XOR)."""
+    generator = torch.Generator().manual_seed(seed)
+    signs = torch.randint(0, 2, (size, 2), generator=generator) * 2.0 - 1.0
+    inputs = signs + 0.2 * torch.randn(size, 2, generator=generator)
+    return TensorDataset(inputs, (signs[:, 0] == signs[:, 1]).long())
+
+
+# No straight line separates XOR's classes (a linear model gets at most 3 of
+# its 4 clusters right); one hidden layer does.
+XOR_CANDIDATES = {
+    "linear": lambda: nn.Linear(2, 2),
+    "one-hidden-layer": lambda: nn.Sequential(nn.Linear(2, 16), nn.ReLU(), nn.Linear(16, 2)),
+}
+
+
+@pytest.mark.parametrize("order", [("linear", "one-hidden-layer"), ("one-hidden-layer", "linear")])
+def test_local_best_picks_the_deeper_model_its_data_favours(order):
+    torch.manual_seed(0)
+    results = try_architectures(
+        order,
+        lambda name: XOR_CANDIDATES[name](),
+        DataLoader(xor_data(200, seed=1), batch_size=20, shuffle=True),
+        DataLoader(xor_data(200, seed=2), batch_size=100),
+        epochs=30,
+        seed=3,
+        device=torch.device("cpu"),
+        learning_rate=0.1,
+        momentum=0.9,
+        weight_decay=0.0,
+    )
+    accuracy = {r.architecture: r.validation_accuracy for r in results}
+    assert [r.architecture for r in results] == list(order)
+    assert accuracy["linear"] <= 0.8 and accuracy["one-hidden-layer"] >= 0.95
+    assert best_architecture(results) == "one-hidden-layer"
+
+
+def test_ties_in_accuracy_go_to_the_lower_loss_then_the_earlier_candidate():
+    def result(name, accuracy, loss):
+        return CandidateResult(name, accuracy, loss)
+
+    assert best_architecture([result("a", 0.8, 0.5), result("b", 0.9, 0.9)]) == "b"
+    assert best_architecture([result("a", 0.9, 0.5), result("b", 0.9, 0.4)]) == "b"
+    assert best_architecture([result("a", 0.9, 0.5), result("b", 0.9, 0.5)]) == "a"
+    assert best_architecture([result("a", 0.9, float("nan")), result("b", 0.9, 2.0)]) == "b"
+    with pytest.raises(ValueError):
+        best_architecture([])
+
+
+def test_the_client_answers_the_choice_with_its_best_candidate():
+    grid = grid_of_clients(run_config(strategy="fedme"))
+    candidates = ["cnn-1", "cnn-4"]
+    config = {
+        **TrainingSettings.from_run_config(RunConfig.from_mapping(run_config())).to_record(),
+        "server-round": 1,
+        "client-id": 1,
+        "candidate-architectures": candidates,
+        "choice-epochs": 2,
+    }
+    replies = [
+        grid.send_and_receive(
+            [
+                Message(
+                    RecordDict({"config": ConfigRecord(config)}),
+                    dst_node_id=NODES[1],
+                    message_type="train",
+                )
+            ]
+        )[0]
+        for _ in range(2)
+    ]
+    reply = replies[0]
+    assert not reply.has_error(), reply.error if reply.has_error() else ""
+    metrics = reply.content["metrics"]
+    results = [
+        CandidateResult(name, accuracy, loss)
+        for name, accuracy, loss in zip(
+            candidates,
+            metrics["val-acc-candidates"],
+            metrics["val-loss-candidates"],
+            strict=True,
+        )
+    ]
+    assert reply.content["choice"]["chosen-architecture"] == best_architecture(results)
+    assert all(0.0 <= r.validation_accuracy <= 1.0 and r.validation_loss > 0 for r in results)
+    assert metrics["num-examples"] == len(
+        load_local_splits("digits", 1, len(NODES), alpha=0.5).train
+    )
+    # Each candidate starts from the first model the server gives client 1.
+    server = ServerModels((1, 8, 8), 10, lambda: load_unlabeled("digits"), seed=DEFAULTS["seed"])
+    for architecture in candidates:
+        first = server.initial_model(architecture, 1)
+        built = build_seeded_model(
+            architecture, (1, 8, 8), 10, client_model_seed(DEFAULTS["seed"], 1)
+        )
+        assert all(np.array_equal(first[k], v.numpy()) for k, v in built.state_dict().items())
+    # Reproducible: the same message gives the same accuracies and losses.
+    assert list(replies[1].content["metrics"]["val-loss-candidates"]) == list(
+        metrics["val-loss-candidates"]
+    )

@@ -21,12 +21,14 @@ ARCHITECTURES = ("cnn-1", "cnn-2", "cnn-3", "cnn-4")
 
 
 def test_fedme_clients_adopt_other_architectures_and_report_personalized_accuracy(
-    superlink, tmp_path
+    superlink, app, tmp_path
 ):
     output = run_app(
         superlink,
+        app,
         f'strategy="fedme" num-server-rounds=3 local-epochs=2 seed=0 '
         f'fedme-architectures="{",".join(ARCHITECTURES)}" fedme-cluster-rounds="2" '
+        f'fedme-initial-architecture="round-robin" '
         f'finetune-epochs=0 partitioning="dirichlet-size-label" dirichlet-alpha=0.5 '
         f'run-name="fedme" output-dir="{tmp_path}"',
     )

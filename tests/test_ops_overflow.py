@@ -180,3 +180,14 @@ def test_mutation_whose_update_overflows_but_whose_result_does_not():
     mutated = mutate(current, previous, np.random.default_rng(0), k=2, alpha=0.25, beta=0.0)
     values = sorted(float(m["w"][0]) for m in mutated)
     np.testing.assert_allclose(values, [3e38 - 0.25 * 6e38, MAX32], rtol=1e-6)
+
+
+def test_a_scalar_layer_that_overflows_saturates():
+    """A 0-d float layer (a scalar parameter) whose mutation overflows (found by hypothesis)."""
+    center = {"temperature": np.array(np.float32(1.7e38))}
+    previous = {"temperature": np.array(np.float32(0.0))}
+    mutated = mutate(center, previous, np.random.default_rng(0), k=2, alpha=2.0)
+    values = sorted(float(model["temperature"]) for model in mutated)
+    # w + 2g = 5.1e38 saturates at float32's largest; w - 2g = -1.7e38 fits.
+    assert values == [float(np.float32(-1.7e38)), float(np.finfo(np.float32).max)]
+    assert all(model["temperature"].shape == () for model in mutated)

@@ -12,14 +12,16 @@ from tests.simulation import run_app
 ROUNDS = PLAIN_FEDMR["rounds"]  # compared with the shared plain FedMR run
 
 
-def test_secure_recombination_learns_as_well_as_plain_fedmr(superlink, plain_fedmr_run, tmp_path):
+def test_secure_recombination_learns_as_well_as_plain_fedmr(
+    superlink, app, plain_fedmr_run, tmp_path
+):
     plain_directory, plain_output = plain_fedmr_run
     assert (plain_directory / "metrics.json").exists(), plain_output[-3000:]
     common = (
         f'num-server-rounds={ROUNDS} seed={PLAIN_FEDMR["seed"]} output-dir="{tmp_path}" '
         "round-timeout=120.0"
     )
-    output = run_app(superlink, f'{common} run-name="secure" secure-recombination=true')
+    output = run_app(superlink, app, f'{common} run-name="secure" secure-recombination=true')
     assert (tmp_path / "secure" / "metrics.json").exists(), output[-3000:]
 
     with_exchange, without = metrics_rows(tmp_path / "secure"), metrics_rows(plain_directory)

@@ -8,13 +8,12 @@ import pytest
 import torch
 from flwr.app import Context, RecordDict
 
-from fedx import client_app
 from fedx.config import ConfigError, RunConfig
 from fedx.server.building import require_nodes
 from fedx.server.resume import run_directory
 from fedx.server_app import main
 from tests.helpers import DEFAULTS
-from tests.standin_grid import StandInGrid
+from tests.standin_grid import real_clients_grid
 
 
 class NodesOnly:
@@ -83,27 +82,6 @@ def test_run_directory_is_absolute_and_named():
     assert unnamed.startswith("fedmr-digits-cnn-")
 
 
-def _grid_of_real_clients(node_ids: list[int], config: dict) -> StandInGrid:
-    """Nodes answering with the real ClientApp functions; node i holds partition i."""
-    handlers = {
-        "query": client_app.identify,
-        "train": client_app.train_model,
-        "evaluate": client_app.evaluate_model,
-    }
-    contexts = {
-        node: Context(
-            1, node, {"partition-id": i, "num-partitions": len(node_ids)}, RecordDict(), config
-        )
-        for i, node in enumerate(node_ids)
-    }
-    grid = StandInGrid(
-        node_ids, lambda m: handlers[m.metadata.message_type](m, contexts[m.metadata.dst_node_id])
-    )
-    # Flower lists nodes as a set: the order carries no meaning.
-    grid.node_ids = sorted(node_ids)
-    return grid
-
-
 @pytest.mark.usefixtures("server_task_identity")
 @pytest.mark.parametrize("strategy", ["fedmr", "fedavg"])
 def test_same_seed_same_run_whatever_the_node_ids(tmp_path, strategy):
@@ -123,7 +101,7 @@ def test_same_seed_same_run_whatever_the_node_ids(tmp_path, strategy):
                 "run-name": f"run{attempt}",
                 "output-dir": str(tmp_path),
             }
-            main(_grid_of_real_clients(node_ids, config), _context(**config))
+            main(real_clients_grid(node_ids, config), _context(**config))
             runs.append(json.loads((tmp_path / f"run{attempt}" / "metrics.json").read_text()))
     finally:
         torch.set_num_threads(torch_threads)

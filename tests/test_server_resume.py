@@ -7,9 +7,11 @@ server crash. Real processes: tests/test_deployment.py.
 
 import json
 import logging
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 from flwr.app import Context, RecordDict
 
 from fedx.server_app import main
@@ -17,7 +19,7 @@ from fedx.strategies import load_checkpoint
 from tests.helpers import DEFAULTS
 from tests.standin_grid import NODE_IDS, CrashingGrid
 
-pytestmark = pytest.mark.usefixtures("server_task_identity")
+pytestmark = pytest.mark.usefixtures("server_task_identity", "one_torch_thread")
 
 NUM_ROUNDS = 4
 
@@ -124,3 +126,91 @@ def test_a_checkpoint_older_than_a_run_config_key_resumes_with_this_runs_value(t
         run_main(CrashingGrid(NODE_IDS, None), {**DEFAULTS, "resume-from": str(tmp_path / "old")})
     assert "the checkpoint predates run-config keys leaf-users=0, leaf-min-samples=0" in caplog.text
     assert load_checkpoint(tmp_path / "old").server_round == NUM_ROUNDS
+
+
+def overriding(grid, **keys):
+    """``grid`` as Flower's: its ``Run`` lists the keys the run config sets (``--run-config``)."""
+    grid.run = SimpleNamespace(override_config={k.replace("_", "-"): v for k, v in keys.items()})
+    return grid
+
+
+def assert_same_state(mine, theirs, where="state"):
+    """Two checkpoint states are equal: arrays bitwise, everything else by value but timings."""
+    if isinstance(theirs, np.ndarray):
+        assert mine.dtype == theirs.dtype and np.array_equal(mine, theirs), where
+    elif isinstance(theirs, dict):
+        assert mine.keys() == theirs.keys(), where
+        for key in (k for k in theirs if not k.endswith("-seconds")):
+            assert_same_state(mine[key], theirs[key], f"{where}.{key}")
+    elif isinstance(theirs, list):
+        assert len(mine) == len(theirs), where
+        for index, (a, b) in enumerate(zip(mine, theirs, strict=True)):
+            assert_same_state(a, b, f"{where}[{index}]")
+    else:
+        assert mine == theirs, where
+
+
+def test_resume_from_with_more_rounds_extends_a_finished_or_an_interrupted_run(tmp_path, caplog):
+    """Extended to 6 rounds, a FedMut run of 4 (finished, or crashed in round 3) is the run of 6.
+
+    Central evaluation every 2 rounds: the run of 4 evaluates its last round
+    as the run of 6 does.
+    """
+    longer, strategy = NUM_ROUNDS + 2, "fedmut"
+    run_main(
+        CrashingGrid(NODE_IDS, None),
+        run_config(
+            tmp_path,
+            strategy=strategy,
+            **{"num-server-rounds": longer, "run-name": "long", "eval-every": 2},
+        ),
+    )
+    run_main(
+        CrashingGrid(NODE_IDS, None),
+        run_config(tmp_path, strategy=strategy, **{"run-name": "finished", "eval-every": 2}),
+    )
+    with pytest.raises(RuntimeError, match="died"):
+        run_main(
+            CrashingGrid(NODE_IDS, 3),
+            run_config(tmp_path, strategy=strategy, **{"run-name": "interrupted", "eval-every": 2}),
+        )
+    uninterrupted = load_checkpoint(tmp_path / "long")
+    for name, done in (("finished", NUM_ROUNDS), ("interrupted", 2)):
+        directory = tmp_path / name
+        assert load_checkpoint(directory).server_round == done
+        caplog.clear()
+        settings = {"resume-from": str(directory), "num-server-rounds": longer}
+        with caplog.at_level(logging.INFO):
+            run_main(overriding(CrashingGrid(NODE_IDS, None), **settings), {**DEFAULTS, **settings})
+        assert (
+            f"continuing the run of {NUM_ROUNDS} rounds to num-server-rounds={longer}"
+            in caplog.text
+        )
+        assert f"Resuming after round {done}" in caplog.text
+        # Only what the run config set is weighed against the checkpoint: nothing ignored.
+        assert "ignoring" not in caplog.text
+        extended = load_checkpoint(directory)
+        assert extended.server_round == longer
+        assert extended.state["config"]["num-server-rounds"] == longer
+        for part in ("arrays", "strategy", "python-random", "metrics"):
+            assert_same_state(extended.state[part], uninterrupted.state[part], part)
+        assert rows_without_timings(directory) == rows_without_timings(tmp_path / "long")
+        saved, reference = (torch.load(d / "model.pt") for d in (directory, tmp_path / "long"))
+        assert all(torch.equal(saved[k], reference[k]) for k in reference)
+
+
+def test_resume_from_refuses_a_run_config_that_asks_for_another_run(tmp_path, caplog):
+    run_main(
+        CrashingGrid(NODE_IDS, None),
+        run_config(tmp_path, **{"run-name": "mr", "num-server-rounds": 1}),
+    )
+    before = {p.name: p.read_bytes() for p in (tmp_path / "mr").iterdir()}
+    settings = {"resume-from": str(tmp_path / "mr"), "strategy": "fedmut", "num-server-rounds": 3}
+    with caplog.at_level(logging.ERROR), pytest.raises(SystemExit):
+        run_main(overriding(CrashingGrid(NODE_IDS, None), **settings), {**DEFAULTS, **settings})
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == [
+        f"fedx: invalid run config resume-from='{tmp_path / 'mr'}': the checkpoint is of a "
+        "strategy='fedmr', dataset='digits', model='cnn' run; this run sets strategy='fedmut' "
+        "(a checkpoint continues its own run only)"
+    ]
+    assert {p.name: p.read_bytes() for p in (tmp_path / "mr").iterdir()} == before

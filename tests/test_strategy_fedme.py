@@ -44,10 +44,15 @@ class NumpyClients:
     """FedMe clients: trained personalized = sent + 1, trained exchanged = sent + 2."""
 
     def __init__(
-        self, choose_exchanged: set[int] = frozenset(), broken: dict[int, str] | None = None
+        self,
+        choose_exchanged: set[int] = frozenset(),
+        broken: dict[int, str] | None = None,
+        architectures: dict[int, str] | None = None,
     ):
         self.choose_exchanged = set(choose_exchanged)
         self.broken = broken or {}  # client id -> how its train reply goes wrong
+        # client id -> the architecture it chooses locally, or how that reply goes wrong
+        self.architectures = architectures or {}
 
     def __call__(self, message: Message) -> Message | None:
         kind = message.metadata.message_type
@@ -64,7 +69,26 @@ class NumpyClients:
                 "num-examples": 10 + cid,
             }
             return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=message)
+        if "candidate-architectures" in message.content["config"]:
+            return self._choose(message, cid)
         return self._train(message, cid)
+
+    def _choose(self, message: Message, cid: int) -> Message | None:
+        """Report the architecture of ``self.architectures`` (validation accuracy 0.9 for it)."""
+        answer = self.architectures.get(cid, "narrow")
+        if answer == "silent":
+            return None
+        if answer == "error":
+            return Message(Error(code=0, reason="KeyError: 'personalized'"), reply_to=message)
+        candidates = list(message.content["config"]["candidate-architectures"])
+        accuracies = [0.9 if name == answer else 0.5 for name in candidates]
+        records = {
+            "choice": ConfigRecord({"chosen-architecture": answer}),
+            "metrics": MetricRecord({"num-examples": 20, "val-acc-candidates": accuracies}),
+        }
+        if answer == "no-record":
+            del records["choice"]
+        return Message(RecordDict(records), reply_to=message)
 
     def _train(self, message: Message, cid: int) -> Message | None:
         fault = self.broken.get(cid)
@@ -342,6 +366,106 @@ def test_constructor_rejects_bad_settings():
         ValueError, match=r"^cluster_rounds must be increasing rounds >= 2, got \(3, 2\)$"
     ):
         make_fedme(cluster_rounds=(3, 2))
+
+
+# ---------------------------------------------------------------------------
+# Initial architectures
+# ---------------------------------------------------------------------------
+
+
+# Every client chooses the architecture round-robin would not give it.
+def opposite_choices(strategy: FedMe) -> dict[int, str]:
+    return {
+        cid: "wide" if strategy.architecture_for(cid) == "narrow" else "narrow" for cid in range(5)
+    }
+
+
+def test_local_best_clients_start_with_the_architecture_they_choose():
+    strategy = make_fedme(initial_architecture="local-best", choice_epochs=3)
+    strategy.begin_run(num_rounds=3, timeout=60.0)
+    chosen = opposite_choices(strategy)
+    grid = StandInGrid(NODE_IDS, NumpyClients(architectures=chosen))
+    messages, _, (_, metrics) = train_round(strategy, grid, 1)
+    queries, choices = grid.sent[0], grid.sent[1]
+    assert [m.metadata.message_type for m in queries] == ["query"] * 5
+    assert [m.metadata.message_type for m in choices] == ["train"] * 5
+    assert all(not m.content.array_records for m in choices)  # candidates only, no model
+    for message in choices:
+        config = message.content["config"]
+        assert CLIENT_OF[message.metadata.dst_node_id] == config["client-id"]
+        assert list(config["candidate-architectures"]) == ["narrow", "wide"]
+        assert config["choice-epochs"] == 3 and config["lr"] == 0.1  # the round's settings
+        assert config["server-round"] == 1
+    assert {cid: c.architecture for cid, c in strategy.clients.items()} == chosen
+    for cid, message in by_client(messages).items():
+        # Each client starts from its first model of the architecture it chose.
+        first = to_model(message.content["personalized"])
+        for name, value in initial_model(chosen[cid], cid).items():
+            np.testing.assert_array_equal(first[name], value)
+        config = message.content["config"]
+        assert config["personalized-architecture"] == chosen[cid]
+        assert config["exchanged-architecture"] == chosen[int(config["exchanged-from"])]
+    wide = sum(a == "wide" for a in chosen.values())
+    assert metrics["initial-wide"] == wide and metrics["initial-narrow"] == 5 - wide
+    assert metrics["architecture-choice-seconds"] >= 0.0
+    # Nobody chooses twice; evaluation and checkpoints know the architectures.
+    train_round(strategy, grid, 2)
+    assert len(grid.sent) == 4 and all("personalized" in m.content for m in grid.sent[-1])
+    evaluation = list(strategy.configure_evaluate(3, ArrayRecord(), ConfigRecord(), grid))
+    for message in evaluation:
+        config = message.content["config"]
+        cid = int(config["client-id"])
+        assert config["personalized-architecture"] == strategy.clients[cid].architecture
+    restored = make_fedme(initial_architecture="local-best")
+    restored.load_state_dict(strategy.state_dict())
+    assert {c: s.architecture for c, s in restored.clients.items()} == {
+        c: s.architecture for c, s in strategy.clients.items()
+    }
+    again = StandInGrid(NODE_IDS, NumpyClients(architectures=chosen))
+    train_round(restored, again, 3)  # known clients: identified again, not asked to choose
+    assert [m.metadata.message_type for m in again.sent[0]] == ["query"] * 5
+    assert "personalized" in again.sent[1][0].content.array_records
+
+
+@pytest.mark.parametrize("fault", ["silent", "error", "no-record", "huge"])
+def test_a_client_without_a_valid_choice_starts_round_robin(fault, caplog):
+    strategy = make_fedme(initial_architecture="local-best")
+    chosen = opposite_choices(strategy)
+    grid = StandInGrid(NODE_IDS, NumpyClients(architectures={**chosen, 2: fault}))
+    caplog.set_level(logging.INFO)
+    train_round(strategy, grid, 1)
+    assert strategy.clients[2].architecture == strategy.architecture_for(2) != chosen[2]
+    assert {c: s.architecture for c, s in strategy.clients.items() if c != 2} == {
+        c: a for c, a in chosen.items() if c != 2
+    }
+    node = next(n for n, c in CLIENT_OF.items() if c == 2)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(
+        str(node) in line
+        and "client 2, architecture choice" in line
+        and "it starts with its round-robin architecture" in line
+        for line in warnings
+    ), warnings
+    assert (
+        f"Client 2 (node {node}) joined with architecture {strategy.architecture_for(2)} (round-robin: no valid architecture choice)"
+        in caplog.text
+    )
+
+
+def test_fixed_initial_architecture_gives_every_client_the_same_one():
+    strategy = make_fedme(initial_architecture="fixed:wide")
+    grid = StandInGrid(NODE_IDS, NumpyClients())
+    messages, _, (_, metrics) = train_round(strategy, grid, 1)
+    assert {c.architecture for c in strategy.clients.values()} == {"wide"}
+    assert all(m.content["config"]["exchanged-architecture"] == "wide" for m in messages)
+    assert metrics["initial-wide"] == 5 and "initial-narrow" not in metrics
+    assert [m.metadata.message_type for m in grid.sent[0]] == ["query"] * 5
+    assert len(grid.sent) == 2  # no choice messages
+    for value in ("fixed:huge", "fixed:", "best", "local_best"):
+        with pytest.raises(ValueError, match=r"^initial_architecture must be local-best, round"):
+            make_fedme(initial_architecture=value)
+    with pytest.raises(ValueError, match=r"^choice_epochs must be an integer >= 1, got 0$"):
+        make_fedme(choice_epochs=0)
 
 
 # ---------------------------------------------------------------------------

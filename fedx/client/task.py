@@ -10,11 +10,10 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import DataLoader, Dataset
 
 from fedx.config import RunConfig
 from fedx.data import (
@@ -22,8 +21,7 @@ from fedx.data import (
     dataset_info,
     load_local_splits,
     load_partition,
-    load_split,
-    partition_indices,
+    load_test_share,
 )
 from fedx.models import build_model
 from fedx.protocol.common import CONFIG, SERVER_ROUND, TrainingSettings
@@ -118,12 +116,12 @@ class ClientTask:
 
     def test_share(self) -> Dataset:
         """This node's IID share of the held-out test split (it has the distribution of the whole)."""
-        test_set = load_split(self.config.dataset, "test", **self.config.data_settings())
-        targets = np.asarray(test_set.targets, dtype=np.int64)
-        shares = partition_indices(
-            targets, self.num_partitions, partitioning="iid", seed=self.config.seed
+        return load_test_share(
+            self.config.dataset,
+            self.partition_id,
+            self.num_partitions,
+            **self.config.data_settings(),
         )
-        return Subset(test_set, shares[self.partition_id].tolist())
 
     def train_loader(self, dataset: Dataset) -> DataLoader:
         """Shuffled batches of ``batch-size``."""
@@ -153,11 +151,14 @@ class ClientTask:
             "weight_decay": self.training.weight_decay,
         }
 
+    @property
+    def torch_seed(self) -> int:
+        """The seed of this message's shuffling and dropout: one per (seed, round, node)."""
+        return self.config.seed * 1_000_003 + self.server_round * 1009 + self.partition_id
+
     def seed_torch(self) -> None:
-        """Reproducible shuffling and dropout: one stream per (seed, round, node)."""
-        torch.manual_seed(
-            self.config.seed * 1_000_003 + self.server_round * 1009 + self.partition_id
-        )
+        """Reproducible shuffling and dropout (:attr:`torch_seed`)."""
+        torch.manual_seed(self.torch_seed)
 
     def reply(self, records: Mapping[str, Any]) -> Message:
         """The reply to the message, holding ``records``."""

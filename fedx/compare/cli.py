@@ -150,8 +150,10 @@ def _progress(total: int) -> Callable[[int, RunOutcome], None]:
                 f"FAILED after {outcome.wall_seconds:.0f} s: {outcome.detail} "
                 f"(log: {outcome.run.directory / 'flwr-run.log'})"
             )
+        elif outcome.status == "diverged":
+            line += f"DIVERGED after {outcome.wall_seconds:.0f} s: {outcome.detail}"
         elif outcome.status == "skipped":
-            line += "finished before, skipped"
+            line += f"{outcome.detail}, skipped"
         else:
             line += f"finished in {outcome.wall_seconds:.0f} s"
         print(line, flush=True)
@@ -175,7 +177,7 @@ def _stop_cleanly_on_signals() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Plan, run and report; exit status 0 when every run finished, 1 otherwise, 2 on bad input."""
+    """Plan, run and report; exit status 0 when every run finished or diverged, 1 otherwise, 2 on bad input."""
     parser = _parser()
     args = parser.parse_args(argv)
     if args.app is None:

@@ -41,6 +41,8 @@ def default_methods() -> list[str]:
 #: The run-config keys the comparison owns: where a run writes, and its seed.
 OWNED_KEYS = ("seed", "output-dir", "run-name", "resume-from")
 RUN_RECORD = "run.json"
+#: The ``status`` in ``run.json`` of a run that is done: it ran all its rounds, or it diverged.
+DONE = ("finished", "diverged")
 
 
 def app_defaults(app_dir: Path) -> dict[str, Any]:

@@ -4,8 +4,10 @@ One simulation SuperLink (free ports, private ``FLWR_HOME`` under the output
 folder) serves every run; each run is ``flwr run <app> --stream`` with the
 run's own run-config file, so it starts its own Ray-backed simulation. A run
 counts as finished when its ``metrics.json`` holds the last round's
-evaluation; the runner then writes ``run.json`` next to it, and a later
-invocation with the same output folder skips it.
+evaluation, and as diverged when the app stopped it early for diverging (its
+``stop-reason``); the runner then writes ``run.json`` next to it, and a later
+invocation with the same output folder skips it (a diverged run diverges
+again with the same seed).
 """
 
 import json
@@ -18,7 +20,7 @@ from typing import Any
 
 import tomli_w
 
-from fedx.compare.plan import RUN_RECORD, PlannedRun
+from fedx.compare.plan import DONE, RUN_RECORD, PlannedRun
 from fedx.config import ConfigError
 from fedx.deploy.local import FederationSpec, LocalFederation, free_port
 from fedx.files import write_json_atomically
@@ -41,7 +43,7 @@ def write_run_config(path: Path, run_config: dict[str, Any]) -> None:
 
 
 def finished_record(run: PlannedRun) -> dict[str, Any] | None:
-    """The ``run.json`` of a finished run, ``None`` when the run has yet to finish.
+    """The ``run.json`` of a run that is done (:data:`DONE`), ``None`` when it has yet to run.
 
     Raises
     ------
@@ -53,7 +55,7 @@ def finished_record(run: PlannedRun) -> dict[str, Any] | None:
         record = json.loads((run.directory / RUN_RECORD).read_text())
     except (OSError, ValueError):
         return None
-    if record.get("status") != "finished":
+    if record.get("status") not in DONE:
         return None
     if _portable(record.get("run-config", {})) != _portable(run.run_config):
         raise ConfigError(
@@ -68,13 +70,23 @@ def _portable(run_config: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in run_config.items() if k not in ("output-dir", "run-name")}
 
 
-def completed_rounds(run: PlannedRun) -> int | None:
-    """The round of the last evaluation in the run's ``metrics.json`` (``None``: none)."""
+def _metrics(run: PlannedRun) -> dict[str, Any]:
     try:
         metrics = json.loads((run.directory / METRICS_FILE).read_text())
     except (OSError, ValueError):
-        return None
-    return metrics.get("final", {}).get("round")
+        return {}
+    return metrics if isinstance(metrics, dict) else {}
+
+
+def completed_rounds(run: PlannedRun) -> int | None:
+    """The round of the last evaluation in the run's ``metrics.json`` (``None``: none)."""
+    return _metrics(run).get("final", {}).get("round")
+
+
+def stop_reason(run: PlannedRun) -> str | None:
+    """Why the app stopped the run before its last round (``metrics.json``'s ``stop-reason``)."""
+    reason = _metrics(run).get("stop-reason")
+    return str(reason) if reason else None
 
 
 def last_error_line(log: Path) -> str:
@@ -89,7 +101,7 @@ def last_error_line(log: Path) -> str:
 
 @dataclass
 class RunOutcome:
-    """What happened to one run: ``finished``, ``skipped`` (done before) or ``failed``."""
+    """What happened to one run: ``finished``, ``diverged``, ``skipped`` (done before) or ``failed``."""
 
     run: PlannedRun
     status: str
@@ -146,7 +158,9 @@ class ComparisonRunner:
         for index, run in enumerate(runs):
             record = finished_record(run)
             if record is not None:
-                outcome = RunOutcome(run, "skipped", record["wall-seconds"], "finished before")
+                outcome = RunOutcome(
+                    run, "skipped", record["wall-seconds"], f"{record['status']} before"
+                )
             else:
                 outcome = self.run_one(run)
             outcomes.append(outcome)
@@ -185,22 +199,24 @@ class ComparisonRunner:
             except subprocess.TimeoutExpired:
                 timed_out = True
         wall = time.perf_counter() - started
+        diverged = None if timed_out else stop_reason(run)
         if timed_out:
             # The ServerApp and its simulation outlive the CLI: stop them with the SuperLink.
             federation.stop()
             self._federation = None
             detail = f"stopped after the run timeout of {self.run_timeout:g} s"
-        elif completed_rounds(run) != run.num_rounds:
+        elif diverged is None and completed_rounds(run) != run.num_rounds:
             detail = last_error_line(run.directory / RUN_LOG)
         else:
-            write_json_atomically(
-                run.directory / RUN_RECORD,
-                {
-                    "status": "finished",
-                    "wall-seconds": wall,
-                    "command": command,
-                    "run-config": run.run_config,
-                },
-            )
-            return RunOutcome(run, "finished", wall)
+            status = "finished" if diverged is None else "diverged"
+            record = {
+                "status": status,
+                "wall-seconds": wall,
+                "command": command,
+                "run-config": run.run_config,
+            }
+            if diverged is not None:
+                record["stop-reason"] = diverged
+            write_json_atomically(run.directory / RUN_RECORD, record)
+            return RunOutcome(run, status, wall, diverged or "")
         return RunOutcome(run, "failed", wall, detail)

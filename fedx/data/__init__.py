@@ -25,6 +25,7 @@ from fedx.data.partitioning import (
     dataset_labels,
     dirichlet_sizes,
     load_partition,
+    load_test_share,
     partition_indices,
 )
 from fedx.data.personalized import (
@@ -54,6 +55,7 @@ __all__ = [
     "load_local_splits",
     "load_partition",
     "load_split",
+    "load_test_share",
     "load_unlabeled",
     "partition_indices",
     "split_local",

@@ -1,17 +1,23 @@
-"""Dataset loaders: scikit-learn's bundled digits (offline), CIFAR-10/100 and LEAF from disk."""
+"""Dataset loaders: scikit-learn's bundled digits (offline), CIFAR-10/100 and LEAF from disk.
+
+A loader imports its library when it is first used: a digits run never
+imports torchvision, and reads the digits without importing scikit-learn
+once its train/test split is in the disk cache (:mod:`fedx.data.cache`).
+"""
 
 import functools
+import gzip
+import importlib.util
 import os
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 from torch.utils.data import Dataset
-from torchvision import datasets as tv_datasets
-from torchvision import transforms
 
+from fedx.data.cache import array_digest, cached_indices, code_identity
 from fedx.data.leaf import (
     FEMNIST_CLASSES,
     FEMNIST_SIDE,
@@ -59,23 +65,33 @@ _INFO: dict[str, DatasetInfo] = {
 }
 
 
+if TYPE_CHECKING:
+    from torchvision.datasets import CIFAR10
+
+
 @dataclass(frozen=True)
 class _CifarSpec:
     """How to load one CIFAR variant with torchvision."""
 
     title: str
-    dataset_class: type[tv_datasets.CIFAR10]
+    class_name: str  # of torchvision.datasets
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
+
+    @property
+    def dataset_class(self) -> "type[CIFAR10]":
+        from torchvision import datasets  # pylint: disable=import-outside-toplevel
+
+        return getattr(datasets, self.class_name)
 
 
 # Per-channel mean and standard deviation of the training images.
 _CIFAR: dict[str, _CifarSpec] = {
     "cifar10": _CifarSpec(
-        "CIFAR-10", tv_datasets.CIFAR10, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+        "CIFAR-10", "CIFAR10", (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
     ),
     "cifar100": _CifarSpec(
-        "CIFAR-100", tv_datasets.CIFAR100, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)
+        "CIFAR-100", "CIFAR100", (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)
     ),
 }
 
@@ -209,23 +225,65 @@ def load_split(
 
 @functools.lru_cache(maxsize=8)
 def _digits_splits(seed: int, test_fraction: float) -> tuple[DigitsDataset, DigitsDataset]:
-    bunch = load_digits()
-    images = (bunch.images / _DIGITS_MAX_INTENSITY).astype(np.float32)[:, np.newaxis]
-    train_images, test_images, train_labels, test_labels = train_test_split(
-        images,
-        bunch.target,
+    pixels, target = _digits()
+    images = (pixels / _DIGITS_MAX_INTENSITY).astype(np.float32).reshape(-1, 1, 8, 8)
+    key = {
+        "seed": seed,
+        "test_fraction": test_fraction,
+        "labels": array_digest(target),
+        "code": code_identity(__file__, "scikit-learn"),
+    }
+    train, test = cached_indices(
+        "digits-split", key, lambda: _split_digits(target, seed, test_fraction)
+    )
+    return (
+        DigitsDataset(images[train], target[train]),
+        DigitsDataset(images[test], target[test]),
+    )
+
+
+def _split_digits(target: np.ndarray, seed: int, test_fraction: float) -> list[np.ndarray]:
+    """Positions of the digits' train and test samples (scikit-learn's ``train_test_split``)."""
+    # pylint: disable=import-outside-toplevel  (only where the split is not cached yet)
+    from sklearn.model_selection import train_test_split
+
+    train, test = train_test_split(
+        np.arange(len(target)),
         test_size=test_fraction,
         random_state=seed,
         # Every class in both splits, in its overall proportion.
-        stratify=bunch.target,
+        stratify=target,
     )
-    return DigitsDataset(train_images, train_labels), DigitsDataset(test_images, test_labels)
+    return [train, test]
+
+
+@functools.cache
+def _digits() -> tuple[np.ndarray, np.ndarray]:
+    """The digits' pixels ``(1797, 64)`` and labels, as ``sklearn.datasets.load_digits`` gives them.
+
+    The file ships inside scikit-learn; it is read as ``load_digits`` reads it,
+    without importing scikit-learn (whose import costs seconds in every fresh
+    ClientApp process). Where the file is not where it was, ``load_digits``
+    itself reads it.
+    """
+    spec = importlib.util.find_spec("sklearn")
+    if spec is not None and spec.origin is not None:
+        path = Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz"
+        if path.is_file():
+            with gzip.open(path, "rt") as handle:
+                table = np.loadtxt(handle, delimiter=",")
+            return table[:, :-1], table[:, -1].astype(int)
+    from sklearn.datasets import load_digits  # pylint: disable=import-outside-toplevel
+
+    bunch = load_digits()
+    return bunch.data, bunch.target
 
 
 @functools.lru_cache(maxsize=4)
-def _load_cifar(
-    name: str, train: bool, root: str, download: bool, augment: bool
-) -> tv_datasets.CIFAR10:
+def _load_cifar(name: str, train: bool, root: str, download: bool, augment: bool) -> "CIFAR10":
+    # pylint: disable=import-outside-toplevel  (torchvision only for the datasets that need it)
+    from torchvision import transforms
+
     spec = _CIFAR[name]
     folder = os.path.join(root, spec.dataset_class.base_folder)
     if not download:
@@ -258,7 +316,7 @@ def _load_cifar(
         ) from err
 
 
-def _missing_cifar_files(dataset_class: type[tv_datasets.CIFAR10], folder: str) -> list[str]:
+def _missing_cifar_files(dataset_class: "type[CIFAR10]", folder: str) -> list[str]:
     """Names of the files torchvision will read that are not in ``folder``."""
     names = [name for name, _md5 in dataset_class.train_list + dataset_class.test_list]
     names.append(dataset_class.meta["filename"])

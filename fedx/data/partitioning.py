@@ -1,21 +1,24 @@
-"""Splitting a training set among clients with flwr-datasets' partitioners."""
+"""Splitting a training set among clients with flwr-datasets' partitioners.
+
+Partitions are cached on disk (:mod:`fedx.data.cache`): flwr-datasets and the
+Hugging Face ``datasets`` stack it builds on are imported only by the process
+that computes a partitioning first.
+"""
 
 import functools
 import warnings
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import datasets as hf_datasets
 import numpy as np
-from flwr_datasets.partitioner import (
-    DirichletPartitioner,
-    IidPartitioner,
-    InnerDirichletPartitioner,
-    Partitioner,
-)
 from torch.utils.data import Dataset, Subset
 
+from fedx.data.cache import array_digest, cached_indices, code_identity
 from fedx.data.datasets import _check_choice, _resolve_root, load_split
 from fedx.data.leaf import LEAF_DATASETS
+
+if TYPE_CHECKING:
+    from flwr_datasets.partitioner import Partitioner
 
 PARTITIONINGS: tuple[str, ...] = ("iid", "dirichlet", "dirichlet-size-label", "natural")
 
@@ -105,7 +108,10 @@ def partition_indices(
     Returns
     -------
     list[np.ndarray]
-        ``num_partitions`` int64 arrays of positions into ``labels``.
+        ``num_partitions`` read-only int64 arrays of positions into ``labels``.
+        They are computed once per set of arguments and then read from the
+        disk cache (:mod:`fedx.data.cache`), keyed by the arguments, a digest
+        of ``labels`` and ``groups`` and the versions of the code.
 
     Raises
     ------
@@ -116,7 +122,40 @@ def partition_indices(
     if labels.ndim != 1:
         raise ValueError(f"labels must be 1-D, got shape {labels.shape}")
     _check_partition_args(len(labels), num_partitions, partitioning, alpha, min_partition_size)
+    group_array = None if groups is None else np.asarray(groups)
+    settings = {
+        "num_partitions": int(num_partitions),
+        "partitioning": partitioning,
+        "alpha": float(alpha),
+        "min_partition_size": int(min_partition_size),
+        "seed": int(seed),
+        "size_alpha": float(size_alpha),
+    }
+    key = {
+        **settings,
+        "labels": array_digest(labels),
+        "groups": array_digest(group_array),
+        "code": code_identity(__file__, "flwr-datasets", "datasets"),
+    }
+    return list(
+        cached_indices(
+            "partitions", key, lambda: _compute_partitions(labels, group_array, **settings)
+        )
+    )
 
+
+def _compute_partitions(
+    labels: np.ndarray,
+    groups: np.ndarray | None,
+    *,
+    num_partitions: int,
+    partitioning: str,
+    alpha: float,
+    min_partition_size: int,
+    seed: int,
+    size_alpha: float,
+) -> list[np.ndarray]:
+    """What :func:`partition_indices` returns, computed (its arguments are checked)."""
     num_samples = len(labels)
     if partitioning == "natural":
         return _natural_partitions(groups, num_samples, num_partitions)
@@ -124,6 +163,10 @@ def partition_indices(
         return _size_label_dirichlet(
             labels, num_partitions, alpha, size_alpha, min_partition_size, seed
         )
+    # pylint: disable=import-outside-toplevel  (imported only where a split is computed)
+    import datasets as hf_datasets
+    from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner
+
     if partitioning == "iid":
         # IidPartitioner cuts contiguous shards, which would keep any order of
         # the samples (such as sorted by label): shuffle first.
@@ -251,6 +294,10 @@ def _size_label_dirichlet(
     seed: int,
 ) -> list[np.ndarray]:
     """Matsuda et al.'s partitioning: Dirichlet sizes, then a Dirichlet label mix per partition."""
+    # pylint: disable=import-outside-toplevel  (imported only where a split is computed)
+    import datasets as hf_datasets
+    from flwr_datasets.partitioner import InnerDirichletPartitioner
+
     if not size_alpha > 0:
         raise ValueError(f"size-alpha={size_alpha!r} must be > 0")
     sizes = dirichlet_sizes(
@@ -352,6 +399,82 @@ def load_partition(
     return Partition(train, partitions[partition_id])
 
 
+def load_test_share(
+    name: str,
+    partition_id: int,
+    num_partitions: int,
+    *,
+    root: str = "data",
+    download: bool = False,
+    seed: int = 0,
+    test_fraction: float = 0.2,
+    leaf_users: int = 0,
+    leaf_min_samples: int = 0,
+) -> Partition:
+    """Return one client's IID share of a dataset's test split (it has the distribution of the whole).
+
+    Clients evaluate a global model on these shares: together they are the
+    test split, each of them a seeded IID partition (:func:`partition_indices`).
+    Cached per process, like :func:`load_partition`.
+
+    Parameters
+    ----------
+    name, partition_id, num_partitions
+        As for :func:`load_partition`.
+    root, download, seed, test_fraction, leaf_users, leaf_min_samples
+        As for :func:`fedx.data.load_split`; ``seed`` also seeds the shares.
+    """
+    if not 0 <= partition_id < num_partitions:
+        raise ValueError(
+            f"partition-id={partition_id!r} must be in [0, {num_partitions}) "
+            f"for num-partitions={num_partitions}"
+        )
+    settings = {
+        "root": root,
+        "download": download,
+        "seed": seed,
+        "test_fraction": test_fraction,
+        "leaf_users": leaf_users,
+        "leaf_min_samples": leaf_min_samples,
+    }
+    test = load_split(name, "test", **settings)
+    shares = _test_shares(
+        name,
+        _resolve_root(root),
+        bool(download),
+        float(test_fraction),
+        int(num_partitions),
+        int(seed),
+        int(leaf_users),
+        int(leaf_min_samples),
+    )
+    return Partition(test, shares[partition_id])
+
+
+@functools.lru_cache(maxsize=8)
+def _test_shares(
+    name: str,
+    root: str,
+    download: bool,
+    test_fraction: float,
+    num_partitions: int,
+    seed: int,
+    leaf_users: int,
+    leaf_min_samples: int,
+) -> tuple[np.ndarray, ...]:
+    test = load_split(
+        name,
+        "test",
+        root=root,
+        download=download,
+        seed=seed,
+        test_fraction=test_fraction,
+        leaf_users=leaf_users,
+        leaf_min_samples=leaf_min_samples,
+    )
+    return tuple(partition_indices(dataset_labels(test), num_partitions, seed=seed))
+
+
 def _check_natural(name: str, train: Dataset, num_partitions: int) -> None:
     """Explain in run-config terms why ``"natural"`` cannot partition ``train``."""
     users = getattr(train, "users", None)
@@ -393,6 +516,7 @@ def _train_partitions(
         leaf_users=leaf_users,
         leaf_min_samples=leaf_min_samples,
     )
+    # Read-only: shared by every caller through the cache.
     partitions = partition_indices(
         dataset_labels(train),
         num_partitions,
@@ -402,9 +526,6 @@ def _train_partitions(
         seed=seed,
         groups=dataset_groups(train),
     )
-    for indices in partitions:
-        # Shared by every caller through the cache: nobody may change them.
-        indices.setflags(write=False)
     return tuple(partitions)
 
 

@@ -12,6 +12,11 @@ them::
 
     fedx-deploy up --supernodes 3 --certificates certificates --auth-keys keys
 
+The same with fedx's warm ClientApp executor (``fedx-superexec``: each
+SuperNode imports the ClientApp once and forks it per message)::
+
+    fedx-deploy up --supernodes 3 --certificates certificates --auth-keys keys --executor warm
+
 The same, running the app once against them and stopping afterwards::
 
     fedx-deploy up --supernodes 3 --certificates certificates --run . \\
@@ -85,6 +90,20 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="let the SuperLink install each app's dependencies with uv (Flower's default)",
     )
+    up.add_argument(
+        "--executor",
+        choices=("flower", "warm"),
+        default="flower",
+        help="how SuperNodes run ClientApps: a new process per message (flower, the default) "
+        "or forked from a warm interpreter that imported the app once (warm, fedx-superexec)",
+    )
+    up.add_argument(
+        "--poll-interval",
+        type=float,
+        metavar="SECONDS",
+        help="idle poll of the SuperNodes (Flower: 3 s; they then run as fedx-supernode) and "
+        "of their SuperExecs (Flower: 1 s); default: Flower's",
+    )
     up.add_argument("--run", metavar="APP", help="run this app with `flwr run`, then stop")
     up.add_argument("--run-config", help="passed to `flwr run --run-config`")
     return parser
@@ -102,6 +121,8 @@ def _spec(args: argparse.Namespace) -> FederationSpec:
         auth_keys=args.auth_keys.resolve() if args.auth_keys else None,
         install_app_dependencies=args.install_app_dependencies,
         workdir=Path.cwd(),  # the ServerApp writes outputs/ here
+        executor=args.executor,
+        poll_interval=args.poll_interval,
     )
 
 
@@ -110,9 +131,13 @@ def _up(args: argparse.Namespace) -> int:
     with LocalFederation(spec) as federation:
         federation.start()
         node_ids = [federation.node_id(i) for i in range(spec.num_supernodes)]
+        if spec.executor == "warm":  # its first task would wait for the app's imports
+            for index in range(spec.num_supernodes):
+                federation.wait_for_warm_executor(index)
         print(
             f"SuperLink on {spec.control_address} ({'TLS' if spec.tls else 'insecure'}"
-            f"{', SuperNode authentication' if spec.auth_keys else ''}); "
+            f"{', SuperNode authentication' if spec.auth_keys else ''}"
+            f"{', warm ClientApp executor' if spec.executor == 'warm' else ''}); "
             f"SuperNodes {node_ids}; logs in {spec.log_dir}"
         )
         if args.run:

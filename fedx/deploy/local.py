@@ -17,6 +17,7 @@ the SuperExec and app processes it started.
 
 import os
 import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -31,7 +32,9 @@ import psutil
 from fedx.deploy.credentials import TlsFiles, supernode_key_paths
 
 Transport = Literal["http", "grpc"]
+Executor = Literal["flower", "warm"]
 NODE_ID_PATTERN = re.compile(r"SuperNode ID: (\d+)")
+WARM_READY_PATTERN = re.compile(r"warm ClientApp interpreter \(pid (\d+)\) ready")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -104,6 +107,20 @@ class FederationSpec:
         Start the SuperLink in simulation mode: each ``flwr run`` then runs
         in Flower's Ray-backed simulation with the SuperNodes that its
         ``--federation-config`` asks for, and ``num_supernodes`` must be 0.
+    executor : {"flower", "warm"}
+        How SuperNodes run ClientApps: ``"flower"``, Flower's default (the
+        SuperNode starts a fresh ``flwr-clientapp`` process per message);
+        ``"warm"``, fedx's (each SuperNode runs with ``--isolation process``
+        next to a ``fedx-superexec`` that forks every ClientApp from a warm
+        interpreter, see :mod:`fedx.deploy.superexec`). With TLS, the
+        SuperNode's Runtime API is served over TLS too and the SuperExec
+        authenticates with a shared secret (``superexec-<i>.secret``).
+    poll_interval : float, optional
+        Seconds an idle SuperNode waits between two pulls of the SuperLink
+        (Flower: 3; the SuperNodes then run as ``fedx-supernode``, see
+        :mod:`fedx.deploy.supernode`) and its SuperExec between two task
+        polls (Flower: 1, ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``). ``None``
+        keeps Flower's.
     extra_environment : dict[str, str]
         Variables added to the environment of every process (for example a
         ``PYTHONPATH`` where an app's plug-ins are installed).
@@ -125,6 +142,8 @@ class FederationSpec:
     connection: str = "fedx-local"
     workdir: Path | None = None
     simulation: bool = False
+    executor: Executor = "flower"
+    poll_interval: float | None = None
     extra_environment: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -144,6 +163,12 @@ class FederationSpec:
             raise ValueError("give one Runtime API port per SuperNode")
         if self.transport == "grpc" and (self.fleet_port is None or self.control_port is None):
             raise ValueError('transport="grpc" needs fleet_port and control_port')
+        if (self.executor == "warm" or self.poll_interval is not None) and self.transport != "http":
+            raise ValueError(
+                'the warm executor and poll_interval need Flower 1.41 (transport="http")'
+            )
+        if self.poll_interval is not None and not 0.01 <= self.poll_interval <= 3:
+            raise ValueError(f"poll_interval must be in [0.01, 3] s, got {self.poll_interval}")
 
     # ------------------------------------------------------------------
     # Addresses and files
@@ -196,6 +221,8 @@ class FederationSpec:
         }
         if not self.install_app_dependencies:
             env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
+        if self.poll_interval is not None:
+            env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = str(self.poll_interval)
         return env
 
     # ------------------------------------------------------------------
@@ -245,6 +272,12 @@ class FederationSpec:
     def supernode_command(self, index: int) -> list[str]:
         """``flower-supernode`` number ``index`` (from 0) with its partition."""
         command = [str(self.bin_dir / "flower-supernode")]
+        if self.poll_interval is not None:
+            command = [
+                str(self.bin_dir / "fedx-supernode"),
+                "--poll-interval",
+                str(self.poll_interval),
+            ]
         if self.tls is None:
             command.append("--insecure")
         else:
@@ -260,7 +293,38 @@ class FederationSpec:
             "--node-config",
             f"partition-id={index} num-partitions={self.num_supernodes}",
         ]
+        if self.executor == "warm":
+            command += ["--isolation", "process"]
+            if self.tls is not None:
+                command += [
+                    *self._tls_server_args(),
+                    "--superexec-auth-secret-file",
+                    str(self.superexec_secret(index)),
+                ]
         return command
+
+    def superexec_secret(self, index: int) -> Path:
+        """The secret SuperNode ``index`` and its ``fedx-superexec`` share (TLS only)."""
+        return self.state_dir / f"superexec-{index}.secret"
+
+    def superexec_command(self, index: int, supernode_pid: int) -> list[str]:
+        """``fedx-superexec`` for SuperNode ``index`` (``executor="warm"``), ending with it."""
+        command = [
+            str(self.bin_dir / "fedx-superexec"),
+            "--runtime-api-address",
+            f"127.0.0.1:{self.supernode_ports[index]}",
+            "--parent-pid",
+            str(supernode_pid),
+        ]
+        if self.tls is None:
+            return [*command, "--insecure"]
+        return [
+            *command,
+            "--root-certificates",
+            str(self.tls.ca_cert),
+            "--superexec-auth-secret-file",
+            str(self.superexec_secret(index)),
+        ]
 
 
 class LocalFederation:
@@ -274,6 +338,7 @@ class LocalFederation:
         self.spec = spec
         self.superlink: subprocess.Popen | None = None
         self.supernodes: dict[int, subprocess.Popen] = {}
+        self.superexecs: dict[int, subprocess.Popen] = {}  # executor="warm"
         self._logs: list[IO] = []
 
     def __enter__(self) -> "LocalFederation":
@@ -343,10 +408,45 @@ class LocalFederation:
         return int(match.group(1))
 
     def start_supernode(self, index: int) -> subprocess.Popen:
-        """Start SuperNode ``index`` (from 0); its output goes to ``logs/supernode-<index>.log``."""
-        process = self._spawn(self.spec.supernode_command(index), f"supernode-{index}.log")
+        """Start SuperNode ``index`` (from 0); its output goes to ``logs/supernode-<index>.log``.
+
+        With the warm executor its ``fedx-superexec`` starts too, logging to
+        the same file; it ends when the SuperNode ends (``--parent-pid``).
+        """
+        if self.spec.executor == "warm" and self.spec.tls is not None:
+            secret = self.spec.superexec_secret(index)
+            if not secret.exists():
+                secret.write_bytes(secrets.token_bytes(32))
+                secret.chmod(0o600)
+        log_name = f"supernode-{index}.log"
+        process = self._spawn(self.spec.supernode_command(index), log_name)
         self.supernodes[index] = process
+        if self.spec.executor == "warm":
+            self.superexecs[index] = self._spawn(
+                self.spec.superexec_command(index, process.pid), log_name
+            )
         return process
+
+    def wait_for_warm_executor(self, index: int, timeout: float = 300.0) -> int:
+        """The pid of SuperNode ``index``'s warm interpreter, once it has imported the app.
+
+        Raises
+        ------
+        TimeoutError
+            When it is not ready within ``timeout`` seconds.
+        """
+        log = self.spec.log_dir / f"supernode-{index}.log"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = (
+                WARM_READY_PATTERN.findall(log.read_text(errors="replace")) if log.exists() else []
+            )
+            if found:
+                return int(found[-1])
+            time.sleep(0.5)
+        raise TimeoutError(
+            f"the warm executor of SuperNode {index} was not ready within {timeout:g}s; see {log}"
+        )
 
     def node_id(self, index: int, timeout: float = 60.0) -> int:
         """The node id SuperNode ``index`` last reported in its log.
@@ -409,6 +509,8 @@ class LocalFederation:
         """Stop SuperNode ``index`` and its app processes (SIGKILL: a crash)."""
         process = self.supernodes.pop(index)
         _stop_group(process, sig)
+        if index in self.superexecs:
+            _stop_group(self.superexecs.pop(index), sig)
 
     def flwr(self, *args: str, timeout: float = 600.0) -> subprocess.CompletedProcess:
         """Run the ``flwr`` CLI against this federation."""
@@ -425,6 +527,8 @@ class LocalFederation:
         """Stop every SuperNode, then the SuperLink, with their children."""
         for index in list(self.supernodes):
             _stop_group(self.supernodes.pop(index), signal.SIGTERM)
+        for index in list(self.superexecs):
+            _stop_group(self.superexecs.pop(index), signal.SIGTERM)
         if self.superlink is not None:
             _stop_group(self.superlink, signal.SIGTERM)
             self.superlink = None

@@ -8,18 +8,20 @@ Besides the single-architecture models (``cnn``, ``resnet20``, ``vgg16`` for
 images, ``lstm`` for LEAF's Shakespeare token sequences) the registry names two families of variable depth for heterogeneous-architecture
 methods (model exchange): ``cnn-1`` ... ``cnn-4`` (the CNN with 1-4 conv
 blocks; ``cnn-2`` has the structure of ``cnn``) and ``vgg11``, ``vgg13``,
-``vgg16``, ``vgg19``.
+``vgg16``, ``vgg19``. ResNet-20 and the VGGs are built from torchvision's
+blocks: their modules, and torchvision, are imported when one is first built.
 """
 
 import functools
+import importlib
 from collections.abc import Callable
+from typing import Any
 
+import torch
 from torch import nn
 
 from fedx.models.cnn import CNN
 from fedx.models.lstm import CharLSTM
-from fedx.models.resnet import ResNet20
-from fedx.models.vgg import VGG, VGG16
 
 # Output channels of the conv blocks of cnn-<d>: the first d of these. The
 # first two are the FedAvg CNN's; deeper blocks double the width.
@@ -27,10 +29,30 @@ CNN_FAMILY_CHANNELS: tuple[int, ...] = (32, 64, 128, 256)
 
 _Builder = Callable[[tuple[int, ...], int], nn.Module]
 
+# The models built on torchvision's blocks, by the module that defines them:
+# it is imported (and torchvision with it) when one of them is first built.
+_LAZY: dict[str, str] = {"ResNet20": "resnet", "VGG": "vgg", "VGG16": "vgg"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"fedx.models.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _lazy(class_name: str, **arguments: Any) -> _Builder:
+    """A builder that imports the model's module when it is called."""
+
+    def build(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+        return __getattr__(class_name)(input_shape, num_classes, **arguments)
+
+    return build
+
+
 _BUILDERS: dict[str, _Builder] = {
     "cnn": CNN,
-    "resnet20": ResNet20,
-    "vgg16": VGG16,
+    "resnet20": _lazy("ResNet20"),
+    "vgg16": _lazy("VGG16"),
     "lstm": CharLSTM,
 }
 for _depth in range(1, len(CNN_FAMILY_CHANNELS) + 1):
@@ -39,7 +61,7 @@ for _depth in range(1, len(CNN_FAMILY_CHANNELS) + 1):
         CNN, conv_channels=CNN_FAMILY_CHANNELS[:_depth], pool_to_fit=True
     )
 for _depth in (11, 13, 19):
-    _BUILDERS[f"vgg{_depth}"] = functools.partial(VGG, depth=_depth)
+    _BUILDERS[f"vgg{_depth}"] = _lazy("VGG", depth=_depth)
 
 MODEL_NAMES: tuple[str, ...] = tuple(_BUILDERS)
 #: Models that read token sequences, input shape ``(length,)``; all others
@@ -92,6 +114,29 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn
     return _BUILDERS[name](shape, int(num_classes))
 
 
+def client_model_seed(seed: int, client_id: int) -> int:
+    """The torch seed of client ``client_id``'s first model in a run seeded ``seed``.
+
+    One formula for every process that builds it: the server (a client's
+    first personalized model) and the client (the same model, trained while
+    it chooses its architecture).
+    """
+    return seed * 1_000_003 + client_id
+
+
+def build_seeded_model(
+    name: str, input_shape: tuple[int, ...], num_classes: int, seed: int
+) -> nn.Module:
+    """:func:`build_model` initialised from ``torch.manual_seed(seed)``.
+
+    The process's global torch RNG is left as it was, so the model depends
+    on ``seed`` alone.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build_model(name, input_shape, num_classes)
+
+
 __all__ = [
     "CNN",
     "CNN_FAMILY_CHANNELS",
@@ -102,4 +147,6 @@ __all__ = [
     "CharLSTM",
     "ResNet20",
     "build_model",
+    "build_seeded_model",
+    "client_model_seed",
 ]

@@ -143,7 +143,9 @@ def _saturated_mutation(weights: np.ndarray, previous: np.ndarray, factor: float
     """
     wide = np.promote_types(weights.dtype, np.float64)
     half = weights.astype(wide) * 0.5
-    moved = half + factor * (half - previous.astype(wide) * 0.5)
+    # asarray: on a 0-d layer (a scalar parameter) numpy's arithmetic gives a
+    # scalar, which in-place operations below cannot write into.
+    moved = np.asarray(half + factor * (half - previous.astype(wide) * 0.5))
     moved *= 2.0
     if np.isfinite(weights).all() and np.isfinite(previous).all():
         largest = np.finfo(weights.dtype).max

@@ -3,7 +3,7 @@
 Clients cannot reach each other, so the ServerApp carries their layers, as
 ciphertext it cannot open (it has no private key and imports no
 cryptography). One round with r_s repetitions is this sequence of message
-exchanges, each a ``grid.send_and_receive`` bounded by the round timeout::
+exchanges, each a :func:`~fedx.messaging.send_and_collect` bounded by the round timeout::
 
     train               clients train, keep the model, reply with a public key
     send (t = 1..r_s)   commit repetition t-1; each client seals n in
@@ -81,7 +81,7 @@ class RelayStats:
     Attributes
     ----------
     exchanges : int
-        ``send_and_receive`` calls after training (redo attempts included).
+        Exchanges after training (redo attempts included).
     layers_sent, layers_returned : int
         Envelopes delivered in send and return stages.
     layer_bytes : int
@@ -342,7 +342,7 @@ class SecureRelay:
     def _round_trip(
         self, message_type: str, contents: dict[int, ConfigRecord], raw: bool = False
     ) -> dict:
-        """One ``send_and_receive``; nodes without a usable reply are dropped.
+        """One exchange (``send_and_collect``); nodes without a usable reply are dropped.
 
         Returns the protocol record of every reply (the whole reply message
         with ``raw``, where errors are passed on for the strategy to log).

@@ -23,6 +23,7 @@ from fedx.strategies.checkpoint import (
     restore_run,
     save_checkpoint,
 )
+from fedx.strategies.divergence import DivergenceGuard
 from fedx.strategies.fedavg_ft import FedAvgFT
 from fedx.strategies.fedcross import FedCross
 from fedx.strategies.fedindep import FedIndep
@@ -39,6 +40,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointError",
     "ClientEvaluation",
+    "DivergenceGuard",
     "FedAvgFT",
     "FedCross",
     "FedIndep",

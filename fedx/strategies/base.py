@@ -32,6 +32,7 @@ from flwr.serverapp.strategy import Result, Strategy
 from fedx.checks import NON_NEGATIVE, POSITIVE, check
 from fedx.messaging import wait_for_nodes
 from fedx.ops import Model, find_problem
+from fedx.strategies.divergence import DivergenceGuard
 from fedx.strategies.rounds import EvaluateFn, RoundEndFn, run_rounds
 
 Target = TypeVar("Target")
@@ -225,6 +226,31 @@ def read_model(record: ArrayRecord, sent: Model) -> Model | str:
     return model if problem is None else problem
 
 
+def read_reply(
+    message: Message, sent: Model, arrayrecord_key: str, weight_key: str
+) -> tuple[Model, float] | str:
+    """A training reply's model and weight, or why the reply cannot be used.
+
+    The reply must not be an error, must hold the ArrayRecord
+    ``arrayrecord_key`` (or a single ArrayRecord of another name) fitting the
+    model ``sent`` (:func:`read_model`) and one MetricRecord with a positive
+    ``weight_key`` (:func:`read_weight`).
+    """
+    if message.has_error():
+        return f"the node reported an error: {message.error.reason}"
+    records = message.content.array_records
+    record = records.get(arrayrecord_key)
+    if record is None:
+        if len(records) != 1:
+            return f"expected one ArrayRecord ('{arrayrecord_key}'), got {list(records)}"
+        record = next(iter(records.values()))
+    weight = read_weight(message.content, weight_key)
+    if isinstance(weight, str):
+        return weight
+    model = read_model(record, sent)
+    return model if isinstance(model, str) else (model, weight)
+
+
 class FedxStrategy(Strategy):
     """Base of fedx's strategies: run limits, random streams, state, the round loop.
 
@@ -320,6 +346,7 @@ class FedxStrategy(Strategy):
         start_round: int = 1,
         result: Result | None = None,
         on_round_end: RoundEndFn | None = None,
+        guard: DivergenceGuard | None = None,
     ) -> Result:
         """Run the strategy, as Flower's ``Strategy.start``, optionally resumed.
 
@@ -335,6 +362,8 @@ class FedxStrategy(Strategy):
         on_round_end : callable, optional
             ``on_round_end(round, arrays, result)`` after every round; write
             checkpoints there (see :func:`fedx.strategies.run_rounds`).
+        guard : DivergenceGuard, optional
+            Stops the run early when it diverged (see :func:`fedx.strategies.run_rounds`).
         """
         return run_rounds(
             self,
@@ -348,6 +377,7 @@ class FedxStrategy(Strategy):
             evaluate_fn=evaluate_fn,
             result=result,
             on_round_end=on_round_end,
+            guard=guard,
         )
 
     def connected_nodes(self, grid: Grid) -> list[int]:
@@ -381,6 +411,7 @@ __all__ = [
     "RandomStreams",
     "RoundInFlight",
     "read_model",
+    "read_reply",
     "read_weight",
     "to_arrayrecord",
     "to_model",

@@ -15,7 +15,10 @@ Both are written to temporary files and renamed into place, the ``.npz``
 first, so ``checkpoint.json`` always names a complete arrays file: a crash
 while saving round r leaves the checkpoint of round r-1 readable. Older
 ``.npz`` files are deleted once the new ``checkpoint.json`` is in place.
-Loading never unpickles anything (``allow_pickle=False``).
+Loading never unpickles anything (``allow_pickle=False``), and a damaged
+checkpoint (a truncated or edited file, a missing arrays file, a reference
+to an array the arrays file lacks) is a :class:`CheckpointError` whose one
+line names the file and what is wrong with it.
 
 :func:`capture_run` and :func:`restore_run` turn a running strategy into such
 a state and back: the global arrays, the strategy's ``state_dict()`` (fedx
@@ -26,6 +29,7 @@ and the metrics of the rounds done.
 
 import json
 import random
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,11 +61,15 @@ class Checkpoint:
         Nested dicts/lists of JSON values and numpy arrays: the global
         arrays, the strategy's ``state_dict()``, metrics so far and whatever
         the app adds.
+    path, arrays_path : Path, optional
+        The files it was read from (:func:`load_checkpoint`), for messages.
     """
 
     server_round: int
     strategy: str
     state: dict[str, Any] = field(default_factory=dict)
+    path: Path | None = None
+    arrays_path: Path | None = None
 
 
 class CheckpointError(ValueError):
@@ -116,27 +124,71 @@ def load_checkpoint(location: str | Path) -> Checkpoint:
     Raises
     ------
     CheckpointError
-        When the files are missing, unreadable or of another format version.
+        When the files are missing, unreadable, damaged (truncated or edited
+        so that they no longer fit together) or of another format version;
+        the message names the file and what is wrong.
     """
     path = find_checkpoint(location)
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
-        if manifest.get("format") != FORMAT_VERSION:
-            raise CheckpointError(
-                f"'{path}' has checkpoint format {manifest.get('format')!r}, "
-                f"this fedx reads format {FORMAT_VERSION}"
-            )
-        arrays_path = path.parent / manifest["arrays-file"]
-        with np.load(arrays_path, allow_pickle=False) as stored:
-            arrays = {key: stored[key] for key in stored.files}
-        state = _join_arrays(manifest["state"], arrays)
-        return Checkpoint(
-            server_round=int(manifest["round"]), strategy=str(manifest["strategy"]), state=state
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"'{path}' is not valid JSON (truncated or edited?): {err}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"cannot read '{path}': {_one_line(err)}") from None
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"'{path}' holds a JSON {type(manifest).__name__}, not a checkpoint")
+    if manifest.get("format") != FORMAT_VERSION:
+        raise CheckpointError(
+            f"'{path}' has checkpoint format {manifest.get('format')!r}, "
+            f"this fedx reads format {FORMAT_VERSION}"
         )
-    except CheckpointError:
-        raise
-    except (OSError, KeyError, TypeError, ValueError) as err:
-        raise CheckpointError(f"cannot read the checkpoint '{path}': {err}") from err
+    server_round, strategy = manifest.get("round"), manifest.get("strategy")
+    arrays_file, tree = manifest.get("arrays-file"), manifest.get("state")
+    if not isinstance(server_round, int) or isinstance(server_round, bool) or server_round < 0:
+        raise CheckpointError(f"'{path}': 'round' must be an integer >= 0, got {server_round!r}")
+    if not isinstance(strategy, str) or not strategy:
+        raise CheckpointError(f"'{path}': 'strategy' must name a strategy, got {strategy!r}")
+    if (
+        not isinstance(arrays_file, str)
+        or Path(arrays_file).name != arrays_file
+        or not arrays_file.endswith(".npz")
+    ):
+        raise CheckpointError(
+            f"'{path}': 'arrays-file' must name an .npz file beside it, got {arrays_file!r}"
+        )
+    if not isinstance(tree, dict):
+        raise CheckpointError(f"'{path}': 'state' must be a JSON object, got {type(tree).__name__}")
+    arrays_path = path.parent / arrays_file
+    arrays = _read_arrays(arrays_path, path)
+    try:
+        state = _join_arrays(tree, arrays)
+    except KeyError as err:
+        raise CheckpointError(
+            f"'{path}' refers to array {err}, which '{arrays_path}' does not hold"
+        ) from None
+    except TypeError as err:
+        raise CheckpointError(f"'{path}': an array reference is damaged: {err}") from None
+    return Checkpoint(server_round, strategy, state, path=path, arrays_path=arrays_path)
+
+
+def _read_arrays(arrays_path: Path, path: Path) -> dict[str, np.ndarray]:
+    """Every array of a checkpoint's ``.npz`` file, or a :class:`CheckpointError`."""
+    if not arrays_path.is_file():
+        raise CheckpointError(f"'{arrays_path}', which '{path}' names, is missing")
+    try:
+        stored = np.load(arrays_path, allow_pickle=False)
+        if not isinstance(stored, np.lib.npyio.NpzFile):
+            raise ValueError("it is not an .npz archive")
+        with stored:
+            return {key: stored[key] for key in stored.files}
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as err:
+        raise CheckpointError(
+            f"cannot read '{arrays_path}' (truncated or damaged?): {_one_line(err)}"
+        ) from None
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split()) or type(err).__name__
 
 
 def capture_run(strategy: Strategy, result: Result) -> dict[str, Any]:
@@ -178,7 +230,7 @@ def restore_run(strategy: Strategy, state: dict[str, Any]) -> Result:
             )
         try:
             strategy.load_state_dict(strategy_state)
-        except ValueError as err:
+        except (ValueError, TypeError, KeyError, AttributeError) as err:
             raise CheckpointError(
                 f"the checkpoint does not fit {type(strategy).__name__}: {err}"
             ) from None
@@ -192,7 +244,7 @@ def restore_run(strategy: Strategy, state: dict[str, Any]) -> Result:
             evaluate_metrics_clientapp=_metrics_from_json(metrics["evaluate-clientapp"]),
             evaluate_metrics_serverapp=_metrics_from_json(metrics["evaluate-serverapp"]),
         )
-    except (KeyError, TypeError, ValueError) as err:
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise CheckpointError(f"the checkpoint's run state is incomplete: {err!r}") from None
 
 
@@ -225,9 +277,15 @@ def _split_arrays(value: Any, arrays: dict[str, np.ndarray]) -> Any:
 
 
 def _join_arrays(value: Any, arrays: dict[str, np.ndarray]) -> Any:
-    """Inverse of :func:`_split_arrays`."""
+    """Inverse of :func:`_split_arrays`.
+
+    Raises ``KeyError`` for a reference to an array ``arrays`` lacks,
+    ``TypeError`` for a reference that is not a key.
+    """
     if isinstance(value, dict):
         if set(value) == {_ARRAY_TAG}:
+            if not isinstance(value[_ARRAY_TAG], str):
+                raise TypeError(f"{value!r} is not an array reference")
             return arrays[value[_ARRAY_TAG]]
         return {key: _join_arrays(item, arrays) for key, item in value.items()}
     if isinstance(value, list):

@@ -6,23 +6,37 @@ methods they compare with; only their own method matches it.
 """
 
 from collections.abc import Iterable
+from logging import INFO
 from typing import Any
 
-from flwr.app import ArrayRecord, ConfigRecord, Message
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 from fedx.checks import Integer, check
+from fedx.ops import Model, average
 from fedx.protocol.personalized import FINETUNE_EPOCHS
 from fedx.registry import Method
-from fedx.strategies.base import FedxStrategy, RoundInFlight
+from fedx.strategies.base import (
+    FedxStrategy,
+    RoundInFlight,
+    read_reply,
+    to_arrayrecord,
+    to_model,
+)
 from fedx.strategies.personalized import FINETUNE_EPOCHS_KEY, ClientEvaluation, PerClientEvaluation
 
 
 class FedAvgFT(PerClientEvaluation, FedxStrategy, FedAvg):
     """FedAvg whose evaluation fine-tunes the global model on each client first.
 
-    Training is Flower's FedAvg. Every ``evaluate_every`` rounds (and after
+    Training is Flower's FedAvg, with fedx's reply checks: a reply whose
+    arrays do not fit the global model it was sent (names, shapes, dtypes,
+    NaN or Inf), that lacks a positive ``weighted_by_key``, or that comes
+    from a node not sent the round's model is logged and left out of the
+    average, which fedx computes without overflow (:func:`fedx.ops.average`).
+    Every ``evaluate_every`` rounds (and after
     the last) the global model goes to every connected node
     (``fraction_evaluate`` of them, 1.0 by default) with
     ``finetune-epochs`` in the config; the client trains it that many epochs
@@ -50,6 +64,8 @@ class FedAvgFT(PerClientEvaluation, FedxStrategy, FedAvg):
         self.evaluations: dict[int, list[ClientEvaluation]] = {}
         # The evaluation in flight: the nodes asked (each reply says which client it is).
         self.evaluating: RoundInFlight[None] | None = None
+        # The training in flight: the nodes sent the global model, and that model.
+        self.training: tuple[RoundInFlight[None], Model] | None = None
 
     def summary(self) -> None:
         """Log summary configuration of the strategy."""
@@ -61,6 +77,44 @@ class FedAvgFT(PerClientEvaluation, FedxStrategy, FedAvg):
             },
         )
         super().summary()
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """FedAvg's training messages; remember whom they went to, and the model."""
+        messages = list(super().configure_train(server_round, arrays, config, grid))
+        in_flight = RoundInFlight(
+            server_round,
+            {m.metadata.dst_node_id: None for m in messages},
+            messages,
+            describe=lambda _: "training",
+            consequence="left out of the average",
+        )
+        self.training = (in_flight, to_model(arrays))
+        return messages
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """The weighted mean of the usable replies (FedAvg's rule); the others logged and dropped."""
+        training, self.training = self.training, None
+        if training is None:
+            raise RuntimeError("aggregate_train needs configure_train to have sent the round")
+        in_flight, sent = training
+        models, weights, contents = [], [], []
+        for answer in in_flight.match(replies):
+            parsed = read_reply(answer.message, sent, self.arrayrecord_key, self.weighted_by_key)
+            if isinstance(parsed, str):
+                in_flight.dropped(answer, parsed)
+                continue
+            models.append(parsed[0])
+            weights.append(parsed[1])
+            contents.append(answer.message.content)
+        log(INFO, "aggregate_train: %d of %d replies used", len(models), len(in_flight.targets))
+        if not models:
+            return None, None
+        metrics = self.train_metrics_aggr_fn(contents, self.weighted_by_key)
+        return to_arrayrecord(average(models, weights)), metrics
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

@@ -7,7 +7,7 @@ Cross-Aggregation", ICDE 2024.
 from typing import Any
 
 from fedx.checks import Integer, Number, OneOf, check
-from fedx.ops import SELECTIONS, Model, average, cross_aggregate
+from fedx.ops import SELECTIONS, SIMILARITY_MEASURES, Model, average, cross_aggregate
 from fedx.registry import Key, Method
 from fedx.strategies.multi_model import POOL_MEAN_KEY, MultiModelStrategy, PoolRound
 
@@ -33,6 +33,14 @@ class FedCross(MultiModelStrategy):
     selection : {"in_order", "highest_similarity", "lowest_similarity"}
         Collaborator rule (default: "lowest_similarity", the paper's best).
         In-order uses the paper's round counter r = server_round - 1.
+        A model never picks itself, whatever the measure gives it.
+    similarity : {"model", "layer-pairs"}
+        What the similarity selections compare (default: "model"): the
+        paper's cosine over all floating-point parameters as one vector, or
+        "layer-pairs", the quantity the FedCross code of the authors' lab
+        computes (the sum of cosines of consecutive pairs of state-dict
+        entries, see :func:`fedx.ops.cosine_similarity_matrix`). Not used by
+        "in_order" or in propeller rounds.
     propeller_rounds : int (default: 0)
         For the first rounds, fuse with two in-order propeller models:
         ``alpha * v_i + (1 - alpha) / 2 * (p1 + p2)``.
@@ -53,6 +61,7 @@ class FedCross(MultiModelStrategy):
         *,
         alpha: float = 0.99,
         selection: str = "lowest_similarity",
+        similarity: str = "model",
         propeller_rounds: int = 0,
         dynamic_alpha_rounds: int = 0,
         alpha_start: float = 0.5,
@@ -61,6 +70,7 @@ class FedCross(MultiModelStrategy):
         super().__init__(**kwargs)
         self.alpha = check("alpha", alpha, ALPHA)
         self.selection = check("selection", selection, OneOf(SELECTIONS))
+        self.similarity = check("similarity", similarity, OneOf(SIMILARITY_MEASURES))
         self.propeller_rounds = check("propeller_rounds", propeller_rounds, Integer(0))
         self.dynamic_alpha_rounds = check("dynamic_alpha_rounds", dynamic_alpha_rounds, Integer(0))
         self.alpha_start = check("alpha_start", alpha_start, Number(0.5, self.alpha))
@@ -71,7 +81,8 @@ class FedCross(MultiModelStrategy):
             "FedCross settings",
             {
                 "alpha": self.alpha,
-                "Collaborator selection": self.selection,
+                "Collaborator selection": self.selection
+                + ("" if self.selection == "in_order" else f" ({self.similarity} similarity)"),
                 "Propeller rounds": self.propeller_rounds,
                 "Dynamic alpha": f"from {self.alpha_start} over {self.dynamic_alpha_rounds} rounds",
             },
@@ -99,6 +110,7 @@ class FedCross(MultiModelStrategy):
             trained.models,
             alpha=self.alpha_at(server_round),
             selection=self.selection,
+            measure=self.similarity,
             round_index=server_round - 1,
             propeller=server_round <= self.propeller_rounds,
         )
@@ -121,6 +133,15 @@ METHOD = Method(
             OneOf(SELECTIONS),
             "collaborator rule",
             argument="selection",
+        ),
+        Key(
+            "fedcross-similarity",
+            "model",
+            OneOf(SIMILARITY_MEASURES),
+            "what the similarity rules compare: the cosine of whole models (`model`, the "
+            "paper) or the sum over consecutive pairs of state-dict entries (`layer-pairs`, "
+            "the authors' lab's code)",
+            argument="similarity",
         ),
         Key(
             "fedcross-propeller-rounds",

@@ -18,10 +18,15 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
 from fedx.checks import FRACTION, ArgumentError, Flag, Integer, Rule, check
+from fedx.messaging import send_and_collect
 from fedx.ops import Model, assign_exchanges, cluster_count, fedme_aggregate
-from fedx.protocol.common import CLIENT_ID, CONFIG, SERVER_ROUND
+from fedx.protocol.common import CLIENT_ID, CONFIG, METRICS, SERVER_ROUND
 from fedx.protocol.fedme import (
+    CANDIDATE_ARCHITECTURES,
+    CHOICE,
+    CHOICE_EPOCHS,
     CHOSE_EXCHANGED,
+    CHOSEN_ARCHITECTURE,
     EXCHANGED,
     EXCHANGED_ARCHITECTURE,
     EXCHANGED_FROM,
@@ -29,6 +34,7 @@ from fedx.protocol.fedme import (
     MUTUAL_LEARNING,
     PERSONALIZED,
     PERSONALIZED_ARCHITECTURE,
+    VALIDATION_ACCURACY_CANDIDATES,
 )
 from fedx.protocol.personalized import FINETUNE_EPOCHS
 from fedx.registry import Key, Method, comma_list
@@ -46,6 +52,17 @@ from fedx.strategies.personalized import FINETUNE_EPOCHS_KEY, ClientEvaluation, 
 PredictFn = Callable[[str, Model], np.ndarray]
 #: ``initial_model_fn(architecture, client_id)``: a client's first personalized model.
 InitialModelFn = Callable[[str, int], Model]
+
+#: How clients get their first architecture: ``"fixed:<name>"`` besides these.
+INITIAL_ARCHITECTURES = ("local-best", "round-robin")
+FIXED = "fixed:"
+
+
+def _initial_architecture_form(value: Any) -> bool:
+    """``local-best``, ``round-robin`` or ``fixed:<name>`` (the name checked against the list later)."""
+    return value in INITIAL_ARCHITECTURES or (
+        isinstance(value, str) and value.startswith(FIXED) and bool(value[len(FIXED) :].strip())
+    )
 
 
 @dataclass
@@ -75,6 +92,14 @@ class _ExchangeRound:
     partners: tuple[int, ...]  # positions in `clients`: whose model each one received
     in_flight: RoundInFlight[int]  # node id -> position
     info: dict[str, float]  # cluster count and clustering time, for the round's metrics
+
+
+@dataclass(frozen=True)
+class _Choice:
+    """A client's valid answer to the architecture choice."""
+
+    architecture: str
+    accuracies: dict[str, float]  # validation accuracy by candidate, as reported
 
 
 @dataclass(frozen=True)
@@ -108,9 +133,19 @@ class FedMe(PerClientEvaluation, FedxStrategy):
     identified across rounds by an integer id they report when the strategy
     first sees their node (a ``query`` message answered with a ``client-id``
     metric; the fedx ClientApp sends its ``partition-id``).
-    Architectures are assigned round-robin over ``architectures`` by client
-    id from a seeded offset, so the same seed gives client c the same
-    architecture in every run, and the server can rebuild any client's model.
+    A client's first architecture is set when the strategy first sees it
+    (``initial_architecture``): round-robin over ``architectures`` by client
+    id from a seeded offset (so the same seed gives client c the same
+    architecture in every run), one fixed architecture for every client (the
+    paper's Table 5), or, as in the paper's experiments (Sec. 5.1.3), the
+    architecture the client finds best on its own data: it trains every
+    candidate for ``choice_epochs`` epochs on its train split and reports the
+    one with the best validation accuracy (one training message that lists
+    the candidates, :mod:`fedx.protocol.fedme`). A client that does not answer that
+    message, or answers with an error or an invalid choice, is logged and
+    starts with its round-robin architecture. Whatever the architecture, the
+    client's first model is ``initial_model_fn(architecture, client_id)``:
+    the choice sets the architecture, not the weights.
 
     Replies that are errors, arrive late, lack a record, carry arrays that do
     not fit the models sent (names, shapes, dtypes, NaN/Inf) or an invalid
@@ -127,8 +162,9 @@ class FedMe(PerClientEvaluation, FedxStrategy):
     Parameters
     ----------
     architectures : Sequence[str]
-        Architecture names clients are assigned, round-robin by client id
-        (a name may repeat to give it more clients).
+        Architecture names clients may have: assigned round-robin by client
+        id (a name may repeat to give it more clients), or the candidates of
+        the local choice.
     initial_model_fn : callable
         ``(architecture, client_id) -> Model``: a client's first model.
     predict_fn : callable
@@ -146,6 +182,15 @@ class FedMe(PerClientEvaluation, FedxStrategy):
     clustering : bool (default: True)
         False: one cluster always, exchanged models are uniformly random
         other models and no outputs are computed (ablation).
+    initial_architecture : str (default: "round-robin")
+        How a client new to the strategy gets its first architecture:
+        ``"round-robin"``, ``"local-best"`` (the client's choice, see above;
+        its ClientApp must answer the choice message, as fedx's does) or
+        ``"fixed:<name>"`` with ``<name>`` one of ``architectures`` (every
+        client starts with it).
+    choice_epochs : int (default: 5)
+        ``"local-best"``: local epochs each candidate is trained before the
+        client compares them. The choice waits as long as a round.
     fraction_train : float (default: 1.0)
         Fraction of registered, connected clients trained per round (the
         paper trains all).
@@ -181,6 +226,8 @@ class FedMe(PerClientEvaluation, FedxStrategy):
         model_tuning: bool = True,
         mutual_learning: bool = True,
         clustering: bool = True,
+        initial_architecture: str = "round-robin",
+        choice_epochs: int = 5,
         fraction_train: float = 1.0,
         min_train_nodes: int = 2,
         min_available_nodes: int = 2,
@@ -204,6 +251,19 @@ class FedMe(PerClientEvaluation, FedxStrategy):
         self.model_tuning = check("model_tuning", model_tuning, Flag())
         self.mutual_learning = check("mutual_learning", mutual_learning, Flag())
         self.clustering = check("clustering", clustering, Flag())
+        self.initial_architecture = check(
+            "initial_architecture",
+            initial_architecture,
+            Rule(
+                str,
+                lambda v: (
+                    _initial_architecture_form(v)
+                    and (not v.startswith(FIXED) or v[len(FIXED) :].strip() in self.architectures)
+                ),
+                f"local-best, round-robin or fixed:<name> with <name> one of {self.architectures}",
+            ),
+        )
+        self.choice_epochs = check("choice_epochs", choice_epochs, Integer(1))
         self.fraction_train = check("fraction_train", fraction_train, FRACTION)
         # An exchange needs a partner.
         self.min_train_nodes = check("min_train_nodes", min_train_nodes, Integer(2))
@@ -223,8 +283,19 @@ class FedMe(PerClientEvaluation, FedxStrategy):
     # ------------------------------------------------------------------
 
     def architecture_for(self, client_id: int) -> str:
-        """The architecture a client starts with: round-robin from the seeded offset."""
+        """The architecture a client starts with unless it chooses one.
+
+        The fixed architecture, else round-robin from the seeded offset (also
+        the fallback of a client that does not answer the local choice).
+        """
+        if self.initial_architecture.startswith(FIXED):
+            return self.initial_architecture[len(FIXED) :].strip()
         return self.architectures[(client_id + self.architecture_offset) % len(self.architectures)]
+
+    @property
+    def candidate_architectures(self) -> tuple[str, ...]:
+        """The architectures a client tries in the local choice: each name once, in order."""
+        return tuple(dict.fromkeys(self.architectures))
 
     def personalized_models(self) -> dict[int, tuple[str, Model]]:
         """Every registered client's architecture and personalized model, by client id."""
@@ -240,6 +311,12 @@ class FedMe(PerClientEvaluation, FedxStrategy):
             "FedMe settings",
             {
                 "Architectures": ", ".join(self.architectures),
+                "Initial architectures": self.initial_architecture
+                + (
+                    f" ({self.choice_epochs} local epoch(s) per candidate)"
+                    if self.initial_architecture == "local-best"
+                    else ""
+                ),
                 "Cluster count +1 at rounds": list(self.cluster_rounds) or "never",
                 "Model tuning / mutual learning / clustering": f"{self.model_tuning} / {self.mutual_learning} / {self.clustering}",
                 "Fraction train": f"{self.fraction_train} (min {self.min_train_nodes} nodes)",
@@ -293,7 +370,7 @@ class FedMe(PerClientEvaluation, FedxStrategy):
         del arrays
         self._training = None
         node_ids = sorted(self.connected_nodes(grid))
-        self._register(grid, node_ids, server_round)
+        joined = self._register(grid, node_ids, server_round, config)
         clients = self._sample_clients(node_ids)
         if len(clients) < 2:
             log(
@@ -329,7 +406,7 @@ class FedMe(PerClientEvaluation, FedxStrategy):
             tuple(clients),
             tuple(partners),
             in_flight,
-            {"num-clusters": num_clusters, "clustering-seconds": seconds},
+            {"num-clusters": num_clusters, "clustering-seconds": seconds, **joined},
         )
         return messages
 
@@ -409,28 +486,102 @@ class FedMe(PerClientEvaluation, FedxStrategy):
     # Helpers
     # ------------------------------------------------------------------
 
-    def _register(self, grid: Grid, node_ids: list[int], server_round: int) -> None:
-        """Ask nodes seen for the first time which client they are; set up new clients."""
+    def _register(
+        self, grid: Grid, node_ids: list[int], server_round: int, config: ConfigRecord
+    ) -> dict[str, float]:
+        """Ask nodes seen for the first time which client they are; set up new clients.
+
+        Returns the round's metrics of the clients that joined: how many
+        start with each architecture (``initial-<name>``) and, with the local
+        choice, the seconds it took.
+        """
         unknown = [n for n in node_ids if n not in self._node_clients]
         if not unknown:
-            return
-        for node_id, client_id in query_client_ids(
-            grid, unknown, self.round_timeout, server_round
-        ).items():
-            self._attach(node_id, client_id)
+            return {}
+        identified = query_client_ids(grid, unknown, self.round_timeout, server_round)
+        new = {node: cid for node, cid in identified.items() if cid not in self.clients}
+        choices: dict[int, str] = {}
+        metrics: dict[str, float] = {}
+        if new and self.initial_architecture == "local-best":
+            start = time.perf_counter()
+            choices = self._choose_architectures(grid, new, server_round, config)
+            metrics["architecture-choice-seconds"] = time.perf_counter() - start
+        for node_id, client_id in identified.items():
+            self._attach(node_id, client_id, choices)
+        for client_id in set(new.values()):
+            key = f"initial-{self.clients[client_id].architecture}"
+            metrics[key] = metrics.get(key, 0) + 1
+        return metrics
 
-    def _attach(self, node_id: int, client_id: int) -> None:
-        known = self.clients.get(client_id)
-        if known is None:
-            architecture = self.architecture_for(client_id)
-            model = self.initial_model_fn(architecture, client_id)
-            self.clients[client_id] = ClientState(node_id, architecture, model)
+    def _choose_architectures(
+        self, grid: Grid, new: dict[int, int], server_round: int, config: ConfigRecord
+    ) -> dict[int, str]:
+        """Ask new clients (node id -> client id) to choose their architecture.
+
+        Returns the valid choices by client id; the other clients are logged
+        (they start with their round-robin architecture).
+        """
+        candidates = list(self.candidate_architectures)
+        messages = [
+            Message(
+                content=RecordDict(
+                    {
+                        CONFIG: ConfigRecord(
+                            {
+                                **dict(config.items()),
+                                SERVER_ROUND: server_round,
+                                CLIENT_ID: client_id,
+                                CANDIDATE_ARCHITECTURES: candidates,
+                                CHOICE_EPOCHS: self.choice_epochs,
+                            }
+                        )
+                    }
+                ),
+                message_type=MessageType.TRAIN,
+                dst_node_id=node_id,
+            )
+            for node_id, client_id in new.items()
+        ]
+        in_flight = RoundInFlight(
+            server_round,
+            dict(new),
+            messages,
+            describe=lambda cid: f"client {cid}, architecture choice",
+            consequence="it starts with its round-robin architecture",
+        )
+        choices: dict[int, str] = {}
+        for answer in in_flight.match(send_and_collect(grid, messages, self.round_timeout)):
+            choice = _parse_choice(answer.message, candidates)
+            if isinstance(choice, str):
+                in_flight.dropped(answer, choice)
+                continue
+            choices[answer.target] = choice.architecture
             log(
                 INFO,
-                "Client %s (node %s) joined with architecture %s",
+                "Client %s chose architecture %s (validation accuracy %s)",
+                answer.target,
+                choice.architecture,
+                ", ".join(f"{name} {acc:.3f}" for name, acc in choice.accuracies.items()),
+            )
+        return choices
+
+    def _attach(self, node_id: int, client_id: int, choices: dict[int, str] | None = None) -> None:
+        known = self.clients.get(client_id)
+        if known is None:
+            chosen = (choices or {}).get(client_id)
+            architecture = chosen or self.architecture_for(client_id)
+            model = self.initial_model_fn(architecture, client_id)
+            self.clients[client_id] = ClientState(node_id, architecture, model)
+            how = self.initial_architecture
+            if how == "local-best" and chosen is None:
+                how = "round-robin: no valid architecture choice"
+            log(
+                INFO,
+                "Client %s (node %s) joined with architecture %s (%s)",
                 client_id,
                 node_id,
                 architecture,
+                how,
             )
         elif known.node_id != node_id:
             # A SuperNode restarted under a new node id: same client, same model.
@@ -586,6 +737,24 @@ class FedMe(PerClientEvaluation, FedxStrategy):
         return adopted, other_architecture
 
 
+def _parse_choice(message: Message, candidates: list[str]) -> _Choice | str:
+    """A client's architecture choice, or why it cannot be used."""
+    if message.has_error():
+        return f"the node reported an error: {message.error.reason}"
+    record = message.content.config_records.get(CHOICE)
+    chosen = record.get(CHOSEN_ARCHITECTURE) if record is not None else None
+    if not isinstance(chosen, str) or chosen not in candidates:
+        return f"expected a ConfigRecord '{CHOICE}' with '{CHOSEN_ARCHITECTURE}' one of {candidates}, got {chosen!r}"
+    metrics = message.content.metric_records.get(METRICS)
+    reported = metrics.get(VALIDATION_ACCURACY_CANDIDATES) if metrics is not None else None
+    accuracies = (
+        dict(zip(candidates, (float(a) for a in reported), strict=True))
+        if isinstance(reported, list) and len(reported) == len(candidates)
+        else {}
+    )
+    return _Choice(chosen, accuracies)
+
+
 def _cluster_rounds(value: str) -> tuple[int, ...]:
     return tuple(int(item) for item in comma_list(value))
 
@@ -624,9 +793,32 @@ METHOD = Method(
             "fedme-architectures",
             "cnn-1,cnn-2,cnn-3,cnn-4",
             Rule(str, lambda v: bool(comma_list(v)), "comma-separated `model` names"),
-            "architectures assigned round-robin by client id (VGGs need 32x32 images)",
+            "the architectures clients may have (VGGs need 32x32 images); a name may repeat "
+            "to give it more round-robin clients",
             argument="architectures",
             parse=comma_list,
+        ),
+        Key(
+            "fedme-initial-architecture",
+            # fedx's ClientApp answers the choice; the constructor's default,
+            # round-robin, suits ClientApps that do not.
+            "local-best",
+            Rule(
+                str,
+                _initial_architecture_form,
+                "local-best, round-robin or fixed:<name> (<name> one of `fedme-architectures`)",
+            ),
+            "a client's first architecture: round-robin by client id, the best on its own "
+            "validation split after `fedme-choice-epochs` (the paper's experiments), or one for "
+            "all (the paper's Table 5)",
+            argument="initial_architecture",
+        ),
+        Key(
+            "fedme-choice-epochs",
+            5,
+            Integer(1),
+            "`local-best`: local epochs each candidate architecture is trained before the choice",
+            argument="choice_epochs",
         ),
         Key(
             "fedme-cluster-rounds",

@@ -20,8 +20,7 @@ from fedx.secure.relay import RelayStats
 from fedx.strategies.base import (
     FedxStrategy,
     RoundInFlight,
-    read_model,
-    read_weight,
+    read_reply,
     to_arrayrecord,
     to_model,
 )
@@ -366,7 +365,9 @@ class MultiModelStrategy(FedxStrategy, FedAvg):
         trained = [False] * len(self.pool)
         accepted: list[RecordDict] = []
         for answer in in_flight.match(replies):
-            parsed = self._parse_reply(answer.message, self.pool[answer.target])
+            parsed = read_reply(
+                answer.message, self.pool[answer.target], self.arrayrecord_key, self.weighted_by_key
+            )
             if isinstance(parsed, str):
                 in_flight.dropped(answer, parsed)
                 continue
@@ -458,19 +459,3 @@ class MultiModelStrategy(FedxStrategy, FedAvg):
                 missed,
             )
         return responsive
-
-    def _parse_reply(self, message: Message, sent: Model) -> tuple[Model, float] | str:
-        """Return the reply's model and weight, or why it cannot be used."""
-        if message.has_error():
-            return f"the node reported an error: {message.error.reason}"
-        records = message.content.array_records
-        record = records.get(self.arrayrecord_key)
-        if record is None:
-            if len(records) != 1:
-                return f"expected one ArrayRecord ('{self.arrayrecord_key}'), got {list(records)}"
-            record = next(iter(records.values()))
-        weight = read_weight(message.content, self.weighted_by_key)
-        if isinstance(weight, str):
-            return weight
-        model = read_model(record, sent)
-        return model if isinstance(model, str) else (model, weight)

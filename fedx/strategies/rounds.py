@@ -6,13 +6,14 @@ training, then federated evaluation, then the ``evaluate_fn``) for any
 message-API strategy, Flower's own included, with two additions that resuming
 needs: ``first_round`` continues the numbering of an interrupted run, and
 ``on_round_end`` is called after every round, which is where a ServerApp
-writes its checkpoint.
+writes its checkpoint. A :class:`~fedx.strategies.divergence.DivergenceGuard`
+stops a run that diverged.
 """
 
 import io
 import time
 from collections.abc import Callable
-from logging import INFO
+from logging import INFO, WARNING
 
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
 from flwr.common import log
@@ -22,6 +23,7 @@ from flwr.serverapp.strategy.strategy_utils import log_strategy_start_info
 
 from fedx.messaging import send_and_collect
 from fedx.strategies.capabilities import RunAware
+from fedx.strategies.divergence import DivergenceGuard
 
 EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 RoundEndFn = Callable[[int, ArrayRecord, Result], None]
@@ -41,6 +43,7 @@ def run_rounds(
     evaluate_fn: EvaluateFn | None = None,
     result: Result | None = None,
     on_round_end: RoundEndFn | None = None,
+    guard: DivergenceGuard | None = None,
 ) -> Result:
     """Run rounds ``first_round`` to ``num_rounds`` of ``strategy``.
 
@@ -60,7 +63,7 @@ def run_rounds(
         The first round to run. Rounds before it count as done: the
         ``evaluate_fn`` of round 0 runs only when ``first_round`` is 1.
     timeout : float (default: 3600)
-        Seconds each ``send_and_receive`` waits for replies.
+        Seconds each exchange waits for replies (:func:`~fedx.messaging.send_and_collect`).
     train_config, evaluate_config : ConfigRecord, optional
         Sent to the nodes with every training / evaluation message.
     evaluate_fn : callable, optional
@@ -71,7 +74,13 @@ def run_rounds(
     on_round_end : callable, optional
         Called as ``on_round_end(round, arrays, result)`` after each round,
         once evaluation is done: the state of the strategy, ``arrays`` and
-        ``result`` then describe exactly ``round`` completed rounds.
+        ``result`` then describe exactly ``round`` completed rounds. With a
+        ``guard``, only after rounds that ended well (not after a round the
+        guard counts against the run), so the last checkpoint is a good one.
+    guard : DivergenceGuard, optional
+        Stops the run early when it diverged (its ``stop_reason`` says why,
+        in one log line); the result then holds the global model of the
+        guard's ``last_good_round``.
 
     Returns
     -------
@@ -103,14 +112,20 @@ def run_rounds(
         log(INFO, "Initial global evaluation results: %s", metrics)
         if metrics is not None:
             result.evaluate_metrics_serverapp[0] = metrics
+    if guard is not None:
+        guard.start(first_round - 1, arrays, result.evaluate_metrics_serverapp.get(0))
 
     for server_round in range(first_round, num_rounds + 1):
         log(INFO, "")
         log(INFO, "[ROUND %s/%s]", server_round, num_rounds)
-        replies = send_and_collect(
-            grid, strategy.configure_train(server_round, arrays, train_config, grid), timeout
+        replies = list(
+            send_and_collect(
+                grid, strategy.configure_train(server_round, arrays, train_config, grid), timeout
+            )
         )
         new_arrays, metrics = strategy.aggregate_train(server_round, replies)
+        if guard is not None:
+            guard.after_training(server_round, replies, new_arrays, metrics)
         if new_arrays is not None:
             result.arrays = arrays = new_arrays
         _keep(result.train_metrics_clientapp, server_round, metrics)
@@ -123,14 +138,30 @@ def run_rounds(
             server_round,
             strategy.aggregate_evaluate(server_round, replies),
         )
+        metrics = None
         if evaluate_fn is not None:
             log(INFO, "Global evaluation")
             metrics = evaluate_fn(server_round, arrays)
             log(INFO, "\t└──> MetricRecord: %s", metrics)
             if metrics is not None:
                 result.evaluate_metrics_serverapp[server_round] = metrics
-        if on_round_end is not None:
+        if guard is not None:
+            guard.after_evaluation(server_round, arrays, metrics)
+        if on_round_end is not None and (guard is None or guard.round_ok):
             on_round_end(server_round, arrays, result)
+        if guard is not None and guard.stop_reason is not None:
+            assert guard.last_good_arrays is not None  # set by guard.start
+            result.arrays = guard.last_good_arrays
+            log(
+                WARNING,
+                "Stopped the run after round %s of %s, %s; it ends with the state of round %s, "
+                "the last that ended well",
+                server_round,
+                num_rounds,
+                guard.stop_reason,
+                guard.last_good_round,
+            )
+            break
 
     log(INFO, "")
     log(INFO, "Strategy execution finished in %.2fs", time.time() - started)

@@ -1,0 +1,380 @@
+"""``fedx-superexec``: Flower's SuperExec with a warm ClientApp executor.
+
+In a real deployment Flower 1.41 runs every message a SuperNode receives in
+a new ClientApp process (``flwr-clientapp``, started by the SuperExec's
+``SubprocessExecutor``), and that process starts Python and imports the app
+before it reads the message: for fedx's ClientApp 10-13 s on a 2-core
+machine, 3-4 s of it ``import torch``. The warm executor pays that once per
+SuperNode: it keeps one interpreter that has imported the ClientApp's module
+(and with it torch and everything else the module imports) and forks it for
+every task; the child runs Flower's own ``run_clientapp`` with the task's
+token, which is all ``flwr-clientapp`` does.
+
+Run it next to a SuperNode started with ``--isolation process``, with the
+same options as ``flower-superexec`` (``--insecure`` or
+``--root-certificates`` for the SuperNode's Runtime API,
+``--superexec-auth-secret-file``, ``--parent-pid``, ...)::
+
+    flower-supernode --insecure --superlink 127.0.0.1:8000 --isolation process --port 9094
+    fedx-superexec --insecure --runtime-api-address 127.0.0.1:9094
+
+and two of its own: ``--preload-app MODULE`` (default ``fedx.client_app``),
+the ClientApp module to import in the warm interpreter, and ``--preload
+MODULE`` (repeatable; default ``torch``), libraries to import as well.
+
+Every task starts from the warm interpreter as it was after the imports:
+
+* nothing of an earlier task: each task is a fork of the warm interpreter,
+  which never runs a task itself, so no model, data, file or connection of
+  one task reaches the next (a cache the ClientApp keeps on disk does);
+* the app's own code from the run's FAB: the modules of the ClientApp's
+  top-level package (``fedx`` for ``fedx.client_app``) are dropped before
+  the task starts, so ``run_clientapp`` imports them from the FAB it
+  installed, as ``flwr-clientapp`` would (0.1 s for fedx: the libraries they
+  import stay loaded);
+* fresh randomness: torch's and numpy's global generators are reseeded from
+  the OS, as a new interpreter seeds them (Python's ``random`` reseeds
+  itself after a fork). Python's string hash seed is the warm interpreter's
+  in every task.
+
+The warm interpreter is the ``forkserver`` of Python's ``multiprocessing``:
+a process started fresh (not forked from the SuperExec, which holds
+connections and threads), that imports the modules, then only waits on a
+local socket for fork requests; each child closes that socket before it
+runs anything. It runs one thread when it forks: OpenBLAS stops its
+workers before every fork, and the warm interpreter starts with
+``JE_ARROW_MALLOC_CONF=background_thread:false`` (Arrow's allocator purges
+memory without a thread of its own) and ``PYTORCH_NVML_BASED_CUDA_CHECK=1``
+(``torch.cuda.is_available()`` at import does not initialize CUDA, which a
+forked child could then not use), unless those are set already. If it dies,
+the next task starts a new one.
+
+A task whose process crashes loses only its own reply: the warm interpreter
+and the other tasks go on, and the SuperNode answers the message with
+Flower's "ClientApp stopped responding" error once the task's heartbeat has
+expired, as with Flower's executor. Tasks other than ClientApps, and every
+task when runtime dependency installation is on (the task then runs in an
+environment of its own, which a warm interpreter cannot be), go to Flower's
+``SubprocessExecutor``.
+"""
+
+import argparse
+import contextlib
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from logging import INFO, WARNING
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+
+import flwr.supercore.superexec.run_superexec as flower_run_superexec
+from flwr.supercore import log
+from flwr.supercore.constant import ExecutorType, TaskType
+from flwr.supercore.superexec.executor import (
+    ExecutionSpec,
+    LaunchResult,
+    SubprocessExecutor,
+    get_executor,
+)
+from flwr.supercore.superexec.executor.config import ExecutorConfig
+
+DEFAULT_PRELOAD_APP = "fedx.client_app"
+DEFAULT_PRELOAD = ("torch",)
+#: Environment of the warm interpreter (where not set already): no allocator
+#: thread, no CUDA initialized before a fork.
+WARM_ENVIRONMENT = {
+    "JE_ARROW_MALLOC_CONF": "background_thread:false",
+    "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
+}
+#: Seconds a running task gets to stop on SIGTERM when the SuperExec stops.
+STOP_GRACE = 10.0
+
+
+def _fresh_start(app_package: str | None) -> None:
+    """In a task's child: forget the app's own modules, reseed torch and numpy."""
+    if app_package:
+        for name in [n for n in sys.modules if n == app_package or n.startswith(app_package + ".")]:
+            del sys.modules[name]
+    # From the OS, as in a new interpreter (the forked child has the warm one's state).
+    if (torch := sys.modules.get("torch")) is not None:
+        torch.seed()
+    if (numpy := sys.modules.get("numpy")) is not None:
+        numpy.random.seed()
+
+
+def run_clientapp_task(spec: ExecutionSpec) -> None:
+    """Flower's ``run_clientapp`` for one task, as ``flwr-clientapp`` calls it."""
+    # pylint: disable=import-outside-toplevel
+    from flwr.supercore.tls import validate_and_resolve_root_certificates
+    from flwr.supernode.runtime.run_clientapp import run_clientapp
+
+    run_clientapp(
+        runtime_api_address=spec.runtime_api_address,
+        token=spec.token,
+        insecure=spec.insecure,
+        certificates=validate_and_resolve_root_certificates(
+            spec.root_certificates_path, spec.insecure
+        ),
+        parent_pid=spec.parent_pid,
+        runtime_dependency_install=False,
+    )
+
+
+def _task_child(
+    task: Callable[[ExecutionSpec], None], spec: ExecutionSpec, app_package: str | None
+) -> None:
+    """What a task's forked child runs."""
+    _fresh_start(app_package)
+    task(spec)
+
+
+@contextlib.contextmanager
+def _warm_environment():
+    """:data:`WARM_ENVIRONMENT` in this process's environment, which a new warm interpreter gets."""
+    added = {k: v for k, v in WARM_ENVIRONMENT.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for key in added:
+            del os.environ[key]
+
+
+def _report_preloaded(modules: Sequence[str], connection: Connection) -> None:
+    """The warm-up child: which of ``modules`` the warm interpreter has imported, and its pid."""
+    connection.send(([m for m in modules if m in sys.modules], os.getppid()))
+    connection.close()
+
+
+class WarmExecutor:
+    """A Flower SuperExec executor that forks ClientApp tasks from a warm interpreter.
+
+    It implements Flower's executor protocol
+    (``flwr.supercore.superexec.executor.Executor``); see the module's
+    docstring for what a task starts from.
+
+    Parameters
+    ----------
+    preload_app : str or None
+        The ClientApp module the warm interpreter imports; its top-level
+        package is imported afresh (from the run's FAB) by every task.
+    preload : sequence of str
+        Libraries the warm interpreter imports as well (kept in every task).
+    task : callable
+        What a task's child runs, given the task's ``ExecutionSpec``
+        (default: Flower's ``run_clientapp``); a module-level function.
+    """
+
+    def __init__(
+        self,
+        preload_app: str | None = DEFAULT_PRELOAD_APP,
+        preload: Sequence[str] = DEFAULT_PRELOAD,
+        task: Callable[[ExecutionSpec], None] = run_clientapp_task,
+    ) -> None:
+        self.task = task
+        self.app_package = preload_app.split(".")[0] if preload_app else None
+        self.modules = [*preload, *([preload_app] if preload_app else [])]
+        self._context = multiprocessing.get_context("forkserver")
+        self._context.set_forkserver_preload(self.modules)
+        self._fallback = SubprocessExecutor()
+        self._tasks: dict[int, BaseProcess] = {}
+        self.warm_pid, self.preloaded = self._warm_up()
+
+    def _warm_up(self) -> tuple[int, list[str]]:
+        """Start the warm interpreter and wait until it has imported the modules."""
+        started = time.monotonic()
+        receiver, sender = self._context.Pipe(duplex=False)
+        probe = self._context.Process(
+            target=_report_preloaded, args=(self.modules, sender), name="fedx-warm-up"
+        )
+        with _warm_environment():
+            probe.start()  # starts the warm interpreter, which forks it once its imports are done
+        sender.close()
+        preloaded, warm_pid = receiver.recv()
+        receiver.close()
+        probe.join()
+        probe.close()
+        log(
+            INFO,
+            "fedx: warm ClientApp interpreter (pid %d) ready in %.1fs, imported: %s",
+            warm_pid,
+            time.monotonic() - started,
+            ", ".join(preloaded) or "nothing",
+        )
+        if missing := [m for m in self.modules if m not in preloaded]:
+            log(
+                WARNING,
+                "fedx: the warm interpreter could not import %s; every task imports "
+                "it itself (check that it is installed in this environment)",
+                ", ".join(missing),
+            )
+        return warm_pid, preloaded
+
+    # Flower's executor protocol ------------------------------------------
+
+    def get_eligible_capacity(
+        self,
+        supported_task_types: set[TaskType],
+        *,
+        insecure: bool = False,
+        root_certificates_path: str | None = None,
+    ) -> tuple[set[TaskType], set[str]]:
+        """Every task type can start at once (no capacity limit)."""
+        del insecure, root_certificates_path
+        return supported_task_types, set()
+
+    def wait_for_capacity(
+        self,
+        task_type: TaskType | None = None,
+        *,
+        fab_hash: str | None = None,
+        insecure: bool = False,
+        root_certificates_path: str | None = None,
+    ) -> None:
+        """Return at once: there is no capacity limit."""
+        del task_type, fab_hash, insecure, root_certificates_path
+
+    def launch(self, spec: ExecutionSpec) -> LaunchResult:
+        """Fork a ClientApp task from the warm interpreter; other tasks go to Flower's executor."""
+        if spec.task_type != TaskType.CLIENT_APP or spec.runtime_dependency_install:
+            return self._fallback.launch(spec)
+        process = self._context.Process(
+            target=_task_child,
+            args=(self.task, spec, self.app_package),
+            name=f"clientapp-task-{spec.task_id}",
+        )
+        try:
+            with _warm_environment():
+                process.start()  # restarts the warm interpreter if it died
+        except OSError as err:
+            return LaunchResult.failed(f"could not fork the task from the warm interpreter: {err}")
+        log(
+            INFO,
+            "fedx: ClientApp task %d forked from the warm interpreter: process %d",
+            spec.task_id,
+            process.pid,
+        )
+        self._tasks[spec.task_id] = process
+        return LaunchResult.accepted()
+
+    def reconcile(self) -> None:
+        """Collect finished tasks; log those that failed or crashed."""
+        for task_id, process in list(self._tasks.items()):
+            code = process.exitcode
+            if code is None:
+                continue
+            if code < 0:
+                log(
+                    WARNING,
+                    "fedx: the process of ClientApp task %d (pid %d) was killed by "
+                    "signal %d; the SuperNode answers its message with an error once its "
+                    "heartbeat expires",
+                    task_id,
+                    process.pid,
+                    -code,
+                )
+            elif code != 0:
+                log(
+                    WARNING,
+                    "fedx: the process of ClientApp task %d (pid %d) exited with code %d",
+                    task_id,
+                    process.pid,
+                    code,
+                )
+            process.close()
+            del self._tasks[task_id]
+
+    def close(self) -> None:
+        """Stop the running tasks (SIGTERM, then SIGKILL), as the SuperExec stops."""
+        for process in self._tasks.values():
+            if process.exitcode is None:
+                process.terminate()
+        deadline = time.monotonic() + STOP_GRACE
+        for process in self._tasks.values():
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.exitcode is None:
+                process.kill()
+                process.join(1.0)
+        self._tasks.clear()
+        self._fallback.close()
+
+    @property
+    def running(self) -> dict[int, int]:
+        """``{task id: pid}`` of the tasks still running."""
+        return {t: p.pid for t, p in self._tasks.items() if p.exitcode is None and p.pid}
+
+
+# ----------------------------------------------------------------------
+# The command
+# ----------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fedx-superexec",
+        add_help=False,
+        description="flower-superexec with fedx's warm ClientApp executor; every other option "
+        "is flower-superexec's (see flower-superexec --help).",
+    )
+    parser.add_argument(
+        "--preload-app",
+        default=DEFAULT_PRELOAD_APP,
+        metavar="MODULE",
+        help="the ClientApp module the warm interpreter imports "
+        f"(default: {DEFAULT_PRELOAD_APP}; '' for none)",
+    )
+    parser.add_argument(
+        "--preload",
+        action="append",
+        metavar="MODULE",
+        help="a library the warm interpreter imports too (repeatable; "
+        f"default: {', '.join(DEFAULT_PRELOAD)})",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of ``fedx-superexec``: Flower's SuperExec, with the warm executor."""
+    # pylint: disable=import-outside-toplevel
+    from flwr.supercore.cli import flower_superexec
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in argv or "--help" in argv:
+        _parser().print_help()
+        print()
+    ours, flower_args = _parser().parse_known_args(argv)
+    preload = DEFAULT_PRELOAD if ours.preload is None else [m for m in ours.preload if m]
+
+    def executor_factory(
+        executor_type: ExecutorType,
+        executor_config: ExecutorConfig | None = None,
+        *,
+        insecure: bool = False,
+        root_certificates_path: str | None = None,
+    ):
+        if executor_type == ExecutorType.SUBPROCESS:  # flower-superexec's default
+            return WarmExecutor(ours.preload_app or None, preload)
+        return get_executor(
+            executor_type,
+            executor_config,
+            insecure=insecure,
+            root_certificates_path=root_certificates_path,
+        )
+
+    # Flower's SuperExec builds its executor with this module-level function,
+    # called once at start: everything else (polling, TLS, authentication,
+    # plugins, signals) stays Flower's own.
+    if not callable(getattr(flower_run_superexec, "get_executor", None)):
+        raise SystemExit(
+            "fedx-superexec: this Flower's SuperExec has no get_executor to "
+            "replace (fedx needs flwr 1.41)"
+        )
+    flower_run_superexec.get_executor = executor_factory
+    sys.argv = [sys.argv[0], *flower_args]
+    flower_superexec()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""A stand-in ClientApp module and task for the warm executor's tests.
+
+``WarmExecutor(preload_app="tests.executor_probe", task=probe)`` imports this
+module (and torch) in its warm interpreter and runs :func:`probe` in every
+task's child. The task's "token" says what to do and where to write what
+the child saw when it started: ``"<action>:<json path>"``.
+"""
+
+import json
+import os
+import random
+import signal
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow  # noqa: F401  # as fedx's ClientApp imports it (Hugging Face datasets): an allocator thread
+import torch
+
+#: Module state: filled at import and by each task; a task must never see another's.
+IMPORTED_IN = os.getpid()
+TASKS: list[int] = []
+
+
+def socket_fds() -> int:
+    """How many of this process's file descriptors are sockets."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+        except OSError:
+            pass
+    return count
+
+
+def probe(spec) -> None:
+    """Report the state the task starts from, then leave some state behind (or crash)."""
+    action, path = spec.token.split(":", 1)
+    sockets = socket_fds()
+    torch_loaded = "torch" in sys.modules
+    this = sys.modules.get(__name__)  # None: dropped before the task, imported afresh below
+    import tests.executor_probe as module  # pylint: disable=import-outside-toplevel
+
+    seen = {
+        "pid": os.getpid(),
+        "ppid": os.getppid(),
+        "torch-loaded-at-start": torch_loaded,
+        "app-module-at-start": this is not None,
+        "imported-in-this-process": module.IMPORTED_IN == os.getpid(),
+        "tasks-before": list(module.TASKS),
+        "sockets": sockets,
+        "warm-threads": len(os.listdir(f"/proc/{os.getppid()}/task")),
+        "random": random.random(),
+        "numpy": float(np.random.random()),
+        "torch-seed": torch.initial_seed(),
+        "torch": float(torch.rand(1).item()),
+    }
+    Path(path).write_text(json.dumps(seen))
+    # State a careless ClientApp leaves behind: the next task must not see it.
+    module.TASKS.append(spec.task_id)
+    torch.manual_seed(spec.task_id)
+    np.random.seed(spec.task_id)
+    if action == "raise":
+        raise RuntimeError("the ClientApp failed")
+    if action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,332 @@
+"""fedx's warm ClientApp executor (fedx-superexec).
+
+The first tests run the executor itself, with a stand-in task
+(tests/executor_probe.py) forked from a real warm interpreter that has
+imported torch: every task starts clean, a crashing task loses only itself.
+Then the commands fedx-deploy builds (fedx-superexec, fedx-supernode with a
+shorter idle poll). The last test runs fedx's app on a SuperLink and 3 SuperNodes whose
+ClientApps come from fedx-superexec, with TLS on every link, SuperNode
+authentication and SuperExec authentication.
+"""
+
+import json
+import logging
+import os
+import socket
+import ssl
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from flwr.supercore.constant import TaskType
+from flwr.supercore.superexec.executor import ExecutionSpec, LaunchResult
+
+from fedx.deploy import supernode
+from fedx.deploy.cli import main as deploy_main
+from fedx.deploy.credentials import write_supernode_keys, write_tls_certificates
+from fedx.deploy.local import FederationSpec, LocalFederation
+from fedx.deploy.superexec import WarmExecutor
+from tests.deployment import run_app, spec_on_free_ports
+from tests.executor_probe import probe
+from tests.helpers import REPO
+from tests.test_deploy_static import flags, help_flags
+
+
+@pytest.fixture(scope="module")
+def executor():
+    warm = WarmExecutor(preload_app="tests.executor_probe", preload=["torch"], task=probe)
+    yield warm
+    warm.close()
+
+
+def spec_for(task_id: int, action: str, path: Path, **overrides) -> ExecutionSpec:
+    fields = dict(
+        task_type=TaskType.CLIENT_APP,
+        runtime_api_address="127.0.0.1:1",
+        token=f"{action}:{path}",
+        insecure=True,
+        root_certificates_path=None,
+        runtime_dependency_install=False,
+        parent_pid=os.getpid(),
+        suppress_output=False,
+        task_id=task_id,
+    )
+    return ExecutionSpec(**{**fields, **overrides})
+
+
+def run_task(
+    executor: WarmExecutor, task_id: int, action: str, directory: Path, timeout: float = 120
+) -> tuple[dict | None, int]:
+    """Launch one task and wait for it; what it saw, and its exit code."""
+    path = directory / f"task-{task_id}.json"
+    assert executor.launch(spec_for(task_id, action, path)) == LaunchResult.accepted()
+    process = executor._tasks[task_id]  # pylint: disable=protected-access
+    process.join(timeout)
+    code = process.exitcode
+    executor.reconcile()
+    assert task_id not in executor.running
+    return (json.loads(path.read_text()) if path.exists() else None), code
+
+
+def test_the_warm_interpreter_imported_the_app_and_torch(executor):
+    assert executor.preloaded == ["torch", "tests.executor_probe"]
+    assert executor.app_package == "tests"
+    assert executor.warm_pid != os.getpid()
+
+
+def test_every_task_starts_clean_from_the_warm_interpreter(executor, tmp_path):
+    first, first_code = run_task(executor, 1, "report", tmp_path)
+    second, second_code = run_task(executor, 2, "report", tmp_path)
+    assert (first_code, second_code) == (0, 0)
+    for seen in (first, second):
+        assert seen["ppid"] == executor.warm_pid  # forked from the warm interpreter...
+        assert seen["torch-loaded-at-start"]  # ...which had imported torch already
+        # The app's own package is imported afresh in the task, with fresh state.
+        assert not seen["app-module-at-start"] and seen["imported-in-this-process"]
+        assert seen["tasks-before"] == []
+        assert seen["sockets"] == 0  # nothing of the warm interpreter's socket, no connection
+    assert first["pid"] != second["pid"]
+    # Task 1 reseeded torch and numpy on its way out; task 2 did not notice.
+    # torch, numpy and random start from fresh entropy, as in new interpreters.
+    assert first["torch-seed"] != second["torch-seed"] and first["torch"] != second["torch"]
+    assert first["numpy"] != second["numpy"]
+    assert first["random"] != second["random"]
+
+
+def test_the_warm_interpreter_runs_no_threads_of_its_own(executor, tmp_path):
+    seen, _ = run_task(executor, 3, "report", tmp_path)
+    assert seen["warm-threads"] == 1, "the warm interpreter must be single-threaded when it forks"
+
+
+def test_a_crashing_task_loses_only_itself(executor, tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        _, killed = run_task(executor, 4, "kill", tmp_path)
+        _, raised = run_task(executor, 5, "raise", tmp_path)
+    assert killed == -9 and raised == 1
+    assert "ClientApp task 4 (pid" in caplog.text and "was killed by signal 9" in caplog.text
+    assert "ClientApp task 5 (pid" in caplog.text and "exited with code 1" in caplog.text
+    after, code = run_task(executor, 6, "report", tmp_path)
+    assert code == 0 and after["ppid"] == executor.warm_pid and after["tasks-before"] == []
+
+
+def test_stopping_stops_the_running_tasks(tmp_path):
+    # A task that outlives the SuperExec would run on without anyone collecting it.
+    warm = WarmExecutor(preload_app=None, preload=[], task=probe_sleeping)
+    try:
+        warm.launch(spec_for(7, "report", tmp_path / "unused.json"))
+        pid = warm.running[7]
+    finally:
+        started = time.monotonic()
+        warm.close()
+    assert time.monotonic() - started < 15
+    assert (
+        not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+    )
+
+
+def probe_sleeping(spec) -> None:
+    """A task that takes a long time."""
+    del spec
+    time.sleep(300)
+
+
+def test_other_tasks_and_dependency_installation_go_to_flowers_executor(executor, tmp_path):
+    launched = []
+
+    class Recorder:
+        def launch(self, spec):
+            launched.append(spec.task_id)
+            return LaunchResult.accepted()
+
+        def close(self):
+            pass
+
+    saved, executor._fallback = executor._fallback, Recorder()  # pylint: disable=protected-access
+    try:
+        executor.launch(spec_for(8, "report", tmp_path / "8.json", task_type=TaskType.SERVER_APP))
+        executor.launch(spec_for(9, "report", tmp_path / "9.json", runtime_dependency_install=True))
+    finally:
+        executor._fallback = saved  # pylint: disable=protected-access
+    assert launched == [8, 9] and not executor.running
+
+
+# ----------------------------------------------------------------------
+# The commands: fedx-superexec, fedx-supernode, fedx-deploy up --executor warm
+# ----------------------------------------------------------------------
+
+
+def test_warm_and_fast_poll_commands_use_only_flags_flower_has(tmp_path):
+    tls = write_tls_certificates(tmp_path / "certificates")
+    for spec in (
+        FederationSpec(2, tmp_path, insecure=True, executor="warm", poll_interval=0.5),
+        FederationSpec(2, tmp_path, tls=tls, auth_keys=tmp_path / "keys", executor="warm"),
+    ):
+        for index in range(2):
+            node = spec.supernode_command(index)
+            ours = ["--poll-interval"] if spec.poll_interval else []
+            assert set(flags(node)) <= help_flags("flower-supernode") | set(ours)
+            assert node[node.index("--isolation") + 1] == "process"
+            superexec = spec.superexec_command(index, supernode_pid=4242)
+            assert set(flags(superexec)) <= help_flags("flower-superexec")
+            assert (
+                superexec[superexec.index("--runtime-api-address") + 1]
+                == f"127.0.0.1:{spec.supernode_ports[index]}"
+            )
+            assert superexec[superexec.index("--parent-pid") + 1] == "4242"
+            if spec.tls is not None:  # TLS and a shared secret on the Runtime API too
+                assert node[node.index("--ssl-certfile") + 1] == str(tls.server_cert)
+                assert superexec[superexec.index("--root-certificates") + 1] == str(tls.ca_cert)
+                secret = str(spec.superexec_secret(index))
+                assert node[node.index("--superexec-auth-secret-file") + 1] == secret
+                assert superexec[superexec.index("--superexec-auth-secret-file") + 1] == secret
+    fast = FederationSpec(2, tmp_path, insecure=True, poll_interval=0.5)
+    assert Path(fast.supernode_command(0)[0]).name == "fedx-supernode"
+    assert fast.environment()["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] == "0.5"
+    assert (
+        Path(FederationSpec(2, tmp_path, insecure=True).supernode_command(0)[0]).name
+        == "flower-supernode"
+    )
+    with pytest.raises(ValueError, match="need Flower 1.41"):
+        FederationSpec(
+            2,
+            tmp_path,
+            insecure=True,
+            executor="warm",
+            transport="grpc",
+            fleet_port=1,
+            control_port=2,
+        )
+    with pytest.raises(ValueError, match="poll_interval must be in"):
+        FederationSpec(2, tmp_path, insecure=True, poll_interval=5.0)
+
+
+def test_fedx_supernode_shortens_exactly_the_idle_and_reply_waits(monkeypatch):
+    slept = []
+    monkeypatch.setattr(supernode.time, "sleep", slept.append)
+    waits = supernode.ShortWaits(0.2)
+    for seconds in (3, 0.5, 1.0):
+        waits.sleep(seconds)
+    assert slept == [0.2, 0.2, 1.0]
+    assert waits.monotonic is supernode.time.monotonic  # the rest is the time module's
+    monkeypatch.setattr(
+        supernode.inspect, "getsource", lambda module: "time.sleep(5)"
+    )  # another Flower
+    with pytest.raises(RuntimeError, match="no time.sleep"):
+        supernode.shorten_waits(0.2)
+
+
+def test_fedx_supernode_patches_flowers_loop(monkeypatch):
+    loop = supernode.supernode_loop
+    monkeypatch.setattr(loop, "time", loop.time)  # put back after the test
+    supernode.shorten_waits(0.25)
+    assert isinstance(loop.time, supernode.ShortWaits) and loop.time.interval == 0.25
+    for interval in (0, 5):
+        with pytest.raises(ValueError, match="poll interval must be in"):
+            supernode.shorten_waits(interval)
+
+
+def test_deploy_up_starts_warm_supernodes_with_short_polls(tmp_path, monkeypatch, capsys):
+    started = {}
+
+    class FakeFederation:
+        def __init__(self, spec):
+            started["spec"] = spec
+            self.supernodes, self.superlink = {}, None
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc_info):
+            pass
+
+        def start(self):
+            pass
+
+        def node_id(self, index):
+            return 100 + index
+
+        def wait_for_warm_executor(self, index):
+            started.setdefault("warm", []).append(index)
+
+    monkeypatch.setattr("fedx.deploy.cli.LocalFederation", FakeFederation)
+    monkeypatch.setattr(
+        "fedx.deploy.cli.subprocess.run",
+        lambda command, env, check: subprocess.CompletedProcess(command, 0),
+    )
+    monkeypatch.chdir(tmp_path)
+    code = deploy_main(
+        [
+            "up",
+            "--insecure",
+            "--supernodes",
+            "2",
+            "--executor",
+            "warm",
+            "--poll-interval",
+            "0.5",
+            "--run",
+            "app",
+        ]
+    )
+    assert code == 0
+    assert (started["spec"].executor, started["spec"].poll_interval) == ("warm", 0.5)
+    assert started["warm"] == [0, 1]  # the app runs once the warm interpreters are ready
+    assert "warm ClientApp executor" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------
+# fedx's app on SuperNodes with fedx-superexec, TLS and authentication
+# ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def warm_federation(tmp_path_factory):
+    """3 SuperNodes (--isolation process) + fedx-superexec each; TLS, SuperNode and SuperExec auth.
+
+    The SuperNodes are fedx-supernode with a 0.1 s idle poll (their SuperExecs poll as often).
+    """
+    base = tmp_path_factory.mktemp("warm")
+    tls = write_tls_certificates(base / "certificates", ["localhost", "127.0.0.1"])
+    write_supernode_keys(base / "keys", 3)
+    spec = spec_on_free_ports(
+        3, base / "state", tls=tls, auth_keys=base / "keys", executor="warm", poll_interval=0.1
+    )
+    with LocalFederation(spec) as federation:
+        federation.start()
+        for index in range(3):
+            federation.node_id(index, timeout=180)
+        warm_pids = [federation.wait_for_warm_executor(index, timeout=300) for index in range(3)]
+        yield federation, warm_pids
+
+
+def test_fedmr_runs_on_warm_executors_over_tls_with_authentication(warm_federation, tmp_path):
+    federation, warm_pids = warm_federation
+    spec = federation.spec
+    assert "--superexec-auth-secret-file" in spec.supernode_command(0)
+    assert Path(spec.supernode_command(0)[0]).name == "fedx-supernode"
+    output = run_app(
+        federation,
+        REPO,
+        f'num-server-rounds=2 local-epochs=1 min-available-nodes=3 run-name="warm" output-dir="{tmp_path}"',
+        timeout=480,
+    )
+    metrics_file = tmp_path / "warm" / "metrics.json"
+    assert metrics_file.exists(), output[-4000:]
+    rounds = {row["round"]: row for row in json.loads(metrics_file.read_text())["rounds"]}
+    assert sorted(rounds) == [0, 1, 2]
+    assert all(rounds[r]["trained-slots"] == 3 for r in (1, 2))
+    for index, warm_pid in enumerate(warm_pids):
+        log = (spec.log_dir / f"supernode-{index}.log").read_text(errors="replace")
+        received = log.count("Receiving: ")
+        forked = log.count("forked from the warm interpreter")
+        assert received >= 2 and forked == received, (index, received, forked)  # 2 rounds (+ query)
+        assert f"warm ClientApp interpreter (pid {warm_pid}) ready" in log
+        assert "Traceback" not in log, log[-3000:]
+        # The SuperNode's Runtime API, where the tasks' tokens travel, speaks TLS only.
+        context = ssl.create_default_context(cafile=str(spec.tls.ca_cert))
+        with socket.create_connection(
+            ("127.0.0.1", spec.supernode_ports[index]), timeout=10
+        ) as raw:
+            with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+                assert tls.version() in ("TLSv1.2", "TLSv1.3")
