@@ -24,11 +24,12 @@ import yaml
 from fedx.deploy.local import free_port
 
 REPO = Path(__file__).resolve().parents[1]
-# What the images are built from (docker/Dockerfile's COPY lines, the build context rules).
-BUILD_INPUTS = ["docker", "fedx", "pyproject.toml", "README.md", ".dockerignore"]
+# What the images are built from (docker/Dockerfile, its COPY lines, the build context rules).
+BUILD_INPUTS = ["docker/Dockerfile", "docker/entrypoint.py", "fedx", "pyproject.toml", ".dockerignore"]
 # What a project folder needs: the build inputs, the compose files, the test app.
 PROJECT_FILES = [
     *BUILD_INPUTS,
+    "docker/flwr-config.toml",
     "docker-compose.yml",
     "docker-compose.auth.yml",
     "docker-compose.insecure.yml",

@@ -342,7 +342,7 @@ def test_the_build_context_holds_only_what_the_images_copy():
             if not s.startswith("--")
         }
     )
-    assert kept == sources == ["README.md", "docker/entrypoint.py", "fedx", "pyproject.toml"]
+    assert kept == sources == ["docker/entrypoint.py", "fedx", "pyproject.toml"]
 
 
 def test_compose_wires_addresses_partitions_and_volumes():
@@ -374,6 +374,11 @@ def test_compose_wires_addresses_partitions_and_volumes():
         partitions.add(int(config["partition-id"]))
         assert "/app/data" in {v.split(":")[1] for v in services[executor]["volumes"]}
         assert services[executor]["depends_on"] == [node]
+        # fedx's warm executor, one torch thread per ClientApp unless asked for more.
+        assert services[executor]["entrypoint"] == ["fedx-entrypoint", "fedx-superexec"]
+        assert services[executor]["environment"]["OMP_NUM_THREADS"] == (
+            "${FEDX_CLIENTAPP_THREADS:-1}"
+        )
     assert partitions == set(range(NUM_NODES))
     server = services["superexec-serverapp"]
     server_volumes = {v.split(":")[1]: v for v in server["volumes"]}
