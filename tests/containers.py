@@ -25,7 +25,13 @@ from fedx.deploy.local import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 # What the images are built from (docker/Dockerfile, its COPY lines, the build context rules).
-BUILD_INPUTS = ["docker/Dockerfile", "docker/entrypoint.py", "fedx", "pyproject.toml", ".dockerignore"]
+BUILD_INPUTS = [
+    "docker/Dockerfile",
+    "docker/entrypoint.py",
+    "fedx",
+    "pyproject.toml",
+    ".dockerignore",
+]
 # What a project folder needs: the build inputs, the compose files, the test app.
 PROJECT_FILES = [
     *BUILD_INPUTS,
@@ -145,8 +151,14 @@ def ensure_images(project: "ComposeProject", timeout: float = 3600) -> str:
     started = time.monotonic()
     # One image at a time: they share their first layers.
     project.compose("--parallel", "1", "build", timeout=timeout)
+    built = {i: _image_id(i) for i in images}
     STAMP.parent.mkdir(parents=True, exist_ok=True)
-    STAMP.write_text(json.dumps({"key": key, "images": {i: _image_id(i) for i in images}}))
+    STAMP.write_text(json.dumps({"key": key, "images": built}))
+    # The images these tests built before, now untagged: their layers would
+    # pile up with every edit of fedx (podman refuses while a container uses one).
+    for old in set(stamp.get("images", {}).values()) - set(built.values()):
+        if old:
+            subprocess.run(["podman", "rmi", old], capture_output=True, timeout=120, check=False)
     return f"built in {time.monotonic() - started:.0f} s"
 
 
