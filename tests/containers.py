@@ -352,6 +352,18 @@ class ComposeProject:
         found = NODE_ID.findall(self.logs(service))
         return int(found[-1]) if found else None
 
+    def task_processes(self, service: str) -> list[str]:
+        """The ClientApp task processes running in a ``fedx-superexec`` container.
+
+        Each task is a child of the warm interpreter, a ``multiprocessing``
+        forkserver; its command line is the forkserver's.
+        """
+        done = self.podman("top", self.container(service), "pid", "ppid", "args", check=False)
+        rows = [line.split(None, 2) for line in done.stdout.splitlines()[1:]]
+        rows = [row for row in rows if len(row) == 3]
+        forkservers = {pid for pid, _, args in rows if "multiprocessing.forkserver" in args}
+        return [f"{pid} {args}" for pid, parent, args in rows if parent in forkservers]
+
     def state(self, service: str) -> str:
         done = self.podman(
             "inspect", "--format", "{{.State.Status}}", self.container(service), check=False
