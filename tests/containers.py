@@ -16,7 +16,10 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
@@ -363,6 +366,30 @@ class ComposeProject:
         rows = [row for row in rows if len(row) == 3]
         forkservers = {pid for pid, _, args in rows if "multiprocessing.forkserver" in args}
         return [f"{pid} {args}" for pid, parent, args in rows if parent in forkservers]
+
+    @contextmanager
+    def logs_on_failure(self) -> Iterator[None]:
+        """On a failed check inside, keep every container's log (a folder named in the failure)."""
+        try:
+            yield
+        except AssertionError as err:
+            folder = Path(tempfile.mkdtemp(prefix=f"{self.name}-logs-"))
+            names = self.podman(
+                "ps",
+                "-a",
+                "--format",
+                "{{.Names}}",
+                "--filter",
+                f"label=io.podman.compose.project={self.name}",
+                check=False,
+            )
+            for name in names.stdout.split():
+                done = self.podman("logs", "-t", name, check=False)
+                (folder / f"{name}.log").write_text(done.stdout + done.stderr)
+            for log in self.directory.glob("*.log"):  # what the tests' flwr runs printed
+                shutil.copy2(log, folder / log.name)
+            err.args = (f"{err.args[0] if err.args else ''}\n(the containers' logs: {folder})",)
+            raise
 
     def state(self, service: str) -> str:
         done = self.podman(
