@@ -25,6 +25,7 @@ once and reused while the files they are built from are unchanged
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -149,6 +150,7 @@ def test_a_killed_serverapp_container_resumes_with_resume_from_to_the_same_pool(
         "flwr", "run", ".", "--format", "json", "--run-config", f'{JOB} run-name="interrupted"'
     )
     assert done.returncode == 0, done.stdout + done.stderr
+    run_id = json.loads(done.stdout)["run-id"]
     checkpoint = outputs / "interrupted" / "checkpoint.json"
 
     def checkpointed_round() -> int:
@@ -165,6 +167,10 @@ def test_a_killed_serverapp_container_resumes_with_resume_from_to_the_same_pool(
         lambda: federation.state("superexec-serverapp") != "running", 60, "the container to stop"
     )
     federation.podman("start", server)
+    # The dead ServerApp's run is stopped, as a user would: its messages to
+    # the SuperNodes are dropped instead of keeping them busy for later runs.
+    stopped = federation.run_tool("flwr", "stop", str(run_id))
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
 
     resumed = flwr_run(
         federation, ".", "--stream", "--run-config", 'resume-from="outputs/interrupted"'
@@ -201,14 +207,24 @@ def cut_and_kill(federation: ComposeProject) -> None:
     cut, killed = federation.container("supernode-2"), federation.container("supernode-3")
     cut_id, killed_id = federation.node_id("supernode-2"), federation.node_id("supernode-3")
     start = datetime.now(UTC)
+    log = federation.directory / "faults.log"
 
     def received(service: str) -> int:
+        """Train messages of this run that ``service`` received (a SuperNode logs the run first)."""
+        started = re.search(r"Successfully started run (\d+)", log.read_text(errors="replace"))
+        if started is None:
+            return 0
         done = federation.podman(
             "logs", "--since", since(start), federation.container(service), check=False
         )
-        return (done.stdout + done.stderr).count(RECEIVED)
+        run, count = None, 0
+        for line in (done.stdout + done.stderr).splitlines():
+            if found := re.search(r"\[RUN (\d+)\]", line):
+                run = found.group(1)
+            elif RECEIVED in line and run == started.group(1):
+                count += 1
+        return count
 
-    log = federation.directory / "faults.log"
     # A reply takes train-delay, a fork of the warm ClientApp interpreter and
     # up to 3 s of the SuperNode's poll: well under 10 s on an idle machine,
     # but 20 s were too short once at load 10-20. Only the two rounds with a
@@ -278,6 +294,7 @@ def cut_and_kill(federation: ComposeProject) -> None:
     # Restarted, supernode-3 came back with a new id and trained in round 5.
     back_id = federation.node_id("supernode-3")
     assert back_id not in (None, killed_id)
+    assert received("supernode-3") == 5  # rounds 1 to 5, the last after the restart
     done = federation.podman("logs", "--since", since(restarted_at), killed, check=False)
     assert RECEIVED in done.stdout + done.stderr
     assert result["trained-slots"] == {"1": 3, "2": 2, "3": 2, "4": 2, "5": 3}, output[-4000:]
