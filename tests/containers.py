@@ -355,18 +355,6 @@ class ComposeProject:
         found = NODE_ID.findall(self.logs(service))
         return int(found[-1]) if found else None
 
-    def task_processes(self, service: str) -> list[str]:
-        """The ClientApp task processes running in a ``fedx-superexec`` container.
-
-        Each task is a child of the warm interpreter, a ``multiprocessing``
-        forkserver; its command line is the forkserver's.
-        """
-        done = self.podman("top", self.container(service), "pid", "ppid", "args", check=False)
-        rows = [line.split(None, 2) for line in done.stdout.splitlines()[1:]]
-        rows = [row for row in rows if len(row) == 3]
-        forkservers = {pid for pid, _, args in rows if "multiprocessing.forkserver" in args}
-        return [f"{pid} {args}" for pid, parent, args in rows if parent in forkservers]
-
     @contextmanager
     def logs_on_failure(self) -> Iterator[None]:
         """On a failed check inside, keep every container's log (a folder named in the failure)."""
@@ -386,6 +374,8 @@ class ComposeProject:
             for name in names.stdout.split():
                 done = self.podman("logs", "-t", name, check=False)
                 (folder / f"{name}.log").write_text(done.stdout + done.stderr)
+                done = self.podman("top", name, "pid", "ppid", "etime", "args", check=False)
+                (folder / f"{name}.processes").write_text(done.stdout + done.stderr)
             for log in self.directory.glob("*.log"):  # what the tests' flwr runs printed
                 shutil.copy2(log, folder / log.name)
             err.args = (f"{err.args[0] if err.args else ''}\n(the containers' logs: {folder})",)

@@ -298,14 +298,6 @@ def cut_and_kill(federation: ComposeProject) -> None:
     done = federation.podman("logs", "--since", since(restarted_at), killed, check=False)
     assert RECEIVED in done.stdout + done.stderr
     assert result["trained-slots"] == {"1": 3, "2": 2, "3": 2, "4": 2, "5": 3}, output[-4000:]
-    # The tasks cut off or orphaned by the kill end too (their late reply is
-    # refused): no ClientApp process keeps running.
-    executors = [f"superexec-clientapp-{index}" for index in (1, 2, 3)]
-    wait_for(
-        lambda: not any(federation.task_processes(e) for e in executors),
-        90,
-        "every ClientApp task process to end",
-    )
 
 
 # ----------------------------------------------------------------------
