@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -53,6 +54,21 @@ STAMP = (
     / "fedx"
     / "container-images.json"
 )
+
+
+def _run(
+    command: list[str], timeout: float, check: bool, **popen: Any
+) -> subprocess.CompletedProcess:
+    """``command``'s outcome, its output captured; with ``check``, a failure is an AssertionError."""
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=timeout, check=False, **popen
+    )
+    if check and done.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(command)} failed ({done.returncode}):\n"
+            f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        )
+    return done
 
 
 def podman_compose() -> list[str]:
@@ -274,21 +290,13 @@ class ComposeProject:
         self, *args: str, timeout: float = 300, check: bool = True
     ) -> subprocess.CompletedProcess:
         """``podman-compose -p NAME -f ... ARGS`` in the project folder."""
-        done = subprocess.run(
+        return _run(
             [*self.compose_command(), *args],
+            timeout,
+            check,
             cwd=self.directory,
             env=self.environment,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
         )
-        if check and done.returncode != 0:
-            raise AssertionError(
-                f"podman-compose {' '.join(args)} failed ({done.returncode}):\n"
-                f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-            )
-        return done
 
     def run_tool(
         self, service: str, *args: str, timeout: float = 300
@@ -316,17 +324,8 @@ class ComposeProject:
 
     def remove_tool_containers(self, service: str) -> None:
         """Remove the containers ``compose run`` made for ``service`` (``<project>_<service>_tmp<n>``)."""
-        done = self.podman(
-            "ps",
-            "-a",
-            "--format",
-            "{{.Names}}",
-            "--filter",
-            f"label=io.podman.compose.project={self.name}",
-            check=False,
-        )
         prefix = f"{self.name}_{service}_tmp"
-        for name in done.stdout.split():
+        for name in self.container_names():
             if name.startswith(prefix):
                 self.podman("rm", "-f", "-t", "2", name, check=False)
 
@@ -336,12 +335,7 @@ class ComposeProject:
     def podman(
         self, *args: str, timeout: float = 120, check: bool = True
     ) -> subprocess.CompletedProcess:
-        done = subprocess.run(
-            ["podman", *args], capture_output=True, text=True, timeout=timeout, check=False
-        )
-        if check and done.returncode != 0:
-            raise AssertionError(f"podman {' '.join(args)} failed: {done.stderr[-2000:]}")
-        return done
+        return _run(["podman", *args], timeout, check)
 
     def logs(self, service: str) -> str:
         done = self.podman("logs", self.container(service), check=False)
@@ -362,16 +356,7 @@ class ComposeProject:
             yield
         except AssertionError as err:
             folder = Path(tempfile.mkdtemp(prefix=f"{self.name}-logs-"))
-            names = self.podman(
-                "ps",
-                "-a",
-                "--format",
-                "{{.Names}}",
-                "--filter",
-                f"label=io.podman.compose.project={self.name}",
-                check=False,
-            )
-            for name in names.stdout.split():
+            for name in self.container_names():
                 done = self.podman("logs", "-t", name, check=False)
                 (folder / f"{name}.log").write_text(done.stdout + done.stderr)
                 done = self.podman("top", name, "pid", "ppid", "etime", "args", check=False)
@@ -401,8 +386,8 @@ class ComposeProject:
     def network(self) -> str:
         return f"{self.name}_default"
 
-    def leftovers(self) -> list[str]:
-        """Containers and the network of this project that still exist."""
+    def container_names(self) -> list[str]:
+        """Names of this project's containers, running or not."""
         done = self.podman(
             "ps",
             "-a",
@@ -412,8 +397,12 @@ class ComposeProject:
             f"label=io.podman.compose.project={self.name}",
             check=False,
         )
+        return done.stdout.split()
+
+    def leftovers(self) -> list[str]:
+        """Containers and the network of this project that still exist."""
         network = self.podman("network", "exists", self.network, check=False).returncode == 0
-        return done.stdout.split() + ([self.network] if network else [])
+        return self.container_names() + ([self.network] if network else [])
 
     def down(self) -> None:
         """Stop and remove every container and the network of the project."""
