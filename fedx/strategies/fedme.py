@@ -20,22 +20,8 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 from fedx.checks import FRACTION, ArgumentError, Flag, Integer, Rule, check
 from fedx.messaging import send_and_collect
 from fedx.ops import Model, assign_exchanges, cluster_count, fedme_aggregate
+from fedx.protocol import fedme as protocol
 from fedx.protocol.common import CLIENT_ID, CONFIG, METRICS, SERVER_ROUND
-from fedx.protocol.fedme import (
-    CANDIDATE_ARCHITECTURES,
-    CHOICE,
-    CHOICE_EPOCHS,
-    CHOSE_EXCHANGED,
-    CHOSEN_ARCHITECTURE,
-    EXCHANGED,
-    EXCHANGED_ARCHITECTURE,
-    EXCHANGED_FROM,
-    MODEL_TUNING,
-    MUTUAL_LEARNING,
-    PERSONALIZED,
-    PERSONALIZED_ARCHITECTURE,
-    VALIDATION_ACCURACY_CANDIDATES,
-)
 from fedx.protocol.personalized import FINETUNE_EPOCHS
 from fedx.registry import Key, Method, comma_list
 from fedx.strategies.base import (
@@ -431,8 +417,10 @@ class FedMe(PerClientEvaluation, FedxStrategy):
         metrics = aggregate_metricrecords(
             [r.content for r in parsed.values()], self.weighted_by_key
         )
-        if CHOSE_EXCHANGED in metrics:
-            del metrics[CHOSE_EXCHANGED]  # a weighted mean of choices means little; counts follow
+        if protocol.CHOSE_EXCHANGED in metrics:
+            del metrics[
+                protocol.CHOSE_EXCHANGED
+            ]  # a weighted mean of choices means little; counts follow
         metrics.update(
             {
                 **exchange.info,
@@ -462,11 +450,13 @@ class FedMe(PerClientEvaluation, FedxStrategy):
                     **dict(config.items()),
                     SERVER_ROUND: server_round,
                     CLIENT_ID: cid,
-                    PERSONALIZED_ARCHITECTURE: client.architecture,
+                    protocol.PERSONALIZED_ARCHITECTURE: client.architecture,
                     FINETUNE_EPOCHS: self.finetune_epochs,
                 }
             )
-            records = RecordDict({PERSONALIZED: to_arrayrecord(client.model), CONFIG: content})
+            records = RecordDict(
+                {protocol.PERSONALIZED: to_arrayrecord(client.model), CONFIG: content}
+            )
             messages.append(
                 Message(
                     content=records, message_type=MessageType.EVALUATE, dst_node_id=client.node_id
@@ -531,8 +521,8 @@ class FedMe(PerClientEvaluation, FedxStrategy):
                                 **dict(config.items()),
                                 SERVER_ROUND: server_round,
                                 CLIENT_ID: client_id,
-                                CANDIDATE_ARCHITECTURES: candidates,
-                                CHOICE_EPOCHS: self.choice_epochs,
+                                protocol.CANDIDATE_ARCHITECTURES: candidates,
+                                protocol.CHOICE_EPOCHS: self.choice_epochs,
                             }
                         )
                     }
@@ -646,17 +636,17 @@ class FedMe(PerClientEvaluation, FedxStrategy):
                 **dict(config.items()),
                 SERVER_ROUND: server_round,
                 CLIENT_ID: client_id,
-                PERSONALIZED_ARCHITECTURE: client.architecture,
-                EXCHANGED_ARCHITECTURE: partner.architecture,
-                EXCHANGED_FROM: partner_id,
-                MODEL_TUNING: self.model_tuning,
-                MUTUAL_LEARNING: self.mutual_learning,
+                protocol.PERSONALIZED_ARCHITECTURE: client.architecture,
+                protocol.EXCHANGED_ARCHITECTURE: partner.architecture,
+                protocol.EXCHANGED_FROM: partner_id,
+                protocol.MODEL_TUNING: self.model_tuning,
+                protocol.MUTUAL_LEARNING: self.mutual_learning,
             }
         )
         records = RecordDict(
             {
-                PERSONALIZED: to_arrayrecord(client.model),
-                EXCHANGED: to_arrayrecord(partner.model),
+                protocol.PERSONALIZED: to_arrayrecord(client.model),
+                protocol.EXCHANGED: to_arrayrecord(partner.model),
                 CONFIG: content,
             }
         )
@@ -693,28 +683,32 @@ class FedMe(PerClientEvaluation, FedxStrategy):
         if message.has_error():
             return f"the node reported an error: {message.error.reason}"
         content = message.content
-        missing = [k for k in (PERSONALIZED, EXCHANGED) if k not in content.array_records]
+        missing = [
+            k for k in (protocol.PERSONALIZED, protocol.EXCHANGED) if k not in content.array_records
+        ]
         metric_records = list(content.metric_records.values())
         if missing or len(metric_records) != 1:
             return (
-                f"expected ArrayRecords '{PERSONALIZED}' and '{EXCHANGED}' and one "
+                f"expected ArrayRecords '{protocol.PERSONALIZED}' and '{protocol.EXCHANGED}' and one "
                 f"MetricRecord, got {list(content.array_records)} and {len(metric_records)}"
             )
         weight = read_weight(content, self.weighted_by_key)
         if isinstance(weight, str):
             return weight
-        choice = metric_records[0].get(CHOSE_EXCHANGED)
+        choice = metric_records[0].get(protocol.CHOSE_EXCHANGED)
         if choice not in (0, 1) or isinstance(choice, bool):
-            return f"expected '{CHOSE_EXCHANGED}' 0 or 1, got {choice!r}"
+            return f"expected '{protocol.CHOSE_EXCHANGED}' 0 or 1, got {choice!r}"
         if choice == 1 and not self.model_tuning:
-            return f"'{CHOSE_EXCHANGED}' is 1 but model tuning is off"
+            return f"'{protocol.CHOSE_EXCHANGED}' is 1 but model tuning is off"
         trained = {}
-        for key, sent in ((PERSONALIZED, personalized), (EXCHANGED, exchanged)):
+        for key, sent in ((protocol.PERSONALIZED, personalized), (protocol.EXCHANGED, exchanged)):
             model = read_model(content.array_records[key], sent)
             if isinstance(model, str):
                 return f"{key} model: {model}"
             trained[key] = model
-        return _TrainReply(trained[PERSONALIZED], trained[EXCHANGED], choice == 1, content)
+        return _TrainReply(
+            trained[protocol.PERSONALIZED], trained[protocol.EXCHANGED], choice == 1, content
+        )
 
     def _adopt(
         self, exchange: _ExchangeRound, aggregated: list[Model], parsed: dict[int, _TrainReply]
@@ -741,12 +735,12 @@ def _parse_choice(message: Message, candidates: list[str]) -> _Choice | str:
     """A client's architecture choice, or why it cannot be used."""
     if message.has_error():
         return f"the node reported an error: {message.error.reason}"
-    record = message.content.config_records.get(CHOICE)
-    chosen = record.get(CHOSEN_ARCHITECTURE) if record is not None else None
+    record = message.content.config_records.get(protocol.CHOICE)
+    chosen = record.get(protocol.CHOSEN_ARCHITECTURE) if record is not None else None
     if not isinstance(chosen, str) or chosen not in candidates:
-        return f"expected a ConfigRecord '{CHOICE}' with '{CHOSEN_ARCHITECTURE}' one of {candidates}, got {chosen!r}"
+        return f"expected a ConfigRecord '{protocol.CHOICE}' with '{protocol.CHOSEN_ARCHITECTURE}' one of {candidates}, got {chosen!r}"
     metrics = message.content.metric_records.get(METRICS)
-    reported = metrics.get(VALIDATION_ACCURACY_CANDIDATES) if metrics is not None else None
+    reported = metrics.get(protocol.VALIDATION_ACCURACY_CANDIDATES) if metrics is not None else None
     accuracies = (
         dict(zip(candidates, (float(a) for a in reported), strict=True))
         if isinstance(reported, list) and len(reported) == len(candidates)
