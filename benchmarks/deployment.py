@@ -65,7 +65,6 @@ run. This script reports; it is not a test, and it always exits with status 0.
 
 import argparse
 import contextlib
-import importlib.util
 import json
 import os
 import signal
@@ -78,7 +77,6 @@ import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 
 import psutil
 import torch
@@ -89,6 +87,15 @@ from fedx.config import RunConfig
 from fedx.deploy.local import FederationSpec, LocalFederation, free_port
 from fedx.outputs import METRICS_FILE
 
+from _common import (
+    add_job_options,
+    benchmark_parser,
+    check_job_options,
+    load_sibling,
+    parse_quick,
+    run_reporting_errors,
+)
+
 APP = Path(__file__).resolve().parents[1]
 EXECUTORS = ("flower", "warm")
 DEFAULT_SETUPS = ("flower", "warm", "flower:0.1", "warm:0.1")
@@ -96,22 +103,7 @@ DEFAULT_SETUPS = ("flower", "warm", "flower:0.1", "warm:0.1")
 FLOWER_REPLY_PULL_INTERVAL = 3.0
 
 
-def _load_sibling(name: str) -> ModuleType:
-    """``benchmarks/<name>.py`` as a module (the folder is not a package)."""
-    module_name = f"benchmark_{name}"
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    spec = importlib.util.spec_from_file_location(
-        module_name, Path(__file__).with_name(f"{name}.py")
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    return module
-
-
-overhead = _load_sibling("simulation_overhead")
+overhead = load_sibling("simulation_overhead")
 Case, Timing = overhead.Case, overhead.Timing
 
 
@@ -479,7 +471,7 @@ def parse_setup(text: str) -> Setup:
 
 def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command-line options; ``--quick`` changes the defaults."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
+    parser = benchmark_parser(__doc__)
     parser.add_argument(
         "--setups",
         nargs="*",
@@ -497,13 +489,7 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=1,
         help="torch threads of each client, every way of running (default: 1)",
     )
-    parser.add_argument("--rounds", type=int, default=5, help="rounds of the job (at least 2)")
-    parser.add_argument(
-        "--local-epochs",
-        type=int,
-        default=None,
-        help="local epochs per round (default: the app's, pyproject.toml)",
-    )
+    add_job_options(parser, rounds=5, rounds_help="rounds of the job (at least 2)")
     parser.add_argument("--secure-rounds", type=int, default=3)
     parser.add_argument("--cold-samples", type=int, default=3, help="0 skips the cold start")
     parser.add_argument(
@@ -512,33 +498,23 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=20.0,
         help="how long to measure the SuperLink with idle SuperNodes (0: not)",
     )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per flwr run")
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="4 clients, 2 rounds of 1 epoch on warm:0.5 only (the secure round on "
+    arguments = parse_quick(
+        parser,
+        argv,
+        "4 clients, 2 rounds of 1 epoch on warm:0.5 only (the secure round on "
         "the same SuperNodes), no simulation, 1 secure round, "
         "1 cold-start sample, 3 s idle",
+        setups=[parse_setup("warm:0.5")],
+        skip_simulation=True,
+        rounds=2,
+        clients=4,
+        local_epochs=1,
+        secure_rounds=1,
+        cold_samples=1,
+        idle_seconds=3.0,
+        timeout=600.0,
     )
-    arguments = parser.parse_args(argv)
-    if arguments.quick:  # new defaults; options given explicitly still win
-        parser.set_defaults(
-            setups=[parse_setup("warm:0.5")],
-            skip_simulation=True,
-            rounds=2,
-            clients=4,
-            local_epochs=1,
-            secure_rounds=1,
-            cold_samples=1,
-            idle_seconds=3.0,
-            timeout=600.0,
-        )
-        arguments = parser.parse_args(argv)
-    if arguments.rounds < 2:
-        parser.error("--rounds must be at least 2 (round 1 is reported on its own)")
-    if arguments.local_epochs is None:
-        arguments.local_epochs = int(app_defaults(APP)["local-epochs"])
+    check_job_options(parser, arguments, APP)
     return arguments
 
 
@@ -599,8 +575,6 @@ def main(argv: Sequence[str] | None = None) -> Report:
 
 
 if __name__ == "__main__":
-    from _report import run_reporting_errors  # this script's folder is first on sys.path
-
     # SIGTERM unwinds like Ctrl-C, so the federations it started are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     run_reporting_errors(main)

@@ -54,7 +54,6 @@ import json
 import os
 import random
 import subprocess
-import sys
 import tempfile
 import time
 import traceback
@@ -75,6 +74,15 @@ from fedx.models import build_model
 from fedx.ops import Model, average, recombine
 from fedx.outputs import METRICS_FILE
 from fedx.training import get_device, train
+
+from _common import (
+    add_job_options,
+    benchmark_parser,
+    check_job_options,
+    flwr_run_command,
+    parse_quick,
+    run_reporting_errors,
+)
 
 APP = Path(__file__).resolve().parents[1]
 STRATEGIES = ("fedavg", "fedmr")
@@ -239,16 +247,7 @@ def time_plain(cfg: RunConfig, num_clients: int) -> Timing:
 def flwr_run(env: dict, case: Case, client_cpus: float, overrides: dict, timeout: float) -> Timing:
     """``flwr run`` this app in the simulation; round times from its ``metrics.json``."""
     federation = f"num-supernodes={case.clients} client-resources-num-cpus={client_cpus:g}"
-    command = [
-        str(Path(sys.executable).parent / "flwr"),
-        "run",
-        str(APP),
-        "--stream",
-        "--federation-config",
-        federation,
-        "--run-config",
-        run_config_argument(overrides),
-    ]
+    command = flwr_run_command(APP, federation, run_config_argument(overrides))
     start = time.perf_counter()
     try:
         done = subprocess.run(
@@ -351,7 +350,7 @@ def parse_case(text: str) -> Case:
 
 def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command-line options; ``--quick`` changes the defaults of cases, rounds and epochs."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
+    parser = benchmark_parser(__doc__)
     parser.add_argument(
         "--cases",
         nargs="+",
@@ -360,13 +359,7 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="N:fraction per case (default: 10:1.0 100:0.1 100:1.0)",
     )
     parser.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=list(STRATEGIES))
-    parser.add_argument("--rounds", type=int, default=5, help="rounds per run (at least 2)")
-    parser.add_argument(
-        "--local-epochs",
-        type=int,
-        default=None,
-        help="local epochs per round (default: the app's, pyproject.toml)",
-    )
+    add_job_options(parser, rounds=5, rounds_help="rounds per run (at least 2)")
     parser.add_argument(
         "--client-cpus",
         type=float,
@@ -379,25 +372,22 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=None,
         help="torch threads of the plain loop (default: --client-cpus; 0: torch's)",
     )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per flwr run")
     parser.add_argument(
         "--grace",
         type=float,
         default=60.0,
         help="seconds to wait for the federation's processes to end after the stop",
     )
-    parser.add_argument(
-        "--quick", action="store_true", help="10 clients (fraction 1.0), 3 rounds, 1 local epoch"
+    arguments = parse_quick(
+        parser,
+        argv,
+        "10 clients (fraction 1.0), 3 rounds, 1 local epoch",
+        cases=[Case(10, 1.0)],
+        rounds=3,
+        local_epochs=1,
+        timeout=600.0,
     )
-    arguments = parser.parse_args(argv)
-    if arguments.quick:  # new defaults; options given explicitly still win
-        parser.set_defaults(cases=[Case(10, 1.0)], rounds=3, local_epochs=1, timeout=600.0)
-        arguments = parser.parse_args(argv)
-    if arguments.rounds < 2:
-        parser.error("--rounds must be at least 2 (round 1 is reported on its own)")
-    if arguments.local_epochs is None:
-        arguments.local_epochs = int(app_defaults(APP)["local-epochs"])
+    check_job_options(parser, arguments, APP)
     if arguments.plain_threads is None:
         arguments.plain_threads = max(1, int(arguments.client_cpus))
     return arguments
@@ -483,6 +473,4 @@ def main(argv: Sequence[str] | None = None) -> Report:
 
 
 if __name__ == "__main__":
-    from _report import run_reporting_errors  # this script's folder is first on sys.path
-
     run_reporting_errors(main)
