@@ -197,6 +197,38 @@ class RoundInFlight(Generic[Target]):
         return f"; {self.consequence}" if self.consequence else ""
 
 
+Sent = TypeVar("Sent")
+
+
+class Handover(Generic[Sent]):
+    """What ``configure_train`` sent, kept for the ``aggregate_train`` of the same round.
+
+    :meth:`take` hands it over once, so an ``aggregate_train`` without a new
+    ``configure_train`` fails instead of aggregating a stale round.
+    """
+
+    def __init__(self) -> None:
+        #: What the last ``configure_train`` sent, until it is taken.
+        self.sent: Sent | None = None
+
+    def put(self, sent: Sent) -> None:
+        """Keep what this round's ``configure_train`` sent."""
+        self.sent = sent
+
+    def take(self) -> Sent:
+        """What this round's ``configure_train`` sent; it is no longer kept.
+
+        Raises
+        ------
+        RuntimeError
+            When ``configure_train`` sent nothing since the last :meth:`take`.
+        """
+        sent, self.sent = self.sent, None
+        if sent is None:
+            raise RuntimeError("aggregate_train needs configure_train to have sent the round")
+        return sent
+
+
 def read_weight(content: RecordDict, key: str) -> float | str:
     """The positive ``key`` metric of a reply's single MetricRecord, or why there is none."""
     records = list(content.metric_records.values())

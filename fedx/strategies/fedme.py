@@ -26,6 +26,7 @@ from fedx.protocol.personalized import FINETUNE_EPOCHS
 from fedx.registry import Key, Method, comma_list
 from fedx.strategies.base import (
     FedxStrategy,
+    Handover,
     RoundInFlight,
     read_model,
     read_weight,
@@ -261,7 +262,7 @@ class FedMe(PerClientEvaluation, FedxStrategy):
         self.clients: dict[int, ClientState] = {}
         self.evaluations: dict[int, list[ClientEvaluation]] = {}
         self._node_clients: dict[int, int] = {}
-        self._training: _ExchangeRound | None = None
+        self.training: Handover[_ExchangeRound] = Handover()
         self.evaluating: RoundInFlight[int] | None = None  # node id -> client id
 
     # ------------------------------------------------------------------
@@ -354,7 +355,6 @@ class FedMe(PerClientEvaluation, FedxStrategy):
         first model comes from ``initial_model_fn``.
         """
         del arrays
-        self._training = None
         node_ids = sorted(self.connected_nodes(grid))
         joined = self._register(grid, node_ids, server_round, config)
         clients = self._sample_clients(node_ids)
@@ -366,6 +366,7 @@ class FedMe(PerClientEvaluation, FedxStrategy):
                 server_round,
                 len(clients),
             )
+            self.training.put(_ExchangeRound((), (), RoundInFlight(server_round, {}, []), {}))
             return []
         labels, num_clusters, seconds = self._cluster(server_round, clients)
         partners = assign_exchanges(labels, self.random["exchange"])
@@ -388,11 +389,13 @@ class FedMe(PerClientEvaluation, FedxStrategy):
             describe=lambda pos: f"client {clients[pos]}",
             consequence="its model is aggregated untrained",
         )
-        self._training = _ExchangeRound(
-            tuple(clients),
-            tuple(partners),
-            in_flight,
-            {"num-clusters": num_clusters, "clustering-seconds": seconds, **joined},
+        self.training.put(
+            _ExchangeRound(
+                tuple(clients),
+                tuple(partners),
+                in_flight,
+                {"num-clusters": num_clusters, "clustering-seconds": seconds, **joined},
+            )
         )
         return messages
 
@@ -400,9 +403,7 @@ class FedMe(PerClientEvaluation, FedxStrategy):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Aggregate by eq. 8 and give every client the model it chose."""
-        exchange, self._training = self._training, None
-        if exchange is None:
-            return None, None
+        exchange = self.training.take()
         parsed = self._collect_train_replies(exchange, replies)
         if not parsed:
             return None, None

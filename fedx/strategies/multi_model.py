@@ -19,6 +19,7 @@ from fedx.registry import Key
 from fedx.secure.relay import RelayStats
 from fedx.strategies.base import (
     FedxStrategy,
+    Handover,
     RoundInFlight,
     read_reply,
     to_arrayrecord,
@@ -187,7 +188,7 @@ class MultiModelStrategy(FedxStrategy, FedAvg):
         self.relay_stats: RelayStats | None = None
         self.pool: list[Model] = []
         #: The round in flight: node id -> pool slot.
-        self.in_flight: RoundInFlight[int] | None = None
+        self.training: Handover[RoundInFlight[int]] = Handover()
         self._grid: Grid | None = None
         # Nodes that missed a reply: node id -> (round, monotonic time).
         self._unresponsive: dict[int, tuple[int, float]] = {}
@@ -334,12 +335,14 @@ class MultiModelStrategy(FedxStrategy, FedAvg):
             )
             for node_id, slot in targets.items()
         ]
-        self.in_flight = RoundInFlight(
-            server_round,
-            targets,
-            messages,
-            describe=lambda slot: f"slot {slot}",
-            consequence="the slot keeps the model it was sent",
+        self.training.put(
+            RoundInFlight(
+                server_round,
+                targets,
+                messages,
+                describe=lambda slot: f"slot {slot}",
+                consequence="the slot keeps the model it was sent",
+            )
         )
         return list(messages)
 
@@ -352,9 +355,7 @@ class MultiModelStrategy(FedxStrategy, FedAvg):
         only; the exchange turns them into upload replies first, which then
         go through the usual validation.
         """
-        in_flight, self.in_flight = self.in_flight, None
-        if in_flight is None:
-            raise RuntimeError("aggregate_train needs configure_train to have sent the round")
+        in_flight = self.training.take()
         if self.secure is not None:
             assert self._grid is not None  # set by configure_train
             replies, self.relay_stats = self.secure.exchange(
