@@ -282,8 +282,11 @@ def read_reply(
     return model if isinstance(model, str) else (model, weight)
 
 
-class FedxStrategy(Strategy):
+class FedxStrategy(Strategy, Generic[Sent]):
     """Base of fedx's strategies: run limits, random streams, state, the round loop.
+
+    ``FedxStrategy[Sent]``: ``Sent`` is what the strategy's ``configure_train``
+    hands to its ``aggregate_train`` through :attr:`training`.
 
     Parameters
     ----------
@@ -314,6 +317,8 @@ class FedxStrategy(Strategy):
         self.num_rounds: int | None = None
         #: Seconds every message exchange of a round waits (Flower's default until :meth:`begin_run`).
         self.round_timeout = 3600.0
+        #: What ``configure_train`` sent, for ``aggregate_train``.
+        self.training: Handover[Sent] = Handover()
 
     def begin_run(self, *, num_rounds: int, timeout: float) -> None:
         """Learn the run's limits before round 1 (the round loop calls it).

@@ -20,16 +20,16 @@ from fedx.protocol.personalized import FINETUNE_EPOCHS
 from fedx.registry import Method
 from fedx.strategies.base import (
     FedxStrategy,
-    Handover,
     RoundInFlight,
     read_reply,
     to_arrayrecord,
     to_model,
 )
-from fedx.strategies.personalized import FINETUNE_EPOCHS_KEY, ClientEvaluation, PerClientEvaluation
+from fedx.strategies.keys import FINETUNE_EPOCHS_KEY
+from fedx.strategies.personalized import ClientEvaluation, PerClientEvaluation
 
 
-class FedAvgFT(PerClientEvaluation, FedxStrategy, FedAvg):
+class FedAvgFT(PerClientEvaluation, FedxStrategy[tuple[RoundInFlight[None], Model]], FedAvg):
     """FedAvg whose evaluation fine-tunes the global model on each client first.
 
     Training is Flower's FedAvg, with fedx's reply checks: a reply whose
@@ -65,8 +65,6 @@ class FedAvgFT(PerClientEvaluation, FedxStrategy, FedAvg):
         self.evaluations: dict[int, list[ClientEvaluation]] = {}
         # The evaluation in flight: the nodes asked (each reply says which client it is).
         self.evaluating: RoundInFlight[None] | None = None
-        # The training in flight: the nodes sent the global model, and that model.
-        self.training: Handover[tuple[RoundInFlight[None], Model]] = Handover()
 
     def summary(self) -> None:
         """Log summary configuration of the strategy."""

@@ -26,14 +26,14 @@ from fedx.protocol.personalized import FINETUNE_EPOCHS
 from fedx.registry import Key, Method, comma_list
 from fedx.strategies.base import (
     FedxStrategy,
-    Handover,
     RoundInFlight,
     read_model,
     read_weight,
     to_arrayrecord,
 )
 from fedx.strategies.client_identity import query_client_ids
-from fedx.strategies.personalized import FINETUNE_EPOCHS_KEY, ClientEvaluation, PerClientEvaluation
+from fedx.strategies.keys import FINETUNE_EPOCHS_KEY
+from fedx.strategies.personalized import ClientEvaluation, PerClientEvaluation
 
 #: ``predict_fn(architecture, model)``: softmax outputs ``(U, M)`` on the unlabeled set.
 PredictFn = Callable[[str, Model], np.ndarray]
@@ -98,7 +98,7 @@ class _TrainReply:
 
 
 # pylint: disable=too-many-instance-attributes
-class FedMe(PerClientEvaluation, FedxStrategy):
+class FedMe(PerClientEvaluation, FedxStrategy[_ExchangeRound]):
     """FedMe: every client keeps a personalized model; clients exchange models each round.
 
     The server keeps one personalized model and its architecture per client
@@ -262,7 +262,6 @@ class FedMe(PerClientEvaluation, FedxStrategy):
         self.clients: dict[int, ClientState] = {}
         self.evaluations: dict[int, list[ClientEvaluation]] = {}
         self._node_clients: dict[int, int] = {}
-        self.training: Handover[_ExchangeRound] = Handover()
         self.evaluating: RoundInFlight[int] | None = None  # node id -> client id
 
     # ------------------------------------------------------------------

@@ -15,34 +15,16 @@ from flwr.serverapp.strategy import FedAvg
 
 from fedx.checks import FRACTION, NON_NEGATIVE, ArgumentError, Integer, OneOf, check
 from fedx.ops import Model, average
-from fedx.registry import Key
 from fedx.secure.relay import RelayStats
 from fedx.strategies.base import (
     FedxStrategy,
-    Handover,
     RoundInFlight,
     read_reply,
     to_arrayrecord,
     to_model,
 )
+from fedx.strategies.keys import POOL_MEANS
 from fedx.strategies.secure import SecureRecombination
-
-#: How a multi-model method averages the models of a round into one model:
-#: ``"uniform"``, the plain mean (what the papers' authors' code computes),
-#: or ``"weighted"`` by each reply's ``weighted_by_key``.
-POOL_MEANS: tuple[str, ...] = ("uniform", "weighted")
-
-#: The run-config key of ``pool_mean``, shared by the pool methods.
-POOL_MEAN_KEY = Key(
-    "pool-mean",
-    "uniform",
-    OneOf(POOL_MEANS),
-    "how a round's models are averaged (the global model, and any mean the method takes: a "
-    "first stage, the centre of mutations): the plain mean of the K models (`uniform`, the "
-    "authors' code) or the trained ones weighted by `num-examples` (`weighted`, not with "
-    "secure recombination)",
-    argument="pool_mean",
-)
 
 
 @dataclass(frozen=True)
@@ -76,7 +58,7 @@ class PoolRound:
 
 
 # pylint: disable=too-many-instance-attributes
-class MultiModelStrategy(FedxStrategy, FedAvg):
+class MultiModelStrategy(FedxStrategy[RoundInFlight[int]], FedAvg):
     """A strategy that sends a different model to every sampled node.
 
     The server keeps a pool of K models. Each round it samples up to K nodes
@@ -187,8 +169,6 @@ class MultiModelStrategy(FedxStrategy, FedAvg):
         #: What the last round's secure exchange cost (None before the first, or without it).
         self.relay_stats: RelayStats | None = None
         self.pool: list[Model] = []
-        #: The round in flight: node id -> pool slot.
-        self.training: Handover[RoundInFlight[int]] = Handover()
         self._grid: Grid | None = None
         # Nodes that missed a reply: node id -> (round, monotonic time).
         self._unresponsive: dict[int, tuple[int, float]] = {}
