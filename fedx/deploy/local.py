@@ -418,7 +418,7 @@ class LocalFederation:
             if not secret.exists():
                 secret.write_bytes(secrets.token_bytes(32))
                 secret.chmod(0o600)
-        log_name = f"supernode-{index}.log"
+        log_name = self._supernode_log(index).name
         process = self._spawn(self.spec.supernode_command(index), log_name)
         self.supernodes[index] = process
         if self.spec.executor == "warm":
@@ -435,17 +435,12 @@ class LocalFederation:
         TimeoutError
             When it is not ready within ``timeout`` seconds.
         """
-        log = self.spec.log_dir / f"supernode-{index}.log"
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            found = (
-                WARM_READY_PATTERN.findall(log.read_text(errors="replace")) if log.exists() else []
-            )
-            if found:
-                return int(found[-1])
-            time.sleep(0.5)
-        raise TimeoutError(
-            f"the warm executor of SuperNode {index} was not ready within {timeout:g}s; see {log}"
+        return self._wait_for_logged(
+            index,
+            WARM_READY_PATTERN,
+            timeout,
+            f"the warm executor of SuperNode {index} was not ready",
+            stop_if_exited=False,
         )
 
     def node_id(self, index: int, timeout: float = 60.0) -> int:
@@ -453,20 +448,52 @@ class LocalFederation:
 
         Raises
         ------
+        RuntimeError
+            When the SuperNode exited before it connected.
         TimeoutError
             When it has not connected within ``timeout`` seconds.
         """
-        log = self.spec.log_dir / f"supernode-{index}.log"
+        return self._wait_for_logged(
+            index,
+            NODE_ID_PATTERN,
+            timeout,
+            f"SuperNode {index} did not connect",
+            stop_if_exited=True,
+        )
+
+    def _supernode_log(self, index: int) -> Path:
+        """The log SuperNode ``index`` and its warm executor write to."""
+        return self.spec.log_dir / f"supernode-{index}.log"
+
+    def _logged(self, index: int, pattern: re.Pattern[str]) -> list[str]:
+        """Every number ``pattern`` has found in SuperNode ``index``'s log so far, in order."""
+        log = self._supernode_log(index)
+        return pattern.findall(log.read_text(errors="replace")) if log.exists() else []
+
+    def _wait_for_logged(
+        self,
+        index: int,
+        pattern: re.Pattern[str],
+        timeout: float,
+        failure: str,
+        *,
+        stop_if_exited: bool,
+    ) -> int:
+        """The last number ``pattern`` finds in SuperNode ``index``'s log, once there is one.
+
+        ``failure`` starts the TimeoutError's message; with ``stop_if_exited``,
+        a SuperNode that exits meanwhile raises RuntimeError at once.
+        """
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            found = NODE_ID_PATTERN.findall(log.read_text(errors="replace")) if log.exists() else []
+            found = self._logged(index, pattern)
             if found:
                 return int(found[-1])
             process = self.supernodes.get(index)
-            if process is not None and process.poll() is not None:
-                raise RuntimeError(f"SuperNode {index} exited; see {log}")
+            if stop_if_exited and process is not None and process.poll() is not None:
+                raise RuntimeError(f"SuperNode {index} exited; see {self._supernode_log(index)}")
             time.sleep(0.5)
-        raise TimeoutError(f"SuperNode {index} did not connect within {timeout:g}s; see {log}")
+        raise TimeoutError(f"{failure} within {timeout:g}s; see {self._supernode_log(index)}")
 
     def rejoin_supernode(self, index: int, timeout: float = 180.0) -> int:
         """Start SuperNode ``index`` again until the SuperLink lets it in; return its node id.
@@ -481,12 +508,9 @@ class LocalFederation:
         TimeoutError
             When it is not back within ``timeout`` seconds.
         """
-        log = self.spec.log_dir / f"supernode-{index}.log"
 
         def connections() -> int:
-            return (
-                len(NODE_ID_PATTERN.findall(log.read_text(errors="replace"))) if log.exists() else 0
-            )
+            return len(self._logged(index, NODE_ID_PATTERN))
 
         before = connections()
         deadline = time.monotonic() + timeout
@@ -503,7 +527,9 @@ class LocalFederation:
                 return self.node_id(index)
             _stop_group(self.supernodes.pop(index), signal.SIGTERM)
             time.sleep(2.0)
-        raise TimeoutError(f"SuperNode {index} did not rejoin within {timeout:g}s; see {log}")
+        raise TimeoutError(
+            f"SuperNode {index} did not rejoin within {timeout:g}s; see {self._supernode_log(index)}"
+        )
 
     def kill_supernode(self, index: int, sig: int = signal.SIGKILL) -> None:
         """Stop SuperNode ``index`` and its app processes (SIGKILL: a crash)."""
