@@ -96,6 +96,23 @@ def parse_quick(
 # ----------------------------------------------------------------------
 
 
+def add_memory_limit(parser: argparse.ArgumentParser, over_it: str) -> None:
+    """``--max-memory-gib``: what a case may be estimated to need (``over_it``: what befalls one above)."""
+    parser.add_argument(
+        "--max-memory-gib",
+        type=float,
+        default=None,
+        help=f"{over_it} estimated above this (default: MemAvailable)",
+    )
+
+
+def memory_limit(arguments: argparse.Namespace) -> int | None:
+    """The bytes ``--max-memory-gib`` allows, else ``MemAvailable``; None where neither is known."""
+    if arguments.max_memory_gib is not None:
+        return int(arguments.max_memory_gib * 2**30)
+    return available_bytes()
+
+
 def proc_kib_field(path: str, field: str) -> int | None:
     """A ``kB`` field of a ``/proc`` file (``MemAvailable`` of ``/proc/meminfo``), in bytes.
 

@@ -83,7 +83,13 @@ from fedx.protocol.common import TrainingSettings
 from fedx.secure.client import is_secure_round, make_handlers, secure_train_reply
 from fedx.strategies import FedCross, FedIndep, FedMe, FedMR, FedMut, to_arrayrecord, to_model
 
-from _common import available_bytes, benchmark_parser, parse_quick, run_reporting_errors
+from _common import (
+    add_memory_limit,
+    benchmark_parser,
+    memory_limit,
+    parse_quick,
+    run_reporting_errors,
+)
 
 CIFAR_INPUT = (3, 32, 32)
 NUM_CLASSES = 10
@@ -401,12 +407,7 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=list(STRATEGIES))
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--max-memory-gib",
-        type=float,
-        default=None,
-        help="skip strategies estimated above this (default: MemAvailable)",
-    )
+    add_memory_limit(parser, "skip strategies")
     parser.add_argument("--verbose", action="store_true", help="show the strategies' logs")
     arguments = parse_quick(
         parser,
@@ -443,11 +444,7 @@ def _measure(arguments: argparse.Namespace) -> dict[str, list[Traffic]]:
     # Messages carry the run and node of the process that creates them, as in a ServerApp.
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
     results: dict[str, list[Traffic]] = {}
-    limit = (
-        int(arguments.max_memory_gib * 2**30)
-        if arguments.max_memory_gib is not None
-        else available_bytes()
-    )
+    limit = memory_limit(arguments)
     for architecture in arguments.model:
         initial = initial_model(architecture, arguments.seed)
         model_bytes = sum(array.nbytes for array in initial.values())

@@ -88,8 +88,9 @@ from fedx.ops import (
 from fedx.ops.parallel import thread_count
 
 from _common import (
-    available_bytes,
+    add_memory_limit,
     benchmark_parser,
+    memory_limit,
     parse_quick,
     proc_kib_field,
     run_reporting_errors,
@@ -467,12 +468,7 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="scale the channels to this many parameters per model, in millions",
     )
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per op")
-    parser.add_argument(
-        "--max-memory-gib",
-        type=float,
-        default=None,
-        help="refuse cases estimated above this (default: MemAvailable)",
-    )
+    add_memory_limit(parser, "refuse cases")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--clock",
@@ -550,11 +546,7 @@ def main(argv: Sequence[str] | None = None) -> list[CaseResult]:
     """Run the chosen cases and print their tables; return the results."""
     arguments = parse_arguments(argv)
     repeats = max(1, arguments.repeats)
-    limit = (
-        int(arguments.max_memory_gib * GIB)
-        if arguments.max_memory_gib is not None
-        else available_bytes()
-    )
+    limit = memory_limit(arguments)
     threads = {key: os.environ[key] for key in BLAS_THREAD_VARIABLES if key in os.environ}
     print(f"BLAS threads: {threads or f'not set (OpenBLAS uses all {os.cpu_count()} cores)'}")
     print(
