@@ -1,8 +1,8 @@
 """What the benchmark scripts share: their command line, /proc readings, ``flwr run`` and exit.
 
-The scripts import this module as ``_common``: run as ``python
+The scripts import this module (``import _common as common``): run as ``python
 benchmarks/<name>.py``, a script's folder is first on ``sys.path``; tests that
-load a script by its path put the folder there first.
+load a script by its path add the folder to it.
 """
 
 import argparse
@@ -12,7 +12,9 @@ import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
+
+Value = TypeVar("Value")
 
 KIB = 1024
 
@@ -74,6 +76,24 @@ def check_job_options(
         parser.error("--rounds must be at least 2 (round 1 is reported on its own)")
     if arguments.local_epochs is None:
         arguments.local_epochs = int(app_defaults(app)["local-epochs"])
+
+
+def option_type(
+    form: str, parse: Callable[[str], Value], *, valid: Callable[[Value], bool], rule: str
+) -> Callable[[str], Value]:
+    """An argparse ``type``: ``parse(text)``, refused with the ``form`` it expects when ``parse``
+    raises ValueError, and with the ``rule`` too when the value is not ``valid``."""
+
+    def convert(text: str) -> Value:
+        try:
+            value = parse(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {form}, got {text!r}") from None
+        if not valid(value):
+            raise argparse.ArgumentTypeError(f"expected {form} with {rule}, got {text!r}")
+        return value
+
+    return convert
 
 
 def parse_quick(

@@ -87,14 +87,7 @@ from fedx.config import RunConfig
 from fedx.deploy.local import FederationSpec, LocalFederation, free_port
 from fedx.outputs import METRICS_FILE
 
-from _common import (
-    add_job_options,
-    benchmark_parser,
-    check_job_options,
-    load_sibling,
-    parse_quick,
-    run_reporting_errors,
-)
+import _common as common
 
 APP = Path(__file__).resolve().parents[1]
 EXECUTORS = ("flower", "warm")
@@ -103,7 +96,7 @@ DEFAULT_SETUPS = ("flower", "warm", "flower:0.1", "warm:0.1")
 FLOWER_REPLY_PULL_INTERVAL = 3.0
 
 
-overhead = load_sibling("simulation_overhead")
+overhead = common.load_sibling("simulation_overhead")
 Case, Timing = overhead.Case, overhead.Timing
 
 
@@ -454,24 +447,25 @@ def print_secure(secure: Secure, baseline: Secure | None) -> None:
 # ----------------------------------------------------------------------
 
 
-def parse_setup(text: str) -> Setup:
-    """``warm`` or ``warm:0.1`` as a :class:`Setup`."""
+def _setup(text: str) -> Setup:
     executor, _, poll = text.partition(":")
-    try:
-        setup = Setup(executor, float(poll) if poll else None)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected EXECUTOR[:SECONDS], got {text!r}") from None
-    if executor not in EXECUTORS or (setup.poll is not None and not 0.01 <= setup.poll <= 3):
-        raise argparse.ArgumentTypeError(
-            f"expected EXECUTOR[:SECONDS] with EXECUTOR in {EXECUTORS} and SECONDS in [0.01, 3], "
-            f"got {text!r}"
-        )
-    return setup
+    return Setup(executor, float(poll) if poll else None)
+
+
+#: ``warm`` or ``warm:0.1`` as a :class:`Setup`.
+parse_setup = common.option_type(
+    "EXECUTOR[:SECONDS]",
+    _setup,
+    valid=lambda setup: (
+        setup.executor in EXECUTORS and (setup.poll is None or 0.01 <= setup.poll <= 3)
+    ),
+    rule=f"EXECUTOR in {EXECUTORS} and SECONDS in [0.01, 3]",
+)
 
 
 def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command-line options; ``--quick`` changes the defaults."""
-    parser = benchmark_parser(__doc__)
+    parser = common.benchmark_parser(__doc__)
     parser.add_argument(
         "--setups",
         nargs="*",
@@ -489,7 +483,7 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=1,
         help="torch threads of each client, every way of running (default: 1)",
     )
-    add_job_options(parser, rounds=5, rounds_help="rounds of the job (at least 2)")
+    common.add_job_options(parser, rounds=5, rounds_help="rounds of the job (at least 2)")
     parser.add_argument("--secure-rounds", type=int, default=3)
     parser.add_argument("--cold-samples", type=int, default=3, help="0 skips the cold start")
     parser.add_argument(
@@ -498,7 +492,7 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=20.0,
         help="how long to measure the SuperLink with idle SuperNodes (0: not)",
     )
-    arguments = parse_quick(
+    arguments = common.parse_quick(
         parser,
         argv,
         "4 clients, 2 rounds of 1 epoch on warm:0.5 only (the secure round on "
@@ -514,7 +508,7 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         idle_seconds=3.0,
         timeout=600.0,
     )
-    check_job_options(parser, arguments, APP)
+    common.check_job_options(parser, arguments, APP)
     return arguments
 
 
@@ -577,4 +571,4 @@ def main(argv: Sequence[str] | None = None) -> Report:
 if __name__ == "__main__":
     # SIGTERM unwinds like Ctrl-C, so the federations it started are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    run_reporting_errors(main)
+    common.run_reporting_errors(main)

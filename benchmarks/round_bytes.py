@@ -83,13 +83,7 @@ from fedx.protocol.common import TrainingSettings
 from fedx.secure.client import is_secure_round, make_handlers, secure_train_reply
 from fedx.strategies import FedCross, FedIndep, FedMe, FedMR, FedMut, to_arrayrecord, to_model
 
-from _common import (
-    add_memory_limit,
-    benchmark_parser,
-    memory_limit,
-    parse_quick,
-    run_reporting_errors,
-)
+import _common as common
 
 CIFAR_INPUT = (3, 32, 32)
 NUM_CLASSES = 10
@@ -396,7 +390,7 @@ def print_table(
 
 def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command-line options; ``--quick`` changes the defaults of models, clients and rounds."""
-    parser = benchmark_parser(__doc__)
+    parser = common.benchmark_parser(__doc__)
     parser.add_argument("--model", nargs="+", choices=["cnn", "vgg16"], default=["cnn", "vgg16"])
     parser.add_argument("--clients", type=int, default=10, help="K, clients per round")
     parser.add_argument(
@@ -407,9 +401,9 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=list(STRATEGIES))
     parser.add_argument("--seed", type=int, default=0)
-    add_memory_limit(parser, "skip strategies")
+    common.add_memory_limit(parser, "skip strategies")
     parser.add_argument("--verbose", action="store_true", help="show the strategies' logs")
-    arguments = parse_quick(
+    arguments = common.parse_quick(
         parser,
         argv,
         "cnn, K=3 clients, 2 rounds: a smoke run",
@@ -444,7 +438,7 @@ def _measure(arguments: argparse.Namespace) -> dict[str, list[Traffic]]:
     # Messages carry the run and node of the process that creates them, as in a ServerApp.
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
     results: dict[str, list[Traffic]] = {}
-    limit = memory_limit(arguments)
+    limit = common.memory_limit(arguments)
     for architecture in arguments.model:
         initial = initial_model(architecture, arguments.seed)
         model_bytes = sum(array.nbytes for array in initial.values())
@@ -475,4 +469,4 @@ def _measure(arguments: argparse.Namespace) -> dict[str, list[Traffic]]:
 
 
 if __name__ == "__main__":
-    run_reporting_errors(main)
+    common.run_reporting_errors(main)

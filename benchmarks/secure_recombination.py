@@ -39,7 +39,7 @@ from fedx.secure.client import is_secure_round, secure_train_reply
 from fedx.secure.loopback import LoopbackGrid
 from fedx.strategies import FedMR, to_arrayrecord, to_model
 
-from _common import benchmark_parser, run_reporting_errors
+import _common as common
 
 
 class NoiseClients:
@@ -122,7 +122,7 @@ def own_layer_fraction(grid: LoopbackGrid, trained: dict[int, Model], grouping: 
 
 
 def main() -> None:
-    parser = benchmark_parser(__doc__)
+    parser = common.benchmark_parser(__doc__)
     parser.add_argument("--dataset", default="cifar10", choices=["digits", "cifar10", "cifar100"])
     parser.add_argument("--model", default="cnn", choices=["cnn", "resnet20", "vgg16"])
     parser.add_argument("--clients", type=int, default=10, help="K")
@@ -186,4 +186,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_reporting_errors(main)
+    common.run_reporting_errors(main)

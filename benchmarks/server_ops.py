@@ -87,14 +87,7 @@ from fedx.ops import (
 )
 from fedx.ops.parallel import thread_count
 
-from _common import (
-    add_memory_limit,
-    benchmark_parser,
-    memory_limit,
-    parse_quick,
-    proc_kib_field,
-    run_reporting_errors,
-)
+import _common as common
 
 Shapes = dict[str, tuple[int, ...]]
 
@@ -256,7 +249,7 @@ def release_memory() -> None:
 
 def resident_bytes() -> int | None:
     """Current resident memory (``VmRSS``), where ``/proc`` has it."""
-    return proc_kib_field("/proc/self/status", "VmRSS")
+    return common.proc_kib_field("/proc/self/status", "VmRSS")
 
 
 def reset_peak_rss() -> bool:
@@ -270,7 +263,7 @@ def reset_peak_rss() -> bool:
 
 def peak_rss_bytes() -> int:
     """Peak resident memory since the last reset (``VmHWM``), else since the start."""
-    peak = proc_kib_field("/proc/self/status", "VmHWM")
+    peak = common.proc_kib_field("/proc/self/status", "VmHWM")
     if peak is not None:
         return peak
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
@@ -446,7 +439,7 @@ def print_summary(cases: Sequence[CaseResult]) -> None:
 
 def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command-line options; ``--quick`` changes the defaults of the case grid and repeats."""
-    parser = benchmark_parser(__doc__)
+    parser = common.benchmark_parser(__doc__)
     parser.add_argument(
         "--models",
         type=int,
@@ -468,7 +461,7 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="scale the channels to this many parameters per model, in millions",
     )
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per op")
-    add_memory_limit(parser, "refuse cases")
+    common.add_memory_limit(parser, "refuse cases")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--clock",
@@ -484,7 +477,7 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         metavar="N",
         help="keep N processes spinning on the cores while timing (default: 0)",
     )
-    arguments = parse_quick(
+    arguments = common.parse_quick(
         parser,
         argv,
         "K=10 CNN models, 2 repeats: a smoke run of a few seconds",
@@ -546,7 +539,7 @@ def main(argv: Sequence[str] | None = None) -> list[CaseResult]:
     """Run the chosen cases and print their tables; return the results."""
     arguments = parse_arguments(argv)
     repeats = max(1, arguments.repeats)
-    limit = memory_limit(arguments)
+    limit = common.memory_limit(arguments)
     threads = {key: os.environ[key] for key in BLAS_THREAD_VARIABLES if key in os.environ}
     print(f"BLAS threads: {threads or f'not set (OpenBLAS uses all {os.cpu_count()} cores)'}")
     print(
@@ -587,4 +580,4 @@ def main(argv: Sequence[str] | None = None) -> list[CaseResult]:
 
 
 if __name__ == "__main__":
-    run_reporting_errors(main)
+    common.run_reporting_errors(main)

@@ -75,14 +75,7 @@ from fedx.ops import Model, average, recombine
 from fedx.outputs import METRICS_FILE
 from fedx.training import get_device, train
 
-from _common import (
-    add_job_options,
-    benchmark_parser,
-    check_job_options,
-    flwr_run_command,
-    parse_quick,
-    run_reporting_errors,
-)
+import _common as common
 
 APP = Path(__file__).resolve().parents[1]
 STRATEGIES = ("fedavg", "fedmr")
@@ -247,7 +240,7 @@ def time_plain(cfg: RunConfig, num_clients: int) -> Timing:
 def flwr_run(env: dict, case: Case, client_cpus: float, overrides: dict, timeout: float) -> Timing:
     """``flwr run`` this app in the simulation; round times from its ``metrics.json``."""
     federation = f"num-supernodes={case.clients} client-resources-num-cpus={client_cpus:g}"
-    command = flwr_run_command(APP, federation, run_config_argument(overrides))
+    command = common.flwr_run_command(APP, federation, run_config_argument(overrides))
     start = time.perf_counter()
     try:
         done = subprocess.run(
@@ -335,22 +328,23 @@ def print_header(arguments: argparse.Namespace) -> None:
 # ----------------------------------------------------------------------
 
 
-def parse_case(text: str) -> Case:
-    """``N:fraction`` (``100:0.1``) as a :class:`Case`."""
-    try:
-        clients, fraction = text.split(":")
-        case = Case(int(clients), float(fraction))
-    except ValueError:
-        message = f"expected N:fraction such as 100:0.1, got {text!r}"
-        raise argparse.ArgumentTypeError(message) from None
-    if case.clients < 2 or not 0.0 < case.fraction <= 1.0:
-        raise argparse.ArgumentTypeError(f"need N >= 2 and a fraction in (0, 1], got {text!r}")
-    return case
+def _case(text: str) -> Case:
+    clients, fraction = text.split(":")
+    return Case(int(clients), float(fraction))
+
+
+#: ``N:fraction`` (``100:0.1``) as a :class:`Case`.
+parse_case = common.option_type(
+    "N:fraction such as 100:0.1",
+    _case,
+    valid=lambda case: case.clients >= 2 and 0.0 < case.fraction <= 1.0,
+    rule="N >= 2 and a fraction in (0, 1]",
+)
 
 
 def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command-line options; ``--quick`` changes the defaults of cases, rounds and epochs."""
-    parser = benchmark_parser(__doc__)
+    parser = common.benchmark_parser(__doc__)
     parser.add_argument(
         "--cases",
         nargs="+",
@@ -359,7 +353,7 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="N:fraction per case (default: 10:1.0 100:0.1 100:1.0)",
     )
     parser.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=list(STRATEGIES))
-    add_job_options(parser, rounds=5, rounds_help="rounds per run (at least 2)")
+    common.add_job_options(parser, rounds=5, rounds_help="rounds per run (at least 2)")
     parser.add_argument(
         "--client-cpus",
         type=float,
@@ -378,7 +372,7 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=60.0,
         help="seconds to wait for the federation's processes to end after the stop",
     )
-    arguments = parse_quick(
+    arguments = common.parse_quick(
         parser,
         argv,
         "10 clients (fraction 1.0), 3 rounds, 1 local epoch",
@@ -387,7 +381,7 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         local_epochs=1,
         timeout=600.0,
     )
-    check_job_options(parser, arguments, APP)
+    common.check_job_options(parser, arguments, APP)
     if arguments.plain_threads is None:
         arguments.plain_threads = max(1, int(arguments.client_cpus))
     return arguments
@@ -473,4 +467,4 @@ def main(argv: Sequence[str] | None = None) -> Report:
 
 
 if __name__ == "__main__":
-    run_reporting_errors(main)
+    common.run_reporting_errors(main)

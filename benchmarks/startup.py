@@ -54,7 +54,7 @@ import psutil
 from fedx.deploy.local import FederationSpec, LocalFederation, free_port
 from fedx.outputs import METRICS_FILE
 
-from _common import benchmark_parser, flwr_run_command, run_reporting_errors
+import _common as common
 
 APP = Path(__file__).resolve().parents[1]
 FEDERATION = "num-supernodes=10 client-resources-num-cpus=1"
@@ -94,7 +94,7 @@ def run_once(
     settings = f'run-name="startup" output-dir="{output}"'
     if rounds is not None:
         settings += f" num-server-rounds={rounds}"
-    command = flwr_run_command(app, FEDERATION, settings)
+    command = common.flwr_run_command(app, FEDERATION, settings)
     start = time.perf_counter()
     first_round: list[float] = []
     cpu_first_round: list[float] = []
@@ -139,7 +139,7 @@ def seconds(value: float | None) -> str:
 
 
 def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = benchmark_parser(__doc__)
+    parser = common.benchmark_parser(__doc__)
     parser.add_argument("--runs", type=int, default=2, help="runs of the job (default: 2)")
     parser.add_argument(
         "--rounds", type=int, default=None, help="num-server-rounds (default: the app's, 20)"
@@ -207,4 +207,4 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    run_reporting_errors(main)
+    common.run_reporting_errors(main)
