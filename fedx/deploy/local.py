@@ -37,6 +37,25 @@ NODE_ID_PATTERN = re.compile(r"SuperNode ID: (\d+)")
 WARM_READY_PATTERN = re.compile(r"warm ClientApp interpreter \(pid (\d+)\) ready")
 
 
+@dataclass(frozen=True)
+class _Awaited:
+    """A number a SuperNode's log will report, and what its absence means."""
+
+    pattern: re.Pattern[str]
+    #: The start of the timeout's message; ``{index}`` is the SuperNode.
+    missing: str
+    #: Whether the SuperNode exiting first fails the wait at once.
+    needs_supernode: bool
+
+
+_NODE_ID = _Awaited(NODE_ID_PATTERN, "SuperNode {index} did not connect", needs_supernode=True)
+_WARM_PID = _Awaited(
+    WARM_READY_PATTERN,
+    "the warm executor of SuperNode {index} was not ready",
+    needs_supernode=False,
+)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port nobody listens on right now."""
     with socket.socket() as sock:
@@ -435,13 +454,7 @@ class LocalFederation:
         TimeoutError
             When it is not ready within ``timeout`` seconds.
         """
-        return self._wait_for_logged(
-            index,
-            WARM_READY_PATTERN,
-            timeout,
-            f"the warm executor of SuperNode {index} was not ready",
-            stop_if_exited=False,
-        )
+        return self._wait_for_logged(index, _WARM_PID, timeout)
 
     def node_id(self, index: int, timeout: float = 60.0) -> int:
         """The node id SuperNode ``index`` last reported in its log.
@@ -453,13 +466,7 @@ class LocalFederation:
         TimeoutError
             When it has not connected within ``timeout`` seconds.
         """
-        return self._wait_for_logged(
-            index,
-            NODE_ID_PATTERN,
-            timeout,
-            f"SuperNode {index} did not connect",
-            stop_if_exited=True,
-        )
+        return self._wait_for_logged(index, _NODE_ID, timeout)
 
     def _supernode_log(self, index: int) -> Path:
         """The log SuperNode ``index`` and its warm executor write to."""
@@ -470,30 +477,19 @@ class LocalFederation:
         log = self._supernode_log(index)
         return pattern.findall(log.read_text(errors="replace")) if log.exists() else []
 
-    def _wait_for_logged(
-        self,
-        index: int,
-        pattern: re.Pattern[str],
-        timeout: float,
-        failure: str,
-        *,
-        stop_if_exited: bool,
-    ) -> int:
-        """The last number ``pattern`` finds in SuperNode ``index``'s log, once there is one.
-
-        ``failure`` starts the TimeoutError's message; with ``stop_if_exited``,
-        a SuperNode that exits meanwhile raises RuntimeError at once.
-        """
+    def _wait_for_logged(self, index: int, awaited: _Awaited, timeout: float) -> int:
+        """The last number ``awaited`` finds in SuperNode ``index``'s log, once there is one."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            found = self._logged(index, pattern)
+            found = self._logged(index, awaited.pattern)
             if found:
                 return int(found[-1])
             process = self.supernodes.get(index)
-            if stop_if_exited and process is not None and process.poll() is not None:
+            if awaited.needs_supernode and process is not None and process.poll() is not None:
                 raise RuntimeError(f"SuperNode {index} exited; see {self._supernode_log(index)}")
             time.sleep(0.5)
-        raise TimeoutError(f"{failure} within {timeout:g}s; see {self._supernode_log(index)}")
+        missing = awaited.missing.format(index=index)
+        raise TimeoutError(f"{missing} within {timeout:g}s; see {self._supernode_log(index)}")
 
     def rejoin_supernode(self, index: int, timeout: float = 180.0) -> int:
         """Start SuperNode ``index`` again until the SuperLink lets it in; return its node id.
