@@ -28,6 +28,12 @@ def run_reporting_errors(main: Callable[[], object]) -> None:
     sys.exit(0)
 
 
+def print_error(error: str | None, label: str = "") -> None:
+    """A measurement's error, if it has one, indented on the line below its figures."""
+    if error:
+        print(f"  {label}: {error}" if label else f"  {error}")
+
+
 def load_sibling(name: str) -> ModuleType:
     """``benchmarks/<name>.py`` as a module (the folder is not a package), loaded once."""
     module_name = f"benchmark_{name}"

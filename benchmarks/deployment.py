@@ -413,8 +413,7 @@ def print_job(report: Report) -> None:
             f"{_ratio(timing.per_round, plain):>8}{_ratio(timing.per_round, flower):>9}"
             f"{_text(timing.first):>11}{_text(timing.total, 1):>13}{idle_text:>20}"
         )
-        if timing.error:
-            print(f"  {label}: {timing.error}")
+        common.print_error(timing.error, label)
 
 
 def print_cold(cold: ColdStart) -> None:
@@ -438,8 +437,7 @@ def print_secure(secure: Secure, baseline: Secure | None) -> None:
         f"{_text(secure.per_round)} s/round{ratio} (rounds: {rounds}; exchanges per round "
         f"{secure.exchanges}); whole run {_text(secure.total, 1)} s"
     )
-    if secure.error:
-        print(f"  {secure.error}")
+    common.print_error(secure.error)
 
 
 # ----------------------------------------------------------------------

@@ -305,8 +305,7 @@ def print_row(case: Case, strategy: str, simulation: Timing, plain: Timing) -> N
         f"{seconds_text(plain.total):>10}"
     )
     for label, timing in (("simulation", simulation), ("plain loop", plain)):
-        if timing.error:
-            print(f"  {label}: {timing.error}")
+        common.print_error(timing.error, label)
 
 
 def print_header(arguments: argparse.Namespace) -> None:
