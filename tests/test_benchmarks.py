@@ -17,7 +17,14 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def load_script(name: str) -> ModuleType:
-    """Import ``benchmarks/<name>.py`` (not a package) as a module."""
+    """Import ``benchmarks/<name>.py`` (not a package) as a module.
+
+    The scripts import their shared ``_common`` from their folder, which is on
+    ``sys.path`` when a script runs; here it is put there too (last: nothing
+    else is shadowed by the scripts' names).
+    """
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.append(str(BENCHMARKS))
     spec = importlib.util.spec_from_file_location(f"benchmark_{name}", BENCHMARKS / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
