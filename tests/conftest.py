@@ -10,24 +10,6 @@ from flwr.supercore.task_identity import TaskIdentity
 from fedx.ops import Model
 from tests.helpers import DEFAULTS, PLAIN_FEDMR, make_model
 
-# The modules that share the session's simulation SuperLink and plain FedMR run.
-_SHARED_SIMULATION = {"tests.test_app_e2e", "tests.test_secure_e2e", "tests.test_fedme_e2e"}
-
-
-def pytest_collection_modifyitems(config, items):
-    """With pytest-xdist (``--dist loadgroup``), a module's tests run in one worker.
-
-    So a module-scoped fixture (a federation, a built environment, a Ray
-    simulation) starts once, and the modules that share the session's
-    simulation SuperLink and plain FedMR run go to the same worker too.
-    """
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        module = item.module.__name__ if item.module is not None else item.nodeid
-        group = "shared-simulation" if module in _SHARED_SIMULATION else module
-        item.add_marker(pytest.mark.xdist_group(group))
-
 
 @pytest.fixture(scope="session", autouse=True)
 def partition_cache(tmp_path_factory):

