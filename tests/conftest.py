@@ -10,6 +10,31 @@ from flwr.supercore.task_identity import TaskIdentity
 from fedx.ops import Model
 from tests.helpers import DEFAULTS, PLAIN_FEDMR, make_model
 
+# The modules that take longest (each a minute or more of process start-ups
+# and federated runs), longest first. xdist hands out modules in collection
+# order (`--no-loadscope-reorder` in pyproject.toml): these start first, and
+# the many short modules fill in the other worker, so both end together.
+SLOW_MODULES = (
+    "test_compare.py",
+    "test_benchmarks.py",
+    "test_deployment.py",
+    "test_ray_cluster.py",
+    "test_compat_flwr136.py",
+    "test_deployment_faults.py",
+    "test_warm_executor.py",
+    "test_app_e2e.py",
+    "test_fedme_e2e.py",
+    "test_secure_e2e.py",
+    "test_example_method.py",
+    "test_plugin_app.py",
+)
+
+
+def pytest_collection_modifyitems(items):
+    """Slow modules first (see :data:`SLOW_MODULES`); the rest keep their order."""
+    rank = {name: index for index, name in enumerate(SLOW_MODULES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
 
 @pytest.fixture(scope="session", autouse=True)
 def partition_cache(tmp_path_factory):

@@ -15,6 +15,7 @@ Every process starts in its own process group, so stopping it also stops
 the SuperExec and app processes it started.
 """
 
+import contextlib
 import os
 import re
 import secrets
@@ -554,6 +555,7 @@ class LocalFederation:
         if self.superlink is not None:
             _stop_group(self.superlink, signal.SIGTERM)
             self.superlink = None
+        _stop_stragglers(self.spec.flwr_home)
         for log in self._logs:
             log.close()
         self._logs = []
@@ -600,6 +602,35 @@ def _stop_group(process: subprocess.Popen, sig: int) -> None:
     for pid in descendants:
         if _alive(pid):
             _signal(pid, signal.SIGKILL, group=False)
+
+
+def _stop_stragglers(flwr_home: Path) -> None:
+    """Stop what is left of the federation's processes: those with its ``FLWR_HOME``.
+
+    A process the SuperLink started just before the stop (a ServerApp or a
+    simulation starting a run) is not among the descendants found at the
+    stop, and once its parent is gone it is no longer below anything of ours;
+    its environment still names the federation's ``FLWR_HOME``. Left running,
+    it would write there (Flower's telemetry id) after the folder is removed.
+    """
+    home = str(flwr_home.resolve())
+    ours = psutil.Process()
+    spared = {ours.pid, *(parent.pid for parent in ours.parents())}  # a shell that set it too
+    stragglers = []
+    for process in psutil.process_iter():
+        try:
+            if process.pid not in spared and process.environ().get("FLWR_HOME") == home:
+                stragglers.append(process)
+        except psutil.Error:
+            continue
+    for process in stragglers:
+        with contextlib.suppress(psutil.Error):
+            process.terminate()
+    _, alive = psutil.wait_procs(stragglers, timeout=10)
+    for process in alive:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    psutil.wait_procs(alive, timeout=5)
 
 
 def _alive(pid: int) -> bool:
