@@ -13,7 +13,7 @@ from tests.helpers import DEFAULTS, PLAIN_FEDMR, make_model
 # The modules that take longest (each a minute or more of process start-ups
 # and federated runs), longest first. xdist hands out modules in collection
 # order (`--no-loadscope-reorder` in pyproject.toml): these start first, and
-# the many short modules fill in the other worker, so both end together.
+# the many short modules fill in the other workers, so they end together.
 SLOW_MODULES = (
     "test_compare.py",
     "test_benchmarks.py",
