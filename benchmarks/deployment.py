@@ -65,7 +65,6 @@ run. This script reports; it is not a test, and it always exits with status 0.
 
 import argparse
 import contextlib
-import importlib.util
 import json
 import os
 import signal
@@ -78,7 +77,6 @@ import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 
 import psutil
 import torch
@@ -89,6 +87,8 @@ from fedx.config import RunConfig
 from fedx.deploy.local import FederationSpec, LocalFederation, free_port
 from fedx.outputs import METRICS_FILE
 
+import _common as common
+
 APP = Path(__file__).resolve().parents[1]
 EXECUTORS = ("flower", "warm")
 DEFAULT_SETUPS = ("flower", "warm", "flower:0.1", "warm:0.1")
@@ -96,22 +96,7 @@ DEFAULT_SETUPS = ("flower", "warm", "flower:0.1", "warm:0.1")
 FLOWER_REPLY_PULL_INTERVAL = 3.0
 
 
-def _load_sibling(name: str) -> ModuleType:
-    """``benchmarks/<name>.py`` as a module (the folder is not a package)."""
-    module_name = f"benchmark_{name}"
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    spec = importlib.util.spec_from_file_location(
-        module_name, Path(__file__).with_name(f"{name}.py")
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    return module
-
-
-overhead = _load_sibling("simulation_overhead")
+overhead = common.load_sibling("simulation_overhead")
 Case, Timing = overhead.Case, overhead.Timing
 
 
@@ -428,8 +413,7 @@ def print_job(report: Report) -> None:
             f"{_ratio(timing.per_round, plain):>8}{_ratio(timing.per_round, flower):>9}"
             f"{_text(timing.first):>11}{_text(timing.total, 1):>13}{idle_text:>20}"
         )
-        if timing.error:
-            print(f"  {label}: {timing.error}")
+        common.print_error(timing.error, label)
 
 
 def print_cold(cold: ColdStart) -> None:
@@ -453,8 +437,7 @@ def print_secure(secure: Secure, baseline: Secure | None) -> None:
         f"{_text(secure.per_round)} s/round{ratio} (rounds: {rounds}; exchanges per round "
         f"{secure.exchanges}); whole run {_text(secure.total, 1)} s"
     )
-    if secure.error:
-        print(f"  {secure.error}")
+    common.print_error(secure.error)
 
 
 # ----------------------------------------------------------------------
@@ -462,24 +445,25 @@ def print_secure(secure: Secure, baseline: Secure | None) -> None:
 # ----------------------------------------------------------------------
 
 
-def parse_setup(text: str) -> Setup:
-    """``warm`` or ``warm:0.1`` as a :class:`Setup`."""
+def _setup(text: str) -> Setup:
     executor, _, poll = text.partition(":")
-    try:
-        setup = Setup(executor, float(poll) if poll else None)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected EXECUTOR[:SECONDS], got {text!r}") from None
-    if executor not in EXECUTORS or (setup.poll is not None and not 0.01 <= setup.poll <= 3):
-        raise argparse.ArgumentTypeError(
-            f"expected EXECUTOR[:SECONDS] with EXECUTOR in {EXECUTORS} and SECONDS in [0.01, 3], "
-            f"got {text!r}"
-        )
-    return setup
+    return Setup(executor, float(poll) if poll else None)
+
+
+#: ``warm`` or ``warm:0.1`` as a :class:`Setup`.
+parse_setup = common.option_type(
+    "EXECUTOR[:SECONDS]",
+    _setup,
+    valid=lambda setup: (
+        setup.executor in EXECUTORS and (setup.poll is None or 0.01 <= setup.poll <= 3)
+    ),
+    rule=f"EXECUTOR in {EXECUTORS} and SECONDS in [0.01, 3]",
+)
 
 
 def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command-line options; ``--quick`` changes the defaults."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
+    parser = common.benchmark_parser(__doc__)
     parser.add_argument(
         "--setups",
         nargs="*",
@@ -497,13 +481,7 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=1,
         help="torch threads of each client, every way of running (default: 1)",
     )
-    parser.add_argument("--rounds", type=int, default=5, help="rounds of the job (at least 2)")
-    parser.add_argument(
-        "--local-epochs",
-        type=int,
-        default=None,
-        help="local epochs per round (default: the app's, pyproject.toml)",
-    )
+    common.add_job_options(parser, rounds=5, rounds_help="rounds of the job (at least 2)")
     parser.add_argument("--secure-rounds", type=int, default=3)
     parser.add_argument("--cold-samples", type=int, default=3, help="0 skips the cold start")
     parser.add_argument(
@@ -512,33 +490,23 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=20.0,
         help="how long to measure the SuperLink with idle SuperNodes (0: not)",
     )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per flwr run")
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="4 clients, 2 rounds of 1 epoch on warm:0.5 only (the secure round on "
+    arguments = common.parse_quick(
+        parser,
+        argv,
+        "4 clients, 2 rounds of 1 epoch on warm:0.5 only (the secure round on "
         "the same SuperNodes), no simulation, 1 secure round, "
         "1 cold-start sample, 3 s idle",
+        setups=[parse_setup("warm:0.5")],
+        skip_simulation=True,
+        rounds=2,
+        clients=4,
+        local_epochs=1,
+        secure_rounds=1,
+        cold_samples=1,
+        idle_seconds=3.0,
+        timeout=600.0,
     )
-    arguments = parser.parse_args(argv)
-    if arguments.quick:  # new defaults; options given explicitly still win
-        parser.set_defaults(
-            setups=[parse_setup("warm:0.5")],
-            skip_simulation=True,
-            rounds=2,
-            clients=4,
-            local_epochs=1,
-            secure_rounds=1,
-            cold_samples=1,
-            idle_seconds=3.0,
-            timeout=600.0,
-        )
-        arguments = parser.parse_args(argv)
-    if arguments.rounds < 2:
-        parser.error("--rounds must be at least 2 (round 1 is reported on its own)")
-    if arguments.local_epochs is None:
-        arguments.local_epochs = int(app_defaults(APP)["local-epochs"])
+    common.check_job_options(parser, arguments, APP)
     return arguments
 
 
@@ -599,8 +567,6 @@ def main(argv: Sequence[str] | None = None) -> Report:
 
 
 if __name__ == "__main__":
-    from _report import run_reporting_errors  # this script's folder is first on sys.path
-
     # SIGTERM unwinds like Ctrl-C, so the federations it started are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    run_reporting_errors(main)
+    common.run_reporting_errors(main)

@@ -58,7 +58,6 @@ import random
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 from flwr.app import (
@@ -83,6 +82,8 @@ from fedx.ops import Model
 from fedx.protocol.common import TrainingSettings
 from fedx.secure.client import is_secure_round, make_handlers, secure_train_reply
 from fedx.strategies import FedCross, FedIndep, FedMe, FedMR, FedMut, to_arrayrecord, to_model
+
+import _common as common
 
 CIFAR_INPUT = (3, 32, 32)
 NUM_CLASSES = 10
@@ -286,17 +287,6 @@ def estimated_peak_bytes(name: str, k: int, model_bytes: int) -> float:
     return BASE_BYTES + MODEL_COPIES.get(name, DEFAULT_MODEL_COPIES) * k * model_bytes
 
 
-def available_bytes() -> int | None:
-    """``MemAvailable`` from ``/proc/meminfo`` (Linux), else None."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
 @dataclass
 class Traffic:
     """A strategy's measured bytes: per-round means and one-off queries."""
@@ -400,7 +390,7 @@ def print_table(
 
 def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command-line options; ``--quick`` changes the defaults of models, clients and rounds."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
+    parser = common.benchmark_parser(__doc__)
     parser.add_argument("--model", nargs="+", choices=["cnn", "vgg16"], default=["cnn", "vgg16"])
     parser.add_argument("--clients", type=int, default=10, help="K, clients per round")
     parser.add_argument(
@@ -411,20 +401,16 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=list(STRATEGIES))
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--max-memory-gib",
-        type=float,
-        default=None,
-        help="skip strategies estimated above this (default: MemAvailable)",
-    )
+    common.add_memory_limit(parser, "skip strategies")
     parser.add_argument("--verbose", action="store_true", help="show the strategies' logs")
-    parser.add_argument(
-        "--quick", action="store_true", help="cnn, K=3 clients, 2 rounds: a smoke run"
+    arguments = common.parse_quick(
+        parser,
+        argv,
+        "cnn, K=3 clients, 2 rounds: a smoke run",
+        model=["cnn"],
+        clients=3,
+        rounds=2,
     )
-    arguments = parser.parse_args(argv)
-    if arguments.quick:  # new defaults; options given explicitly still win
-        parser.set_defaults(model=["cnn"], clients=3, rounds=2)
-        arguments = parser.parse_args(argv)
     if arguments.clients < 2:
         parser.error("--clients must be at least 2 (FedMe and FedCross need a partner)")
     if arguments.rounds < 1:
@@ -452,11 +438,7 @@ def _measure(arguments: argparse.Namespace) -> dict[str, list[Traffic]]:
     # Messages carry the run and node of the process that creates them, as in a ServerApp.
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
     results: dict[str, list[Traffic]] = {}
-    limit = (
-        int(arguments.max_memory_gib * 2**30)
-        if arguments.max_memory_gib is not None
-        else available_bytes()
-    )
+    limit = common.memory_limit(arguments)
     for architecture in arguments.model:
         initial = initial_model(architecture, arguments.seed)
         model_bytes = sum(array.nbytes for array in initial.values())
@@ -487,6 +469,4 @@ def _measure(arguments: argparse.Namespace) -> dict[str, list[Traffic]]:
 
 
 if __name__ == "__main__":
-    from _report import run_reporting_errors  # this script's folder is first on sys.path
-
-    run_reporting_errors(main)
+    common.run_reporting_errors(main)

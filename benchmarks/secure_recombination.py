@@ -39,6 +39,8 @@ from fedx.secure.client import is_secure_round, secure_train_reply
 from fedx.secure.loopback import LoopbackGrid
 from fedx.strategies import FedMR, to_arrayrecord, to_model
 
+import _common as common
+
 
 class NoiseClients:
     """Clients whose "training" adds a little noise, so that every model differs."""
@@ -120,7 +122,7 @@ def own_layer_fraction(grid: LoopbackGrid, trained: dict[int, Model], grouping: 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = common.benchmark_parser(__doc__)
     parser.add_argument("--dataset", default="cifar10", choices=["digits", "cifar10", "cifar100"])
     parser.add_argument("--model", default="cnn", choices=["cnn", "resnet20", "vgg16"])
     parser.add_argument("--clients", type=int, default=10, help="K")
@@ -184,6 +186,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from _report import run_reporting_errors  # this script's folder is first on sys.path
-
-    run_reporting_errors(main)
+    common.run_reporting_errors(main)

@@ -67,7 +67,6 @@ import math
 import multiprocessing
 import os
 import resource
-import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -87,6 +86,8 @@ from fedx.ops import (
     recombine,
 )
 from fedx.ops.parallel import thread_count
+
+import _common as common
 
 Shapes = dict[str, tuple[int, ...]]
 
@@ -229,17 +230,6 @@ def estimated_peak_bytes(count: int, model_bytes: int) -> int:
     return (2 * count + 2) * model_bytes
 
 
-def available_bytes() -> int | None:
-    """``MemAvailable`` from ``/proc/meminfo`` (Linux), else None."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
 def release_memory() -> None:
     """Free unreachable objects and hand the C heap's free pages back to the OS.
 
@@ -259,13 +249,7 @@ def release_memory() -> None:
 
 def resident_bytes() -> int | None:
     """Current resident memory (``VmRSS``), where ``/proc`` has it."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+    return common.proc_kib_field("/proc/self/status", "VmRSS")
 
 
 def reset_peak_rss() -> bool:
@@ -279,12 +263,9 @@ def reset_peak_rss() -> bool:
 
 def peak_rss_bytes() -> int:
     """Peak resident memory since the last reset (``VmHWM``), else since the start."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    peak = common.proc_kib_field("/proc/self/status", "VmHWM")
+    if peak is not None:
+        return peak
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
@@ -458,7 +439,7 @@ def print_summary(cases: Sequence[CaseResult]) -> None:
 
 def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command-line options; ``--quick`` changes the defaults of the case grid and repeats."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
+    parser = common.benchmark_parser(__doc__)
     parser.add_argument(
         "--models",
         type=int,
@@ -480,12 +461,7 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="scale the channels to this many parameters per model, in millions",
     )
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per op")
-    parser.add_argument(
-        "--max-memory-gib",
-        type=float,
-        default=None,
-        help="refuse cases estimated above this (default: MemAvailable)",
-    )
+    common.add_memory_limit(parser, "refuse cases")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--clock",
@@ -501,15 +477,14 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         metavar="N",
         help="keep N processes spinning on the cores while timing (default: 0)",
     )
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="K=10 CNN models, 2 repeats: a smoke run of a few seconds",
+    arguments = common.parse_quick(
+        parser,
+        argv,
+        "K=10 CNN models, 2 repeats: a smoke run of a few seconds",
+        models=[10],
+        arch=["cnn"],
+        repeats=2,
     )
-    arguments = parser.parse_args(argv)
-    if arguments.quick:  # new defaults; options given explicitly still win
-        parser.set_defaults(models=[10], arch=["cnn"], repeats=2)
-        arguments = parser.parse_args(argv)
     if min(arguments.models) < 2:
         parser.error("--models must be at least 2 (cross aggregation needs a collaborator)")
     return arguments
@@ -564,11 +539,7 @@ def main(argv: Sequence[str] | None = None) -> list[CaseResult]:
     """Run the chosen cases and print their tables; return the results."""
     arguments = parse_arguments(argv)
     repeats = max(1, arguments.repeats)
-    limit = (
-        int(arguments.max_memory_gib * GIB)
-        if arguments.max_memory_gib is not None
-        else available_bytes()
-    )
+    limit = common.memory_limit(arguments)
     threads = {key: os.environ[key] for key in BLAS_THREAD_VARIABLES if key in os.environ}
     print(f"BLAS threads: {threads or f'not set (OpenBLAS uses all {os.cpu_count()} cores)'}")
     print(
@@ -609,8 +580,4 @@ def main(argv: Sequence[str] | None = None) -> list[CaseResult]:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except Exception:  # pylint: disable=broad-exception-caught
-        traceback.print_exc()
-    sys.exit(0)
+    common.run_reporting_errors(main)

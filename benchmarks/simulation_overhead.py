@@ -54,7 +54,6 @@ import json
 import os
 import random
 import subprocess
-import sys
 import tempfile
 import time
 import traceback
@@ -75,6 +74,8 @@ from fedx.models import build_model
 from fedx.ops import Model, average, recombine
 from fedx.outputs import METRICS_FILE
 from fedx.training import get_device, train
+
+import _common as common
 
 APP = Path(__file__).resolve().parents[1]
 STRATEGIES = ("fedavg", "fedmr")
@@ -239,16 +240,7 @@ def time_plain(cfg: RunConfig, num_clients: int) -> Timing:
 def flwr_run(env: dict, case: Case, client_cpus: float, overrides: dict, timeout: float) -> Timing:
     """``flwr run`` this app in the simulation; round times from its ``metrics.json``."""
     federation = f"num-supernodes={case.clients} client-resources-num-cpus={client_cpus:g}"
-    command = [
-        str(Path(sys.executable).parent / "flwr"),
-        "run",
-        str(APP),
-        "--stream",
-        "--federation-config",
-        federation,
-        "--run-config",
-        run_config_argument(overrides),
-    ]
+    command = common.flwr_run_command(APP, federation, run_config_argument(overrides))
     start = time.perf_counter()
     try:
         done = subprocess.run(
@@ -313,8 +305,7 @@ def print_row(case: Case, strategy: str, simulation: Timing, plain: Timing) -> N
         f"{seconds_text(plain.total):>10}"
     )
     for label, timing in (("simulation", simulation), ("plain loop", plain)):
-        if timing.error:
-            print(f"  {label}: {timing.error}")
+        common.print_error(timing.error, label)
 
 
 def print_header(arguments: argparse.Namespace) -> None:
@@ -336,22 +327,23 @@ def print_header(arguments: argparse.Namespace) -> None:
 # ----------------------------------------------------------------------
 
 
-def parse_case(text: str) -> Case:
-    """``N:fraction`` (``100:0.1``) as a :class:`Case`."""
-    try:
-        clients, fraction = text.split(":")
-        case = Case(int(clients), float(fraction))
-    except ValueError:
-        message = f"expected N:fraction such as 100:0.1, got {text!r}"
-        raise argparse.ArgumentTypeError(message) from None
-    if case.clients < 2 or not 0.0 < case.fraction <= 1.0:
-        raise argparse.ArgumentTypeError(f"need N >= 2 and a fraction in (0, 1], got {text!r}")
-    return case
+def _case(text: str) -> Case:
+    clients, fraction = text.split(":")
+    return Case(int(clients), float(fraction))
+
+
+#: ``N:fraction`` (``100:0.1``) as a :class:`Case`.
+parse_case = common.option_type(
+    "N:fraction such as 100:0.1",
+    _case,
+    valid=lambda case: case.clients >= 2 and 0.0 < case.fraction <= 1.0,
+    rule="N >= 2 and a fraction in (0, 1]",
+)
 
 
 def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command-line options; ``--quick`` changes the defaults of cases, rounds and epochs."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
+    parser = common.benchmark_parser(__doc__)
     parser.add_argument(
         "--cases",
         nargs="+",
@@ -360,13 +352,7 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="N:fraction per case (default: 10:1.0 100:0.1 100:1.0)",
     )
     parser.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=list(STRATEGIES))
-    parser.add_argument("--rounds", type=int, default=5, help="rounds per run (at least 2)")
-    parser.add_argument(
-        "--local-epochs",
-        type=int,
-        default=None,
-        help="local epochs per round (default: the app's, pyproject.toml)",
-    )
+    common.add_job_options(parser, rounds=5, rounds_help="rounds per run (at least 2)")
     parser.add_argument(
         "--client-cpus",
         type=float,
@@ -379,25 +365,22 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=None,
         help="torch threads of the plain loop (default: --client-cpus; 0: torch's)",
     )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per flwr run")
     parser.add_argument(
         "--grace",
         type=float,
         default=60.0,
         help="seconds to wait for the federation's processes to end after the stop",
     )
-    parser.add_argument(
-        "--quick", action="store_true", help="10 clients (fraction 1.0), 3 rounds, 1 local epoch"
+    arguments = common.parse_quick(
+        parser,
+        argv,
+        "10 clients (fraction 1.0), 3 rounds, 1 local epoch",
+        cases=[Case(10, 1.0)],
+        rounds=3,
+        local_epochs=1,
+        timeout=600.0,
     )
-    arguments = parser.parse_args(argv)
-    if arguments.quick:  # new defaults; options given explicitly still win
-        parser.set_defaults(cases=[Case(10, 1.0)], rounds=3, local_epochs=1, timeout=600.0)
-        arguments = parser.parse_args(argv)
-    if arguments.rounds < 2:
-        parser.error("--rounds must be at least 2 (round 1 is reported on its own)")
-    if arguments.local_epochs is None:
-        arguments.local_epochs = int(app_defaults(APP)["local-epochs"])
+    common.check_job_options(parser, arguments, APP)
     if arguments.plain_threads is None:
         arguments.plain_threads = max(1, int(arguments.client_cpus))
     return arguments
@@ -483,6 +466,4 @@ def main(argv: Sequence[str] | None = None) -> Report:
 
 
 if __name__ == "__main__":
-    from _report import run_reporting_errors  # this script's folder is first on sys.path
-
-    run_reporting_errors(main)
+    common.run_reporting_errors(main)

@@ -43,7 +43,6 @@ This script reports; it is not a test, and it always exits with status 0.
 import argparse
 import json
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -54,6 +53,8 @@ import psutil
 
 from fedx.deploy.local import FederationSpec, LocalFederation, free_port
 from fedx.outputs import METRICS_FILE
+
+import _common as common
 
 APP = Path(__file__).resolve().parents[1]
 FEDERATION = "num-supernodes=10 client-resources-num-cpus=1"
@@ -93,16 +94,7 @@ def run_once(
     settings = f'run-name="startup" output-dir="{output}"'
     if rounds is not None:
         settings += f" num-server-rounds={rounds}"
-    command = [
-        str(Path(sys.executable).parent / "flwr"),
-        "run",
-        str(app),
-        "--stream",
-        "--federation-config",
-        FEDERATION,
-        "--run-config",
-        settings,
-    ]
+    command = common.flwr_run_command(app, FEDERATION, settings)
     start = time.perf_counter()
     first_round: list[float] = []
     cpu_first_round: list[float] = []
@@ -147,7 +139,7 @@ def seconds(value: float | None) -> str:
 
 
 def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
+    parser = common.benchmark_parser(__doc__)
     parser.add_argument("--runs", type=int, default=2, help="runs of the job (default: 2)")
     parser.add_argument(
         "--rounds", type=int, default=None, help="num-server-rounds (default: the app's, 20)"
@@ -215,6 +207,4 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    from _report import run_reporting_errors  # this script's folder is first on sys.path
-
-    run_reporting_errors(main)
+    common.run_reporting_errors(main)

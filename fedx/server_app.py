@@ -99,9 +99,9 @@ def main(grid: Grid, context: Context) -> None:
     result = run_rounds(
         strategy,
         grid,
-        arrays=initial,
+        initial_arrays=initial,
         num_rounds=cfg.num_server_rounds,
-        first_round=resumed.first_round,
+        start_round=resumed.first_round,
         timeout=cfg.round_timeout,
         train_config=training(),
         # Personalized evaluation fine-tunes with the training hyperparameters.

@@ -10,23 +10,30 @@ from flwr.supercore.task_identity import TaskIdentity
 from fedx.ops import Model
 from tests.helpers import DEFAULTS, PLAIN_FEDMR, make_model
 
-# The modules that share the session's simulation SuperLink and plain FedMR run.
-_SHARED_SIMULATION = {"tests.test_app_e2e", "tests.test_secure_e2e", "tests.test_fedme_e2e"}
+# The modules that take longest (each a minute or more of process start-ups
+# and federated runs), longest first. xdist hands out modules in collection
+# order (`--no-loadscope-reorder` in pyproject.toml): these start first, and
+# the many short modules fill in the other workers, so they end together.
+SLOW_MODULES = (
+    "test_compare.py",
+    "test_benchmarks.py",
+    "test_deployment.py",
+    "test_ray_cluster.py",
+    "test_compat_flwr136.py",
+    "test_deployment_faults.py",
+    "test_warm_executor.py",
+    "test_app_e2e.py",
+    "test_fedme_e2e.py",
+    "test_secure_e2e.py",
+    "test_example_method.py",
+    "test_plugin_app.py",
+)
 
 
-def pytest_collection_modifyitems(config, items):
-    """With pytest-xdist (``--dist loadgroup``), a module's tests run in one worker.
-
-    So a module-scoped fixture (a federation, a built environment, a Ray
-    simulation) starts once, and the modules that share the session's
-    simulation SuperLink and plain FedMR run go to the same worker too.
-    """
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        module = item.module.__name__ if item.module is not None else item.nodeid
-        group = "shared-simulation" if module in _SHARED_SIMULATION else module
-        item.add_marker(pytest.mark.xdist_group(group))
+def pytest_collection_modifyitems(items):
+    """Slow modules first (see :data:`SLOW_MODULES`); the rest keep their order."""
+    rank = {name: index for index, name in enumerate(SLOW_MODULES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -2,10 +2,13 @@
 
 import json
 import re
+import shlex
+import subprocess
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from fedx.deploy.cli import main as deploy_main
 from fedx.deploy.local import FederationSpec, LocalFederation, free_port
 from tests.helpers import REPO, flwr_run
 
@@ -75,3 +78,43 @@ def count_in_log(federation: LocalFederation, name: str, pattern: str) -> int:
     """How often ``pattern`` occurs in ``logs/<name>.log``."""
     log = federation.spec.log_dir / f"{name}.log"
     return len(re.findall(pattern, log.read_text(errors="replace"))) if log.exists() else 0
+
+
+def deploy_up_faked(monkeypatch, workdir: Path, arguments: str) -> tuple[int, dict]:
+    """``fedx-deploy up ARGUMENTS`` (as typed in a shell) in ``workdir``, with the federation
+    and ``flwr run`` faked.
+
+    Returns the exit code and what the fakes saw: the ``spec``, whether the
+    federation was ``started`` and ``stopped``, the ``flwr run`` ``command``
+    and ``env``, and the SuperNodes whose ``warm`` executor was awaited.
+    """
+    seen: dict = {}
+
+    class FakeFederation:
+        def __init__(self, spec):
+            seen["spec"] = spec
+            self.supernodes, self.superlink = {}, None
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc_info):
+            seen["stopped"] = True
+
+        def start(self):
+            seen["started"] = True
+
+        def node_id(self, index):
+            return 100 + index
+
+        def wait_for_warm_executor(self, index):
+            seen.setdefault("warm", []).append(index)
+
+    def fake_run(command, env, check):
+        seen["command"], seen["env"] = command, env
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr("fedx.deploy.cli.LocalFederation", FakeFederation)
+    monkeypatch.setattr("fedx.deploy.cli.subprocess.run", fake_run)
+    monkeypatch.chdir(workdir)
+    return deploy_main(["up", *shlex.split(arguments)]), seen

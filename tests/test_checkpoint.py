@@ -59,9 +59,9 @@ def checkpointing_run(strategy, grid, directory, initial, first_round=1, result=
     return run_rounds(
         strategy,
         grid,
-        arrays=initial,
+        initial_arrays=initial,
         num_rounds=NUM_ROUNDS,
-        first_round=first_round,
+        start_round=first_round,
         timeout=5,
         train_config=ConfigRecord(),
         result=result,

@@ -26,6 +26,7 @@ from flwr.cli.supernode.register import try_load_public_key
 from fedx.deploy.cli import main as deploy_main
 from fedx.deploy.credentials import TlsFiles, write_supernode_keys, write_tls_certificates
 from fedx.deploy.local import FederationSpec
+from tests.deployment import deploy_up_faked
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -567,49 +568,11 @@ def test_entrypoint_checks_the_connection_flwr_run_uses(entrypoint, tmp_path, mo
 
 def test_up_starts_the_federation_and_runs_the_app_once(tmp_path, monkeypatch, capsys):
     """`fedx-deploy up --run`: the spec it builds and the `flwr run` it makes (processes faked)."""
-    started = {}
-
-    class FakeFederation:
-        def __init__(self, spec):
-            started["spec"] = spec
-            self.supernodes = {}
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc_info):
-            started["stopped"] = True
-
-        def start(self):
-            started["started"] = True
-
-        def node_id(self, index):
-            return 100 + index
-
-    def fake_run(command, env, check):
-        started["command"], started["env"] = command, env
-        return subprocess.CompletedProcess(command, 0)
-
-    monkeypatch.setattr("fedx.deploy.cli.LocalFederation", FakeFederation)
-    monkeypatch.setattr("fedx.deploy.cli.subprocess.run", fake_run)
-    monkeypatch.chdir(tmp_path)
-    code = deploy_main(
-        [
-            "up",
-            "--insecure",
-            "--supernodes",
-            "2",
-            "--port",
-            "8123",
-            "--supernode-port",
-            "9200",
-            "--state-dir",
-            "state",
-            "--run",
-            "some/app",
-            "--run-config",
-            "num-server-rounds=2",
-        ]
+    code, started = deploy_up_faked(
+        monkeypatch,
+        tmp_path,
+        "--insecure --supernodes 2 --port 8123 --supernode-port 9200 --state-dir state "
+        "--run some/app --run-config num-server-rounds=2",
     )
     assert code == 0 and started["started"] and started["stopped"]
     spec = started["spec"]

@@ -49,7 +49,7 @@ def _run(reply, guard, num_rounds=6, evaluate_fn=None):
     result = run_rounds(
         strategy,
         StandInGrid(NODE_IDS[:3], reply),
-        arrays=to_arrayrecord(make_model(np.random.default_rng(0))),
+        initial_arrays=to_arrayrecord(make_model(np.random.default_rng(0))),
         num_rounds=num_rounds,
         timeout=5,
         evaluate_fn=evaluate_fn,

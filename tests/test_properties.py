@@ -310,8 +310,8 @@ def small_model() -> dict[str, np.ndarray]:
     }
 
 
-def run_pool_strategy(name: str, plan, extras, sentinel: bool = True) -> None:
-    """Rounds of ``name`` on a GeneratedGrid, checking the invariants after each."""
+def run_pool_strategy(name: str, plan, extras, sentinel: bool = True) -> int:
+    """Rounds of ``name`` on a GeneratedGrid, checking the invariants after each; the rounds checked."""
     initial = small_model()
     strategy = POOL_STRATEGIES[name]()
     grid = GeneratedGrid(trained_reply, plan, extras)
@@ -327,13 +327,14 @@ def run_pool_strategy(name: str, plan, extras, sentinel: bool = True) -> None:
             assert len(pool) == len(NODE_IDS), f"round {server_round}: {len(pool)} pool models"
             for slot, model in enumerate(pool):
                 check_model(model, initial, f"round {server_round} slot {slot}", sentinel)
+    return server_round
 
 
 @pytest.mark.parametrize("name", sorted(POOL_STRATEGIES))
 @STRATEGY_PROFILE
 @given(plan=round_plans, extras=round_extras)
 def test_pool_and_global_model_survive_generated_replies(name, plan, extras):
-    run_pool_strategy(name, plan, extras)
+    assert run_pool_strategy(name, plan, extras) == ROUNDS
 
 
 def test_fedme_clients_models_survive_generated_replies():
@@ -376,7 +377,7 @@ EXTREME = (
     )
 )
 def test_extreme_but_valid_replies_keep_every_model_finite(name, plan):
-    run_pool_strategy(name, plan, ["none"] * ROUNDS, sentinel=False)
+    assert run_pool_strategy(name, plan, ["none"] * ROUNDS, sentinel=False) == ROUNDS
 
 
 # --------------------------------------------------------------------------- ops

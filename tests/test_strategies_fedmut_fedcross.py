@@ -19,7 +19,7 @@ def _float_names(model):
 def trained_by_slot(strategy, grid, server_round, initial):
     """Send a round and collect it: the replies, and the trained models by pool slot."""
     strategy.configure_train(server_round, to_arrayrecord(initial), ConfigRecord(), grid)
-    in_flight = strategy.in_flight
+    in_flight = strategy.training.sent
     replies = grid.send_and_receive(in_flight.messages)
     trained = [None] * len(in_flight.targets)
     for reply in replies:
@@ -88,7 +88,7 @@ def test_fedcross_shuffles_nodes_over_middleware_models(initial):
                 server_round + 1, to_arrayrecord(initial), ConfigRecord(), grid
             )
         )
-        pairings.append(dict(strategy.in_flight.targets))  # node -> slot of this dispatch
+        pairings.append(dict(strategy.training.sent.targets))  # node -> slot of this dispatch
         strategy.aggregate_train(server_round + 1, grid.send_and_receive(messages))
     assert all(sorted(p.values()) == list(range(len(NODE_IDS))) for p in pairings)
     assert len({tuple(sorted(p.items())) for p in pairings}) > 1, "pairing never changed"
@@ -183,7 +183,7 @@ def test_global_model_is_the_pool_mean_asked_for_on_unequal_example_counts(
     strategy = MULTI_MODEL_STRATEGIES[name](**kwargs)
     assert strategy.pool_mean == pool_mean
     messages = list(strategy.configure_train(1, to_arrayrecord(initial), ConfigRecord(), grid))
-    slot_of = dict(strategy.in_flight.targets)  # node id -> pool slot
+    slot_of = dict(strategy.training.sent.targets)  # node id -> pool slot
     replies = grid.send_and_receive(messages)
     glb = to_model(strategy.aggregate_train(1, replies)[0])
     # FedCross's global model averages the new middleware models (slot i

@@ -14,7 +14,6 @@ import logging
 import os
 import socket
 import ssl
-import subprocess
 import time
 from pathlib import Path
 
@@ -23,11 +22,10 @@ from flwr.supercore.constant import TaskType
 from flwr.supercore.superexec.executor import ExecutionSpec, LaunchResult
 
 from fedx.deploy import supernode
-from fedx.deploy.cli import main as deploy_main
 from fedx.deploy.credentials import write_supernode_keys, write_tls_certificates
 from fedx.deploy.local import FederationSpec, LocalFederation
 from fedx.deploy.superexec import WarmExecutor
-from tests.deployment import run_app, spec_on_free_ports
+from tests.deployment import deploy_up_faked, run_app, spec_on_free_ports
 from tests.executor_probe import probe
 from tests.helpers import REPO
 from tests.test_deploy_static import flags, help_flags
@@ -227,47 +225,10 @@ def test_fedx_supernode_patches_flowers_loop(monkeypatch):
 
 
 def test_deploy_up_starts_warm_supernodes_with_short_polls(tmp_path, monkeypatch, capsys):
-    started = {}
-
-    class FakeFederation:
-        def __init__(self, spec):
-            started["spec"] = spec
-            self.supernodes, self.superlink = {}, None
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc_info):
-            pass
-
-        def start(self):
-            pass
-
-        def node_id(self, index):
-            return 100 + index
-
-        def wait_for_warm_executor(self, index):
-            started.setdefault("warm", []).append(index)
-
-    monkeypatch.setattr("fedx.deploy.cli.LocalFederation", FakeFederation)
-    monkeypatch.setattr(
-        "fedx.deploy.cli.subprocess.run",
-        lambda command, env, check: subprocess.CompletedProcess(command, 0),
-    )
-    monkeypatch.chdir(tmp_path)
-    code = deploy_main(
-        [
-            "up",
-            "--insecure",
-            "--supernodes",
-            "2",
-            "--executor",
-            "warm",
-            "--poll-interval",
-            "0.5",
-            "--run",
-            "app",
-        ]
+    code, started = deploy_up_faked(
+        monkeypatch,
+        tmp_path,
+        "--insecure --supernodes 2 --executor warm --poll-interval 0.5 --run app",
     )
     assert code == 0
     assert (started["spec"].executor, started["spec"].poll_interval) == ("warm", 0.5)

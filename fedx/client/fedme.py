@@ -14,33 +14,15 @@ from fedx.client.task import ClientTask
 from fedx.data import dataset_info
 from fedx.models import build_seeded_model, client_model_seed
 from fedx.mutual import prefers_exchanged, train_mutual
+from fedx.protocol import fedme as protocol
 from fedx.protocol.common import CLIENT_ID, METRICS, NUM_EXAMPLES
-from fedx.protocol.fedme import (
-    CANDIDATE_ARCHITECTURES,
-    CHOICE,
-    CHOICE_EPOCHS,
-    CHOSE_EXCHANGED,
-    CHOSEN_ARCHITECTURE,
-    EXCHANGED,
-    EXCHANGED_ARCHITECTURE,
-    MODEL_TUNING,
-    MUTUAL_LEARNING,
-    PERSONALIZED,
-    PERSONALIZED_ARCHITECTURE,
-    TRAIN_LOSS_EXCHANGED,
-    TRAIN_LOSS_PERSONALIZED,
-    VALIDATION_ACCURACY_CANDIDATES,
-    VALIDATION_LOSS_CANDIDATES,
-    VALIDATION_LOSS_EXCHANGED,
-    VALIDATION_LOSS_PERSONALIZED,
-)
 from fedx.training import evaluate
 from fedx.training import train as train_model
 
 
 def train(task: ClientTask) -> Message:
     """Answer a FedMe training message: a round, or the choice of an architecture before one."""
-    if CANDIDATE_ARCHITECTURES in task.round_config:
+    if protocol.CANDIDATE_ARCHITECTURES in task.round_config:
         return choose_architecture(task)
     return train_round(task)
 
@@ -49,14 +31,18 @@ def train_round(task: ClientTask) -> Message:
     """Train the personalized and the exchanged model together; keep the better on validation."""
     config, records = task.round_config, task.message.content.array_records
     splits = task.local_splits
-    personalized = task.model(str(config[PERSONALIZED_ARCHITECTURE]), records[PERSONALIZED])
-    exchanged = task.model(str(config[EXCHANGED_ARCHITECTURE]), records[EXCHANGED])
+    personalized = task.model(
+        str(config[protocol.PERSONALIZED_ARCHITECTURE]), records[protocol.PERSONALIZED]
+    )
+    exchanged = task.model(
+        str(config[protocol.EXCHANGED_ARCHITECTURE]), records[protocol.EXCHANGED]
+    )
     train_losses = train_mutual(
         personalized,
         exchanged,
         task.train_loader(splits.train),
         epochs=task.training.local_epochs,
-        mutual_learning=bool(config.get(MUTUAL_LEARNING, True)),
+        mutual_learning=bool(config.get(protocol.MUTUAL_LEARNING, True)),
         device=task.device,
         **task.sgd(),
     )
@@ -65,21 +51,23 @@ def train_round(task: ClientTask) -> Message:
         evaluate(personalized, validation, task.device)[0],
         evaluate(exchanged, validation, task.device)[0],
     )
-    chose_exchanged = bool(config.get(MODEL_TUNING, True)) and prefers_exchanged(*validation_losses)
+    chose_exchanged = bool(config.get(protocol.MODEL_TUNING, True)) and prefers_exchanged(
+        *validation_losses
+    )
     metrics = MetricRecord(
         {
             NUM_EXAMPLES: len(splits.train),
-            TRAIN_LOSS_PERSONALIZED: train_losses[0],
-            TRAIN_LOSS_EXCHANGED: train_losses[1],
-            VALIDATION_LOSS_PERSONALIZED: validation_losses[0],
-            VALIDATION_LOSS_EXCHANGED: validation_losses[1],
-            CHOSE_EXCHANGED: int(chose_exchanged),
+            protocol.TRAIN_LOSS_PERSONALIZED: train_losses[0],
+            protocol.TRAIN_LOSS_EXCHANGED: train_losses[1],
+            protocol.VALIDATION_LOSS_PERSONALIZED: validation_losses[0],
+            protocol.VALIDATION_LOSS_EXCHANGED: validation_losses[1],
+            protocol.CHOSE_EXCHANGED: int(chose_exchanged),
         }
     )
     return task.reply(
         {
-            PERSONALIZED: ArrayRecord(personalized.state_dict()),
-            EXCHANGED: ArrayRecord(exchanged.state_dict()),
+            protocol.PERSONALIZED: ArrayRecord(personalized.state_dict()),
+            protocol.EXCHANGED: ArrayRecord(exchanged.state_dict()),
             METRICS: metrics,
         }
     )
@@ -162,7 +150,7 @@ def best_architecture(results: Sequence[CandidateResult]) -> str:
 def choose_architecture(task: ClientTask) -> Message:
     """Before the first round: try every candidate architecture locally and report the best."""
     config = task.round_config
-    candidates = [str(name) for name in config[CANDIDATE_ARCHITECTURES]]
+    candidates = [str(name) for name in config[protocol.CANDIDATE_ARCHITECTURES]]
     splits = task.local_splits
     info = dataset_info(task.config.dataset)
     # Each candidate starts from the first model the server would give this
@@ -173,7 +161,7 @@ def choose_architecture(task: ClientTask) -> Message:
         lambda name: build_seeded_model(name, info.input_shape, info.num_classes, model_seed),
         task.train_loader(splits.train),
         task.test_loader(splits.validation),
-        epochs=int(config[CHOICE_EPOCHS]),
+        epochs=int(config[protocol.CHOICE_EPOCHS]),
         seed=task.torch_seed,
         device=task.device,
         **task.sgd(),
@@ -181,9 +169,9 @@ def choose_architecture(task: ClientTask) -> Message:
     metrics = MetricRecord(
         {
             NUM_EXAMPLES: len(splits.train),
-            VALIDATION_ACCURACY_CANDIDATES: [r.validation_accuracy for r in results],
-            VALIDATION_LOSS_CANDIDATES: [r.validation_loss for r in results],
+            protocol.VALIDATION_ACCURACY_CANDIDATES: [r.validation_accuracy for r in results],
+            protocol.VALIDATION_LOSS_CANDIDATES: [r.validation_loss for r in results],
         }
     )
-    choice = ConfigRecord({CHOSEN_ARCHITECTURE: best_architecture(results)})
-    return task.reply({CHOICE: choice, METRICS: metrics})
+    choice = ConfigRecord({protocol.CHOSEN_ARCHITECTURE: best_architecture(results)})
+    return task.reply({protocol.CHOICE: choice, METRICS: metrics})

@@ -14,6 +14,8 @@ from fedx.data.datasets import (
     SPLITS,
     DatasetInfo,
     DigitsDataset,
+    SplitSettings,
+    SplitSource,
     dataset_info,
     load_split,
 )
@@ -46,6 +48,8 @@ __all__ = [
     "LeafDataset",
     "LocalSplits",
     "Partition",
+    "SplitSettings",
+    "SplitSource",
     "dataset_groups",
     "dataset_info",
     "dataset_labels",

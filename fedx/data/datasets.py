@@ -11,7 +11,7 @@ import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict, Unpack
 
 import numpy as np
 import torch
@@ -140,17 +140,97 @@ def dataset_info(name: str) -> DatasetInfo:
     return _INFO[name]
 
 
+class SplitSettings(TypedDict, total=False):
+    """The keyword arguments of :class:`SplitSource` after ``name``, for the loaders' ``**settings``."""
+
+    root: str
+    download: bool
+    seed: int
+    test_fraction: float
+    leaf_users: int
+    leaf_min_samples: int
+
+
+@dataclass(frozen=True)
+class SplitSource:
+    """Where a dataset's splits come from, and what decides which samples each holds.
+
+    Every loader (:func:`load_split`, :func:`fedx.data.load_partition`,
+    :func:`fedx.data.load_local_splits` ...) takes these settings as keyword
+    arguments after the dataset's name; its per-process caches key on
+    :meth:`canonical`.
+
+    Attributes
+    ----------
+    name : str
+        One of :data:`DATASET_NAMES`.
+    root : str
+        Folder holding the CIFAR files (``cifar-10-batches-py/`` or
+        ``cifar-100-python/``) or LEAF's (``femnist/data/train/`` ...). A
+        relative path is resolved against the current working directory.
+        Unused for ``digits``.
+    download : bool
+        Let torchvision download missing CIFAR files into ``root``. LEAF data
+        is never downloaded.
+    seed : int
+        Seed of the digits train/test split and of the choice of LEAF users.
+        CIFAR has a fixed test set.
+    test_fraction : float
+        Fraction of the digits held out as the test split, stratified by
+        label, in ``(0, 1)``. Unused for CIFAR.
+    leaf_users, leaf_min_samples : int
+        LEAF only: how many users (writers, roles) to take, 0 for all, and
+        the samples a user needs more than; see
+        :func:`fedx.data.leaf.select_users`. Both splits hold the same users'
+        samples: the test split is the union of their test samples.
+    """
+
+    name: str
+    root: str = "data"
+    download: bool = False
+    seed: int = 0
+    test_fraction: float = 0.2
+    leaf_users: int = 0
+    leaf_min_samples: int = 0
+
+    def canonical(self) -> "SplitSource":
+        """The same source with the folder resolved and every value of its type: one cache key per source."""
+        return SplitSource(
+            self.name,
+            root=_resolve_root(self.root),
+            download=bool(self.download),
+            seed=int(self.seed),
+            test_fraction=float(self.test_fraction),
+            leaf_users=int(self.leaf_users),
+            leaf_min_samples=int(self.leaf_min_samples),
+        )
+
+    def load(self, split: str, *, augment: bool = True) -> Dataset:
+        """The training or the test split: :func:`load_split` with these settings."""
+        _check_choice("dataset", self.name, DATASET_NAMES)
+        _check_choice("split", split, SPLITS)
+        if not 0.0 < self.test_fraction < 1.0:
+            raise ValueError(f"test-fraction={self.test_fraction!r} must be in (0, 1)")
+        if self.name == "digits":
+            train, test = _digits_splits(int(self.seed), float(self.test_fraction))
+            return train if split == "train" else test
+        if self.name in LEAF_DATASETS:
+            return load_leaf(
+                self.name,
+                split,
+                root=self.root,
+                num_users=self.leaf_users,
+                min_samples=self.leaf_min_samples,
+                seed=self.seed,
+            )
+        training = split == "train"
+        return _load_cifar(
+            self.name, training, _resolve_root(self.root), bool(self.download), training and augment
+        )
+
+
 def load_split(
-    name: str,
-    split: str,
-    *,
-    root: str = "data",
-    download: bool = False,
-    seed: int = 0,
-    test_fraction: float = 0.2,
-    augment: bool = True,
-    leaf_users: int = 0,
-    leaf_min_samples: int = 0,
+    name: str, split: str, *, augment: bool = True, **settings: Unpack[SplitSettings]
 ) -> Dataset:
     """Load the training or the test split of a dataset.
 
@@ -163,30 +243,14 @@ def load_split(
         One of :data:`DATASET_NAMES`.
     split : str
         ``"train"`` or ``"test"``.
-    root : str, optional
-        Folder holding the CIFAR files (``cifar-10-batches-py/`` or
-        ``cifar-100-python/``) or LEAF's (``femnist/data/train/`` ...). A
-        relative path is resolved against the current working directory.
-        Unused for ``digits``.
-    download : bool, optional
-        Let torchvision download missing CIFAR files into ``root``. LEAF data
-        is never downloaded.
-    seed : int, optional
-        Seed of the digits train/test split and of the choice of LEAF users.
-        CIFAR has a fixed test set.
-    test_fraction : float, optional
-        Fraction of the digits held out as the test split, stratified by
-        label, in ``(0, 1)``. Unused for CIFAR.
     augment : bool, optional
         Randomly crop and flip CIFAR training images (the default). False
         gives the training images as the test split sees its images, for
         evaluating or predicting on training samples. Unused for digits and
         LEAF.
-    leaf_users, leaf_min_samples : int, optional
-        LEAF only: how many users (writers, roles) to take, 0 for all, and
-        the samples a user needs more than; see
-        :func:`fedx.data.leaf.select_users`. Both splits hold the same users'
-        samples: the test split is the union of their test samples.
+    **settings
+        ``root``, ``download``, ``seed``, ``test_fraction``, ``leaf_users``
+        and ``leaf_min_samples``, as :class:`SplitSource` describes them.
 
     Returns
     -------
@@ -208,19 +272,7 @@ def load_split(
         If CIFAR files are missing from ``root`` and ``download`` is false, or
         LEAF files are missing (the message gives LEAF's command).
     """
-    _check_choice("dataset", name, DATASET_NAMES)
-    _check_choice("split", split, SPLITS)
-    if not 0.0 < test_fraction < 1.0:
-        raise ValueError(f"test-fraction={test_fraction!r} must be in (0, 1)")
-    if name == "digits":
-        train, test = _digits_splits(int(seed), float(test_fraction))
-        return train if split == "train" else test
-    if name in LEAF_DATASETS:
-        return load_leaf(
-            name, split, root=root, num_users=leaf_users, min_samples=leaf_min_samples, seed=seed
-        )
-    train = split == "train"
-    return _load_cifar(name, train, _resolve_root(root), bool(download), train and augment)
+    return SplitSource(name, **settings).load(split, augment=augment)
 
 
 @functools.lru_cache(maxsize=8)

@@ -8,13 +8,13 @@ that computes a partitioning first.
 import functools
 import warnings
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Unpack
 
 import numpy as np
 from torch.utils.data import Dataset, Subset
 
 from fedx.data.cache import array_digest, cached_indices, code_identity
-from fedx.data.datasets import _check_choice, _resolve_root, load_split
+from fedx.data.datasets import SplitSettings, SplitSource, _check_choice
 from fedx.data.leaf import LEAF_DATASETS
 
 if TYPE_CHECKING:
@@ -323,15 +323,10 @@ def load_partition(
     partition_id: int,
     num_partitions: int,
     *,
-    root: str = "data",
-    download: bool = False,
     partitioning: str = "iid",
     alpha: float = 1.0,
     min_partition_size: int = 0,
-    seed: int = 0,
-    test_fraction: float = 0.2,
-    leaf_users: int = 0,
-    leaf_min_samples: int = 0,
+    **settings: Unpack[SplitSettings],
 ) -> Partition:
     """Return one client's share of a dataset's training split.
 
@@ -348,17 +343,15 @@ def load_partition(
         node's ``partition-id``).
     num_partitions : int
         Number of partitions (Flower's ``num-partitions``).
-    root, download, test_fraction, leaf_users, leaf_min_samples
-        As for :func:`fedx.data.load_split`.
     partitioning, alpha, min_partition_size
         As for :func:`partition_indices`. ``"natural"`` (LEAF only) gives
         partition ``i`` the samples of the ``i``-th selected user, so
         ``num_partitions`` must be the number of selected users. The other
         partitionings pool the selected users' samples and share them out
         like any other dataset's.
-    seed : int
-        Seed of the digits train/test split, of the choice of LEAF users and
-        of the partitioning.
+    **settings
+        As for :func:`fedx.data.load_split` (:class:`fedx.data.SplitSource`);
+        ``seed`` also seeds the partitioning.
 
     Returns
     -------
@@ -372,44 +365,23 @@ def load_partition(
         On an invalid argument; for ``"natural"`` also when the dataset has
         no users or ``num_partitions`` is not their number.
     """
-    if not 0 <= partition_id < num_partitions:
-        raise ValueError(
-            f"partition-id={partition_id!r} must be in [0, {num_partitions}) "
-            f"for num-partitions={num_partitions}"
-        )
-    leaf = {"leaf_users": int(leaf_users), "leaf_min_samples": int(leaf_min_samples)}
-    train = load_split(
-        name, "train", root=root, download=download, seed=seed, test_fraction=test_fraction, **leaf
-    )
+    check_partition_id(partition_id, num_partitions)
+    source = SplitSource(name, **settings)
+    train = source.load("train")
     if partitioning == "natural":
         _check_natural(name, train, num_partitions)
     partitions = _train_partitions(
-        name,
-        _resolve_root(root),
-        bool(download),
-        float(test_fraction),
+        source.canonical(),
         int(num_partitions),
         partitioning,
         float(alpha),
         int(min_partition_size),
-        int(seed),
-        int(leaf_users),
-        int(leaf_min_samples),
     )
     return Partition(train, partitions[partition_id])
 
 
 def load_test_share(
-    name: str,
-    partition_id: int,
-    num_partitions: int,
-    *,
-    root: str = "data",
-    download: bool = False,
-    seed: int = 0,
-    test_fraction: float = 0.2,
-    leaf_users: int = 0,
-    leaf_min_samples: int = 0,
+    name: str, partition_id: int, num_partitions: int, **settings: Unpack[SplitSettings]
 ) -> Partition:
     """Return one client's IID share of a dataset's test split (it has the distribution of the whole).
 
@@ -421,58 +393,28 @@ def load_test_share(
     ----------
     name, partition_id, num_partitions
         As for :func:`load_partition`.
-    root, download, seed, test_fraction, leaf_users, leaf_min_samples
+    **settings
         As for :func:`fedx.data.load_split`; ``seed`` also seeds the shares.
     """
+    check_partition_id(partition_id, num_partitions)
+    source = SplitSource(name, **settings)
+    test = source.load("test")
+    return Partition(test, _test_shares(source.canonical(), int(num_partitions))[partition_id])
+
+
+def check_partition_id(partition_id: int, num_partitions: int) -> None:
+    """Raise the run-config error for a ``partition-id`` outside ``[0, num_partitions)``."""
     if not 0 <= partition_id < num_partitions:
         raise ValueError(
             f"partition-id={partition_id!r} must be in [0, {num_partitions}) "
             f"for num-partitions={num_partitions}"
         )
-    settings = {
-        "root": root,
-        "download": download,
-        "seed": seed,
-        "test_fraction": test_fraction,
-        "leaf_users": leaf_users,
-        "leaf_min_samples": leaf_min_samples,
-    }
-    test = load_split(name, "test", **settings)
-    shares = _test_shares(
-        name,
-        _resolve_root(root),
-        bool(download),
-        float(test_fraction),
-        int(num_partitions),
-        int(seed),
-        int(leaf_users),
-        int(leaf_min_samples),
-    )
-    return Partition(test, shares[partition_id])
 
 
 @functools.lru_cache(maxsize=8)
-def _test_shares(
-    name: str,
-    root: str,
-    download: bool,
-    test_fraction: float,
-    num_partitions: int,
-    seed: int,
-    leaf_users: int,
-    leaf_min_samples: int,
-) -> tuple[np.ndarray, ...]:
-    test = load_split(
-        name,
-        "test",
-        root=root,
-        download=download,
-        seed=seed,
-        test_fraction=test_fraction,
-        leaf_users=leaf_users,
-        leaf_min_samples=leaf_min_samples,
-    )
-    return tuple(partition_indices(dataset_labels(test), num_partitions, seed=seed))
+def _test_shares(source: SplitSource, num_partitions: int) -> tuple[np.ndarray, ...]:
+    test = source.load("test")
+    return tuple(partition_indices(dataset_labels(test), num_partitions, seed=source.seed))
 
 
 def _check_natural(name: str, train: Dataset, num_partitions: int) -> None:
@@ -494,28 +436,13 @@ def _check_natural(name: str, train: Dataset, num_partitions: int) -> None:
 
 @functools.lru_cache(maxsize=8)
 def _train_partitions(
-    name: str,
-    root: str,
-    download: bool,
-    test_fraction: float,
+    source: SplitSource,
     num_partitions: int,
     partitioning: str,
     alpha: float,
     min_partition_size: int,
-    seed: int,
-    leaf_users: int,
-    leaf_min_samples: int,
 ) -> tuple[np.ndarray, ...]:
-    train = load_split(
-        name,
-        "train",
-        root=root,
-        download=download,
-        seed=seed,
-        test_fraction=test_fraction,
-        leaf_users=leaf_users,
-        leaf_min_samples=leaf_min_samples,
-    )
+    train = source.load("train")
     # Read-only: shared by every caller through the cache.
     partitions = partition_indices(
         dataset_labels(train),
@@ -523,7 +450,7 @@ def _train_partitions(
         partitioning=partitioning,
         alpha=alpha,
         min_partition_size=min_partition_size,
-        seed=seed,
+        seed=source.seed,
         groups=dataset_groups(train),
     )
     return tuple(partitions)

@@ -10,12 +10,14 @@ layout independently.
 
 import functools
 from dataclasses import dataclass
+from typing import Unpack
 
 import numpy as np
 
-from fedx.data.datasets import _resolve_root, load_split
+from fedx.data.datasets import SplitSettings, SplitSource
 from fedx.data.partitioning import (
     Partition,
+    check_partition_id,
     dataset_groups,
     dataset_labels,
     partition_indices,
@@ -93,18 +95,7 @@ def split_local(
     return order[num_test + num_validation :], validation, test
 
 
-# pylint: disable=too-many-arguments
-def load_unlabeled(
-    name: str,
-    *,
-    size: int = 0,
-    root: str = "data",
-    download: bool = False,
-    seed: int = 0,
-    test_fraction: float = 0.2,
-    leaf_users: int = 0,
-    leaf_min_samples: int = 0,
-) -> Partition:
+def load_unlabeled(name: str, *, size: int = 0, **settings: Unpack[SplitSettings]) -> Partition:
     """Return the server's unlabeled set: training samples no client ever gets.
 
     Parameters
@@ -113,7 +104,7 @@ def load_unlabeled(
         One of :data:`fedx.data.DATASET_NAMES`.
     size : int, optional
         Number of samples; 0 takes the dataset's default (1000, digits 200).
-    root, download, seed, test_fraction, leaf_users, leaf_min_samples
+    **settings
         As for :func:`fedx.data.load_split`. The set depends on these and
         ``size`` only, not on the number of clients, so the server can load it
         without knowing how many clients there are.
@@ -124,49 +115,25 @@ def load_unlabeled(
         Training images without augmentation. The labels are there (the
         ``targets`` attribute) but no method reads them.
     """
-    leaf = (int(leaf_users), int(leaf_min_samples))
-    layout = _unlabeled_and_pool(
-        name,
-        _resolve_root(root),
-        bool(download),
-        int(seed),
-        float(test_fraction),
-        unlabeled_size(name, size),
-        *leaf,
-    )
-    images = load_split(
-        name,
-        "train",
-        root=root,
-        download=download,
-        seed=seed,
-        test_fraction=test_fraction,
-        augment=False,
-        leaf_users=leaf[0],
-        leaf_min_samples=leaf[1],
-    )
-    return Partition(images, layout[0])
+    source = SplitSource(name, **settings)
+    unlabeled, _ = _unlabeled_and_pool(source.canonical(), unlabeled_size(name, size))
+    return Partition(source.load("train", augment=False), unlabeled)
 
 
-# pylint: disable=too-many-arguments,too-many-locals
+# pylint: disable=too-many-arguments
 def load_local_splits(
     name: str,
     partition_id: int,
     num_partitions: int,
     *,
-    root: str = "data",
-    download: bool = False,
     partitioning: str = "dirichlet-size-label",
     alpha: float = 0.5,
     size_alpha: float = 10.0,
     min_partition_size: int = 10,
-    seed: int = 0,
-    test_fraction: float = 0.2,
     unlabeled: int = 0,
     local_test_fraction: float = 0.2,
     local_validation_fraction: float = 0.2,
-    leaf_users: int = 0,
-    leaf_min_samples: int = 0,
+    **settings: Unpack[SplitSettings],
 ) -> LocalSplits:
     """Return one client's train, validation and test splits.
 
@@ -181,9 +148,6 @@ def load_local_splits(
         One of :data:`fedx.data.DATASET_NAMES`.
     partition_id, num_partitions : int
         The client's ``partition-id`` and ``num-partitions``.
-    root, download, seed, test_fraction, leaf_users, leaf_min_samples
-        As for :func:`fedx.data.load_split` (``test_fraction`` is the digits'
-        global test split, which personalized evaluation does not use).
     partitioning, alpha, size_alpha, min_partition_size
         As for :func:`fedx.data.partition_indices`. ``"natural"`` (LEAF)
         gives client ``i`` the ``i``-th selected user's training samples that
@@ -192,44 +156,32 @@ def load_local_splits(
         Size of the server's unlabeled set, 0 for the dataset's default.
     local_test_fraction, local_validation_fraction : float
         As for :func:`split_local`.
+    **settings
+        As for :func:`fedx.data.load_split` (``test_fraction`` is the digits'
+        global test split, which personalized evaluation does not use).
 
     Returns
     -------
     LocalSplits
         Three ``Partition`` s of the training split.
     """
-    if not 0 <= partition_id < num_partitions:
-        raise ValueError(
-            f"partition-id={partition_id!r} must be in [0, {num_partitions}) "
-            f"for num-partitions={num_partitions}"
-        )
+    check_partition_id(partition_id, num_partitions)
+    source = SplitSource(name, **settings)
     splits = _local_split_indices(
-        name,
-        _resolve_root(root),
-        bool(download),
-        int(seed),
-        float(test_fraction),
+        source.canonical(),
         unlabeled_size(name, unlabeled),
-        int(num_partitions),
-        partitioning,
-        float(alpha),
-        float(size_alpha),
-        int(min_partition_size),
-        float(local_test_fraction),
-        float(local_validation_fraction),
-        int(leaf_users),
-        int(leaf_min_samples),
+        _LocalLayout(
+            int(num_partitions),
+            partitioning,
+            float(alpha),
+            float(size_alpha),
+            int(min_partition_size),
+            float(local_test_fraction),
+            float(local_validation_fraction),
+        ),
     )[partition_id]
-    settings = {
-        "root": root,
-        "download": download,
-        "seed": seed,
-        "test_fraction": test_fraction,
-        "leaf_users": leaf_users,
-        "leaf_min_samples": leaf_min_samples,
-    }
-    augmented = load_split(name, "train", **settings)
-    plain = load_split(name, "train", augment=False, **settings)
+    augmented = source.load("train")
+    plain = source.load("train", augment=False)
     return LocalSplits(
         train=Partition(augmented, splits[0]),
         validation=Partition(plain, splits[1]),
@@ -237,35 +189,30 @@ def load_local_splits(
     )
 
 
+@dataclass(frozen=True)
+class _LocalLayout:
+    """How the clients' pool is shared out and split (a cache key of :func:`_local_split_indices`)."""
+
+    num_partitions: int
+    partitioning: str
+    alpha: float
+    size_alpha: float
+    min_partition_size: int
+    local_test_fraction: float
+    local_validation_fraction: float
+
+
 @functools.lru_cache(maxsize=8)
-def _unlabeled_and_pool(
-    name: str,
-    root: str,
-    download: bool,
-    seed: int,
-    test_fraction: float,
-    size: int,
-    leaf_users: int,
-    leaf_min_samples: int,
-) -> tuple[np.ndarray, np.ndarray]:
+def _unlabeled_and_pool(source: SplitSource, size: int) -> tuple[np.ndarray, np.ndarray]:
     """Positions in the training split of the unlabeled set and of the clients' pool."""
-    train = load_split(
-        name,
-        "train",
-        root=root,
-        download=download,
-        seed=seed,
-        test_fraction=test_fraction,
-        leaf_users=leaf_users,
-        leaf_min_samples=leaf_min_samples,
-    )
-    num_samples = len(dataset_labels(train))
+    num_samples = len(dataset_labels(source.load("train")))
     if not 0 < size < num_samples:
         raise ValueError(
-            f"unlabeled-size={size} must be below the {num_samples} training samples of {name}"
+            f"unlabeled-size={size} must be below the {num_samples} training samples of "
+            f"{source.name}"
         )
     # Its own stream: the partitioning draws from `seed` as well.
-    order = np.random.default_rng([seed, 0x5E7]).permutation(num_samples)
+    order = np.random.default_rng([source.seed, 0x5E7]).permutation(num_samples)
     unlabeled, pool = np.sort(order[:size]), np.sort(order[size:])
     for positions in (unlabeled, pool):
         positions.setflags(write=False)
@@ -274,56 +221,34 @@ def _unlabeled_and_pool(
 
 @functools.lru_cache(maxsize=8)
 def _local_split_indices(
-    name: str,
-    root: str,
-    download: bool,
-    seed: int,
-    test_fraction: float,
-    size: int,
-    num_partitions: int,
-    partitioning: str,
-    alpha: float,
-    size_alpha: float,
-    min_partition_size: int,
-    local_test_fraction: float,
-    local_validation_fraction: float,
-    leaf_users: int,
-    leaf_min_samples: int,
+    source: SplitSource, size: int, layout: _LocalLayout
 ) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]:
     """Every client's (train, validation, test) positions in the training split."""
-    leaf = (leaf_users, leaf_min_samples)
-    _, pool = _unlabeled_and_pool(name, root, download, seed, test_fraction, size, *leaf)
-    train = load_split(
-        name,
-        "train",
-        root=root,
-        download=download,
-        seed=seed,
-        test_fraction=test_fraction,
-        leaf_users=leaf_users,
-        leaf_min_samples=leaf_min_samples,
-    )
+    _, pool = _unlabeled_and_pool(source, size)
+    train = source.load("train")
     groups = dataset_groups(train)
     shares = partition_indices(
         dataset_labels(train)[pool],
-        num_partitions,
-        partitioning=partitioning,
-        alpha=alpha,
-        size_alpha=size_alpha,
-        min_partition_size=min_partition_size,
-        seed=seed,
+        layout.num_partitions,
+        partitioning=layout.partitioning,
+        alpha=layout.alpha,
+        size_alpha=layout.size_alpha,
+        min_partition_size=layout.min_partition_size,
+        seed=source.seed,
         groups=None if groups is None else groups[pool],
     )
-    rng = np.random.default_rng([seed, 0x10CA1])
-    layout = []
+    rng = np.random.default_rng([source.seed, 0x10CA1])
+    splits = []
     for share in shares:
         positions = pool[share]
-        parts = split_local(len(positions), local_test_fraction, local_validation_fraction, rng)
+        parts = split_local(
+            len(positions), layout.local_test_fraction, layout.local_validation_fraction, rng
+        )
         split = tuple(positions[part] for part in parts)
         for indices in split:
             indices.setflags(write=False)
-        layout.append(split)
-    return tuple(layout)
+        splits.append(split)
+    return tuple(splits)
 
 
 __all__ = [

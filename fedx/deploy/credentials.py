@@ -117,28 +117,9 @@ def write_tls_certificates(directory: Path, hosts: list[str] | None = None) -> T
     ca_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     ca_name = _name("fedx local CA")
     ca_cert = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(not_before)
-        .not_valid_after(not_after)
+        _certificate(ca_name, ca_name, ca_key.public_key(), not_before, not_after)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(_key_usage("digital_signature", "key_cert_sign", "crl_sign"), critical=True)
         .add_extension(
             x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False
         )
@@ -147,29 +128,10 @@ def write_tls_certificates(directory: Path, hosts: list[str] | None = None) -> T
 
     server_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     server_cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name(hosts[0]))
-        .issuer_name(ca_name)
-        .public_key(server_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(not_before)
-        .not_valid_after(not_after)
+        _certificate(_name(hosts[0]), ca_name, server_key.public_key(), not_before, not_after)
         .add_extension(_subject_alternative_names(hosts), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=True,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(_key_usage("digital_signature", "key_encipherment"), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
@@ -188,6 +150,46 @@ def write_tls_certificates(directory: Path, hosts: list[str] | None = None) -> T
     (directory / SERVER_CERT).write_bytes(server_cert.public_bytes(pem))
     _write_private(directory / SERVER_KEY, server_key.private_bytes(pem, traditional, unencrypted))
     return TlsFiles(directory / CA_CERT, directory / SERVER_CERT, directory / SERVER_KEY)
+
+
+#: The arguments of ``x509.KeyUsage``, each whether the key may be used so.
+_KEY_USAGES = (
+    "digital_signature",
+    "content_commitment",
+    "key_encipherment",
+    "data_encipherment",
+    "key_agreement",
+    "key_cert_sign",
+    "crl_sign",
+    "encipher_only",
+    "decipher_only",
+)
+
+
+def _key_usage(*allowed: str) -> x509.KeyUsage:
+    """A KeyUsage extension that allows exactly the ``allowed`` uses (names from ``_KEY_USAGES``)."""
+    unknown = set(allowed) - set(_KEY_USAGES)
+    assert not unknown, f"not key usages: {sorted(unknown)}"
+    return x509.KeyUsage(**{usage: usage in allowed for usage in _KEY_USAGES})
+
+
+def _certificate(
+    subject: x509.Name,
+    issuer: x509.Name,
+    public_key: rsa.RSAPublicKey,
+    not_before: datetime.datetime,
+    not_after: datetime.datetime,
+) -> x509.CertificateBuilder:
+    """A certificate of ``subject``'s ``public_key`` by ``issuer``, with a random serial number."""
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(public_key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
+    )
 
 
 def supernode_key_paths(directory: Path, index: int) -> tuple[Path, Path]:

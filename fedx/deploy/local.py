@@ -15,6 +15,7 @@ Every process starts in its own process group, so stopping it also stops
 the SuperExec and app processes it started.
 """
 
+import contextlib
 import os
 import re
 import secrets
@@ -35,6 +36,25 @@ Transport = Literal["http", "grpc"]
 Executor = Literal["flower", "warm"]
 NODE_ID_PATTERN = re.compile(r"SuperNode ID: (\d+)")
 WARM_READY_PATTERN = re.compile(r"warm ClientApp interpreter \(pid (\d+)\) ready")
+
+
+@dataclass(frozen=True)
+class _Awaited:
+    """A number a SuperNode's log will report, and what its absence means."""
+
+    pattern: re.Pattern[str]
+    #: The start of the timeout's message; ``{index}`` is the SuperNode.
+    missing: str
+    #: Whether the SuperNode exiting first fails the wait at once.
+    needs_supernode: bool
+
+
+_NODE_ID = _Awaited(NODE_ID_PATTERN, "SuperNode {index} did not connect", needs_supernode=True)
+_WARM_PID = _Awaited(
+    WARM_READY_PATTERN,
+    "the warm executor of SuperNode {index} was not ready",
+    needs_supernode=False,
+)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -418,7 +438,7 @@ class LocalFederation:
             if not secret.exists():
                 secret.write_bytes(secrets.token_bytes(32))
                 secret.chmod(0o600)
-        log_name = f"supernode-{index}.log"
+        log_name = self._supernode_log(index).name
         process = self._spawn(self.spec.supernode_command(index), log_name)
         self.supernodes[index] = process
         if self.spec.executor == "warm":
@@ -435,38 +455,42 @@ class LocalFederation:
         TimeoutError
             When it is not ready within ``timeout`` seconds.
         """
-        log = self.spec.log_dir / f"supernode-{index}.log"
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            found = (
-                WARM_READY_PATTERN.findall(log.read_text(errors="replace")) if log.exists() else []
-            )
-            if found:
-                return int(found[-1])
-            time.sleep(0.5)
-        raise TimeoutError(
-            f"the warm executor of SuperNode {index} was not ready within {timeout:g}s; see {log}"
-        )
+        return self._wait_for_logged(index, _WARM_PID, timeout)
 
     def node_id(self, index: int, timeout: float = 60.0) -> int:
         """The node id SuperNode ``index`` last reported in its log.
 
         Raises
         ------
+        RuntimeError
+            When the SuperNode exited before it connected.
         TimeoutError
             When it has not connected within ``timeout`` seconds.
         """
-        log = self.spec.log_dir / f"supernode-{index}.log"
+        return self._wait_for_logged(index, _NODE_ID, timeout)
+
+    def _supernode_log(self, index: int) -> Path:
+        """The log SuperNode ``index`` and its warm executor write to."""
+        return self.spec.log_dir / f"supernode-{index}.log"
+
+    def _logged(self, index: int, pattern: re.Pattern[str]) -> list[str]:
+        """Every number ``pattern`` has found in SuperNode ``index``'s log so far, in order."""
+        log = self._supernode_log(index)
+        return pattern.findall(log.read_text(errors="replace")) if log.exists() else []
+
+    def _wait_for_logged(self, index: int, awaited: _Awaited, timeout: float) -> int:
+        """The last number ``awaited`` finds in SuperNode ``index``'s log, once there is one."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            found = NODE_ID_PATTERN.findall(log.read_text(errors="replace")) if log.exists() else []
+            found = self._logged(index, awaited.pattern)
             if found:
                 return int(found[-1])
             process = self.supernodes.get(index)
-            if process is not None and process.poll() is not None:
-                raise RuntimeError(f"SuperNode {index} exited; see {log}")
+            if awaited.needs_supernode and process is not None and process.poll() is not None:
+                raise RuntimeError(f"SuperNode {index} exited; see {self._supernode_log(index)}")
             time.sleep(0.5)
-        raise TimeoutError(f"SuperNode {index} did not connect within {timeout:g}s; see {log}")
+        missing = awaited.missing.format(index=index)
+        raise TimeoutError(f"{missing} within {timeout:g}s; see {self._supernode_log(index)}")
 
     def rejoin_supernode(self, index: int, timeout: float = 180.0) -> int:
         """Start SuperNode ``index`` again until the SuperLink lets it in; return its node id.
@@ -481,12 +505,9 @@ class LocalFederation:
         TimeoutError
             When it is not back within ``timeout`` seconds.
         """
-        log = self.spec.log_dir / f"supernode-{index}.log"
 
         def connections() -> int:
-            return (
-                len(NODE_ID_PATTERN.findall(log.read_text(errors="replace"))) if log.exists() else 0
-            )
+            return len(self._logged(index, NODE_ID_PATTERN))
 
         before = connections()
         deadline = time.monotonic() + timeout
@@ -503,7 +524,9 @@ class LocalFederation:
                 return self.node_id(index)
             _stop_group(self.supernodes.pop(index), signal.SIGTERM)
             time.sleep(2.0)
-        raise TimeoutError(f"SuperNode {index} did not rejoin within {timeout:g}s; see {log}")
+        raise TimeoutError(
+            f"SuperNode {index} did not rejoin within {timeout:g}s; see {self._supernode_log(index)}"
+        )
 
     def kill_supernode(self, index: int, sig: int = signal.SIGKILL) -> None:
         """Stop SuperNode ``index`` and its app processes (SIGKILL: a crash)."""
@@ -532,6 +555,7 @@ class LocalFederation:
         if self.superlink is not None:
             _stop_group(self.superlink, signal.SIGTERM)
             self.superlink = None
+        _stop_stragglers(self.spec.flwr_home)
         for log in self._logs:
             log.close()
         self._logs = []
@@ -578,6 +602,35 @@ def _stop_group(process: subprocess.Popen, sig: int) -> None:
     for pid in descendants:
         if _alive(pid):
             _signal(pid, signal.SIGKILL, group=False)
+
+
+def _stop_stragglers(flwr_home: Path) -> None:
+    """Stop what is left of the federation's processes: those with its ``FLWR_HOME``.
+
+    A process the SuperLink started just before the stop (a ServerApp or a
+    simulation starting a run) is not among the descendants found at the
+    stop, and once its parent is gone it is no longer below anything of ours;
+    its environment still names the federation's ``FLWR_HOME``. Left running,
+    it would write there (Flower's telemetry id) after the folder is removed.
+    """
+    home = str(flwr_home.resolve())
+    ours = psutil.Process()
+    spared = {ours.pid, *(parent.pid for parent in ours.parents())}  # a shell that set it too
+    stragglers = []
+    for process in psutil.process_iter():
+        try:
+            if process.pid not in spared and process.environ().get("FLWR_HOME") == home:
+                stragglers.append(process)
+        except psutil.Error:
+            continue
+    for process in stragglers:
+        with contextlib.suppress(psutil.Error):
+            process.terminate()
+    _, alive = psutil.wait_procs(stragglers, timeout=10)
+    for process in alive:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    psutil.wait_procs(alive, timeout=5)
 
 
 def _alive(pid: int) -> bool:

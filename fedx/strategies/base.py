@@ -24,16 +24,15 @@ from logging import INFO, WARNING
 from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app import Array, ArrayRecord, Message, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Result, Strategy
+from flwr.serverapp.strategy import Strategy
 
 from fedx.checks import NON_NEGATIVE, POSITIVE, check
 from fedx.messaging import wait_for_nodes
 from fedx.ops import Model, find_problem
-from fedx.strategies.divergence import DivergenceGuard
-from fedx.strategies.rounds import EvaluateFn, RoundEndFn, run_rounds
+from fedx.strategies.rounds import run_rounds
 
 Target = TypeVar("Target")
 
@@ -198,6 +197,38 @@ class RoundInFlight(Generic[Target]):
         return f"; {self.consequence}" if self.consequence else ""
 
 
+Sent = TypeVar("Sent")
+
+
+class Handover(Generic[Sent]):
+    """What ``configure_train`` sent, kept for the ``aggregate_train`` of the same round.
+
+    :meth:`take` hands it over once, so an ``aggregate_train`` without a new
+    ``configure_train`` fails instead of aggregating a stale round.
+    """
+
+    def __init__(self) -> None:
+        #: What the last ``configure_train`` sent, until it is taken.
+        self.sent: Sent | None = None
+
+    def put(self, sent: Sent) -> None:
+        """Keep what this round's ``configure_train`` sent."""
+        self.sent = sent
+
+    def take(self) -> Sent:
+        """What this round's ``configure_train`` sent; it is no longer kept.
+
+        Raises
+        ------
+        RuntimeError
+            When ``configure_train`` sent nothing since the last :meth:`take`.
+        """
+        sent, self.sent = self.sent, None
+        if sent is None:
+            raise RuntimeError("aggregate_train needs configure_train to have sent the round")
+        return sent
+
+
 def read_weight(content: RecordDict, key: str) -> float | str:
     """The positive ``key`` metric of a reply's single MetricRecord, or why there is none."""
     records = list(content.metric_records.values())
@@ -251,8 +282,11 @@ def read_reply(
     return model if isinstance(model, str) else (model, weight)
 
 
-class FedxStrategy(Strategy):
+class FedxStrategy(Strategy, Generic[Sent]):
     """Base of fedx's strategies: run limits, random streams, state, the round loop.
+
+    ``FedxStrategy[Sent]``: ``Sent`` is what the strategy's ``configure_train``
+    hands to its ``aggregate_train`` through :attr:`training`.
 
     Parameters
     ----------
@@ -283,6 +317,8 @@ class FedxStrategy(Strategy):
         self.num_rounds: int | None = None
         #: Seconds every message exchange of a round waits (Flower's default until :meth:`begin_run`).
         self.round_timeout = 3600.0
+        #: What ``configure_train`` sent, for ``aggregate_train``.
+        self.training: Handover[Sent] = Handover()
 
     def begin_run(self, *, num_rounds: int, timeout: float) -> None:
         """Learn the run's limits before round 1 (the round loop calls it).
@@ -332,53 +368,10 @@ class FedxStrategy(Strategy):
     # Running
     # ------------------------------------------------------------------
 
-    # pylint: disable=too-many-arguments
-    def start(
-        self,
-        grid: Grid,
-        initial_arrays: ArrayRecord,
-        num_rounds: int = 3,
-        timeout: float = 3600,
-        train_config: ConfigRecord | None = None,
-        evaluate_config: ConfigRecord | None = None,
-        evaluate_fn: EvaluateFn | None = None,
-        *,
-        start_round: int = 1,
-        result: Result | None = None,
-        on_round_end: RoundEndFn | None = None,
-        guard: DivergenceGuard | None = None,
-    ) -> Result:
-        """Run the strategy, as Flower's ``Strategy.start``, optionally resumed.
-
-        Parameters are those of Flower's ``Strategy.start``, plus:
-
-        start_round : int (default: 1)
-            First round to run. To continue a checkpointed run, restore the
-            strategy with :meth:`load_state_dict`, pass the checkpoint's global
-            arrays as ``initial_arrays`` and its round + 1 here
-            (:func:`fedx.strategies.restore_run` does all three).
-        result : Result, optional
-            Metrics of the rounds already done, extended by the new rounds.
-        on_round_end : callable, optional
-            ``on_round_end(round, arrays, result)`` after every round; write
-            checkpoints there (see :func:`fedx.strategies.run_rounds`).
-        guard : DivergenceGuard, optional
-            Stops the run early when it diverged (see :func:`fedx.strategies.run_rounds`).
-        """
-        return run_rounds(
-            self,
-            grid,
-            arrays=initial_arrays,
-            num_rounds=num_rounds,
-            first_round=start_round,
-            timeout=timeout,
-            train_config=train_config,
-            evaluate_config=evaluate_config,
-            evaluate_fn=evaluate_fn,
-            result=result,
-            on_round_end=on_round_end,
-            guard=guard,
-        )
+    # Flower's ``Strategy.start``, able to resume a checkpointed run and to
+    # report every round: ``start_round``, ``result``, ``on_round_end`` and
+    # ``guard`` as :func:`fedx.strategies.run_rounds` describes them.
+    start = run_rounds
 
     def connected_nodes(self, grid: Grid) -> list[int]:
         """The connected nodes, after waiting at most ``node_wait_timeout`` for ``min_available_nodes``."""

@@ -25,10 +25,11 @@ from fedx.strategies.base import (
     to_arrayrecord,
     to_model,
 )
-from fedx.strategies.personalized import FINETUNE_EPOCHS_KEY, ClientEvaluation, PerClientEvaluation
+from fedx.strategies.keys import FINETUNE_EPOCHS_KEY
+from fedx.strategies.personalized import ClientEvaluation, PerClientEvaluation
 
 
-class FedAvgFT(PerClientEvaluation, FedxStrategy, FedAvg):
+class FedAvgFT(PerClientEvaluation, FedxStrategy[tuple[RoundInFlight[None], Model]], FedAvg):
     """FedAvg whose evaluation fine-tunes the global model on each client first.
 
     Training is Flower's FedAvg, with fedx's reply checks: a reply whose
@@ -64,8 +65,6 @@ class FedAvgFT(PerClientEvaluation, FedxStrategy, FedAvg):
         self.evaluations: dict[int, list[ClientEvaluation]] = {}
         # The evaluation in flight: the nodes asked (each reply says which client it is).
         self.evaluating: RoundInFlight[None] | None = None
-        # The training in flight: the nodes sent the global model, and that model.
-        self.training: tuple[RoundInFlight[None], Model] | None = None
 
     def summary(self) -> None:
         """Log summary configuration of the strategy."""
@@ -90,17 +89,14 @@ class FedAvgFT(PerClientEvaluation, FedxStrategy, FedAvg):
             describe=lambda _: "training",
             consequence="left out of the average",
         )
-        self.training = (in_flight, to_model(arrays))
+        self.training.put((in_flight, to_model(arrays)))
         return messages
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """The weighted mean of the usable replies (FedAvg's rule); the others logged and dropped."""
-        training, self.training = self.training, None
-        if training is None:
-            raise RuntimeError("aggregate_train needs configure_train to have sent the round")
-        in_flight, sent = training
+        in_flight, sent = self.training.take()
         models, weights, contents = [], [], []
         for answer in in_flight.match(replies):
             parsed = read_reply(answer.message, sent, self.arrayrecord_key, self.weighted_by_key)

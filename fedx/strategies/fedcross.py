@@ -9,7 +9,8 @@ from typing import Any
 from fedx.checks import Integer, Number, OneOf, check
 from fedx.ops import SELECTIONS, SIMILARITY_MEASURES, Model, average, cross_aggregate
 from fedx.registry import Key, Method
-from fedx.strategies.multi_model import POOL_MEAN_KEY, MultiModelStrategy, PoolRound
+from fedx.strategies.keys import POOL_MEAN_KEY
+from fedx.strategies.multi_model import MultiModelStrategy, PoolRound
 
 #: A model's own weight in a fusion, [0.5, 1).
 ALPHA = Number(0.5, 1.0, high_open=True)

@@ -2,7 +2,8 @@
 
 from fedx.ops import Model, recombine
 from fedx.registry import Method
-from fedx.strategies.multi_model import POOL_MEAN_KEY, MultiModelStrategy, PoolRound
+from fedx.strategies.keys import POOL_MEAN_KEY
+from fedx.strategies.multi_model import MultiModelStrategy, PoolRound
 
 
 class FedIndep(MultiModelStrategy):

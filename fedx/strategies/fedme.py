@@ -20,22 +20,8 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 from fedx.checks import FRACTION, ArgumentError, Flag, Integer, Rule, check
 from fedx.messaging import send_and_collect
 from fedx.ops import Model, assign_exchanges, cluster_count, fedme_aggregate
+from fedx.protocol import fedme as protocol
 from fedx.protocol.common import CLIENT_ID, CONFIG, METRICS, SERVER_ROUND
-from fedx.protocol.fedme import (
-    CANDIDATE_ARCHITECTURES,
-    CHOICE,
-    CHOICE_EPOCHS,
-    CHOSE_EXCHANGED,
-    CHOSEN_ARCHITECTURE,
-    EXCHANGED,
-    EXCHANGED_ARCHITECTURE,
-    EXCHANGED_FROM,
-    MODEL_TUNING,
-    MUTUAL_LEARNING,
-    PERSONALIZED,
-    PERSONALIZED_ARCHITECTURE,
-    VALIDATION_ACCURACY_CANDIDATES,
-)
 from fedx.protocol.personalized import FINETUNE_EPOCHS
 from fedx.registry import Key, Method, comma_list
 from fedx.strategies.base import (
@@ -46,7 +32,8 @@ from fedx.strategies.base import (
     to_arrayrecord,
 )
 from fedx.strategies.client_identity import query_client_ids
-from fedx.strategies.personalized import FINETUNE_EPOCHS_KEY, ClientEvaluation, PerClientEvaluation
+from fedx.strategies.keys import FINETUNE_EPOCHS_KEY
+from fedx.strategies.personalized import ClientEvaluation, PerClientEvaluation
 
 #: ``predict_fn(architecture, model)``: softmax outputs ``(U, M)`` on the unlabeled set.
 PredictFn = Callable[[str, Model], np.ndarray]
@@ -111,7 +98,7 @@ class _TrainReply:
 
 
 # pylint: disable=too-many-instance-attributes
-class FedMe(PerClientEvaluation, FedxStrategy):
+class FedMe(PerClientEvaluation, FedxStrategy[_ExchangeRound]):
     """FedMe: every client keeps a personalized model; clients exchange models each round.
 
     The server keeps one personalized model and its architecture per client
@@ -275,7 +262,6 @@ class FedMe(PerClientEvaluation, FedxStrategy):
         self.clients: dict[int, ClientState] = {}
         self.evaluations: dict[int, list[ClientEvaluation]] = {}
         self._node_clients: dict[int, int] = {}
-        self._training: _ExchangeRound | None = None
         self.evaluating: RoundInFlight[int] | None = None  # node id -> client id
 
     # ------------------------------------------------------------------
@@ -368,7 +354,6 @@ class FedMe(PerClientEvaluation, FedxStrategy):
         first model comes from ``initial_model_fn``.
         """
         del arrays
-        self._training = None
         node_ids = sorted(self.connected_nodes(grid))
         joined = self._register(grid, node_ids, server_round, config)
         clients = self._sample_clients(node_ids)
@@ -380,6 +365,7 @@ class FedMe(PerClientEvaluation, FedxStrategy):
                 server_round,
                 len(clients),
             )
+            self.training.put(_ExchangeRound((), (), RoundInFlight(server_round, {}, []), {}))
             return []
         labels, num_clusters, seconds = self._cluster(server_round, clients)
         partners = assign_exchanges(labels, self.random["exchange"])
@@ -402,11 +388,13 @@ class FedMe(PerClientEvaluation, FedxStrategy):
             describe=lambda pos: f"client {clients[pos]}",
             consequence="its model is aggregated untrained",
         )
-        self._training = _ExchangeRound(
-            tuple(clients),
-            tuple(partners),
-            in_flight,
-            {"num-clusters": num_clusters, "clustering-seconds": seconds, **joined},
+        self.training.put(
+            _ExchangeRound(
+                tuple(clients),
+                tuple(partners),
+                in_flight,
+                {"num-clusters": num_clusters, "clustering-seconds": seconds, **joined},
+            )
         )
         return messages
 
@@ -414,9 +402,7 @@ class FedMe(PerClientEvaluation, FedxStrategy):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Aggregate by eq. 8 and give every client the model it chose."""
-        exchange, self._training = self._training, None
-        if exchange is None:
-            return None, None
+        exchange = self.training.take()
         parsed = self._collect_train_replies(exchange, replies)
         if not parsed:
             return None, None
@@ -431,8 +417,10 @@ class FedMe(PerClientEvaluation, FedxStrategy):
         metrics = aggregate_metricrecords(
             [r.content for r in parsed.values()], self.weighted_by_key
         )
-        if CHOSE_EXCHANGED in metrics:
-            del metrics[CHOSE_EXCHANGED]  # a weighted mean of choices means little; counts follow
+        if protocol.CHOSE_EXCHANGED in metrics:
+            del metrics[
+                protocol.CHOSE_EXCHANGED
+            ]  # a weighted mean of choices means little; counts follow
         metrics.update(
             {
                 **exchange.info,
@@ -462,11 +450,13 @@ class FedMe(PerClientEvaluation, FedxStrategy):
                     **dict(config.items()),
                     SERVER_ROUND: server_round,
                     CLIENT_ID: cid,
-                    PERSONALIZED_ARCHITECTURE: client.architecture,
+                    protocol.PERSONALIZED_ARCHITECTURE: client.architecture,
                     FINETUNE_EPOCHS: self.finetune_epochs,
                 }
             )
-            records = RecordDict({PERSONALIZED: to_arrayrecord(client.model), CONFIG: content})
+            records = RecordDict(
+                {protocol.PERSONALIZED: to_arrayrecord(client.model), CONFIG: content}
+            )
             messages.append(
                 Message(
                     content=records, message_type=MessageType.EVALUATE, dst_node_id=client.node_id
@@ -531,8 +521,8 @@ class FedMe(PerClientEvaluation, FedxStrategy):
                                 **dict(config.items()),
                                 SERVER_ROUND: server_round,
                                 CLIENT_ID: client_id,
-                                CANDIDATE_ARCHITECTURES: candidates,
-                                CHOICE_EPOCHS: self.choice_epochs,
+                                protocol.CANDIDATE_ARCHITECTURES: candidates,
+                                protocol.CHOICE_EPOCHS: self.choice_epochs,
                             }
                         )
                     }
@@ -646,17 +636,17 @@ class FedMe(PerClientEvaluation, FedxStrategy):
                 **dict(config.items()),
                 SERVER_ROUND: server_round,
                 CLIENT_ID: client_id,
-                PERSONALIZED_ARCHITECTURE: client.architecture,
-                EXCHANGED_ARCHITECTURE: partner.architecture,
-                EXCHANGED_FROM: partner_id,
-                MODEL_TUNING: self.model_tuning,
-                MUTUAL_LEARNING: self.mutual_learning,
+                protocol.PERSONALIZED_ARCHITECTURE: client.architecture,
+                protocol.EXCHANGED_ARCHITECTURE: partner.architecture,
+                protocol.EXCHANGED_FROM: partner_id,
+                protocol.MODEL_TUNING: self.model_tuning,
+                protocol.MUTUAL_LEARNING: self.mutual_learning,
             }
         )
         records = RecordDict(
             {
-                PERSONALIZED: to_arrayrecord(client.model),
-                EXCHANGED: to_arrayrecord(partner.model),
+                protocol.PERSONALIZED: to_arrayrecord(client.model),
+                protocol.EXCHANGED: to_arrayrecord(partner.model),
                 CONFIG: content,
             }
         )
@@ -693,28 +683,32 @@ class FedMe(PerClientEvaluation, FedxStrategy):
         if message.has_error():
             return f"the node reported an error: {message.error.reason}"
         content = message.content
-        missing = [k for k in (PERSONALIZED, EXCHANGED) if k not in content.array_records]
+        missing = [
+            k for k in (protocol.PERSONALIZED, protocol.EXCHANGED) if k not in content.array_records
+        ]
         metric_records = list(content.metric_records.values())
         if missing or len(metric_records) != 1:
             return (
-                f"expected ArrayRecords '{PERSONALIZED}' and '{EXCHANGED}' and one "
+                f"expected ArrayRecords '{protocol.PERSONALIZED}' and '{protocol.EXCHANGED}' and one "
                 f"MetricRecord, got {list(content.array_records)} and {len(metric_records)}"
             )
         weight = read_weight(content, self.weighted_by_key)
         if isinstance(weight, str):
             return weight
-        choice = metric_records[0].get(CHOSE_EXCHANGED)
+        choice = metric_records[0].get(protocol.CHOSE_EXCHANGED)
         if choice not in (0, 1) or isinstance(choice, bool):
-            return f"expected '{CHOSE_EXCHANGED}' 0 or 1, got {choice!r}"
+            return f"expected '{protocol.CHOSE_EXCHANGED}' 0 or 1, got {choice!r}"
         if choice == 1 and not self.model_tuning:
-            return f"'{CHOSE_EXCHANGED}' is 1 but model tuning is off"
+            return f"'{protocol.CHOSE_EXCHANGED}' is 1 but model tuning is off"
         trained = {}
-        for key, sent in ((PERSONALIZED, personalized), (EXCHANGED, exchanged)):
+        for key, sent in ((protocol.PERSONALIZED, personalized), (protocol.EXCHANGED, exchanged)):
             model = read_model(content.array_records[key], sent)
             if isinstance(model, str):
                 return f"{key} model: {model}"
             trained[key] = model
-        return _TrainReply(trained[PERSONALIZED], trained[EXCHANGED], choice == 1, content)
+        return _TrainReply(
+            trained[protocol.PERSONALIZED], trained[protocol.EXCHANGED], choice == 1, content
+        )
 
     def _adopt(
         self, exchange: _ExchangeRound, aggregated: list[Model], parsed: dict[int, _TrainReply]
@@ -741,12 +735,12 @@ def _parse_choice(message: Message, candidates: list[str]) -> _Choice | str:
     """A client's architecture choice, or why it cannot be used."""
     if message.has_error():
         return f"the node reported an error: {message.error.reason}"
-    record = message.content.config_records.get(CHOICE)
-    chosen = record.get(CHOSEN_ARCHITECTURE) if record is not None else None
+    record = message.content.config_records.get(protocol.CHOICE)
+    chosen = record.get(protocol.CHOSEN_ARCHITECTURE) if record is not None else None
     if not isinstance(chosen, str) or chosen not in candidates:
-        return f"expected a ConfigRecord '{CHOICE}' with '{CHOSEN_ARCHITECTURE}' one of {candidates}, got {chosen!r}"
+        return f"expected a ConfigRecord '{protocol.CHOICE}' with '{protocol.CHOSEN_ARCHITECTURE}' one of {candidates}, got {chosen!r}"
     metrics = message.content.metric_records.get(METRICS)
-    reported = metrics.get(VALIDATION_ACCURACY_CANDIDATES) if metrics is not None else None
+    reported = metrics.get(protocol.VALIDATION_ACCURACY_CANDIDATES) if metrics is not None else None
     accuracies = (
         dict(zip(candidates, (float(a) for a in reported), strict=True))
         if isinstance(reported, list) and len(reported) == len(candidates)

@@ -9,7 +9,8 @@ from typing import Any
 from fedx.checks import FRACTION, Flag, Integer, OneOf, Rule, check, renamed
 from fedx.ops import GROUPINGS, Model, recombine
 from fedx.registry import Key, Method, Variant
-from fedx.strategies.multi_model import POOL_MEAN_KEY, MultiModelStrategy, PoolRound
+from fedx.strategies.keys import POOL_MEAN_KEY
+from fedx.strategies.multi_model import MultiModelStrategy, PoolRound
 from fedx.strategies.secure import KEYS as SECURE_KEYS
 from fedx.strategies.secure import SecureRecombination
 

@@ -9,7 +9,8 @@ from typing import Any
 from fedx.checks import NON_NEGATIVE, UNIT_INTERVAL, Integer, check
 from fedx.ops import Model, dynamic_beta, mutate
 from fedx.registry import Key, Method
-from fedx.strategies.multi_model import POOL_MEAN_KEY, MultiModelStrategy, PoolRound
+from fedx.strategies.keys import POOL_MEAN_KEY
+from fedx.strategies.multi_model import MultiModelStrategy, PoolRound
 
 
 class FedMut(MultiModelStrategy):

@@ -15,7 +15,6 @@ from flwr.serverapp.strategy import FedAvg
 
 from fedx.checks import FRACTION, NON_NEGATIVE, ArgumentError, Integer, OneOf, check
 from fedx.ops import Model, average
-from fedx.registry import Key
 from fedx.secure.relay import RelayStats
 from fedx.strategies.base import (
     FedxStrategy,
@@ -24,24 +23,8 @@ from fedx.strategies.base import (
     to_arrayrecord,
     to_model,
 )
+from fedx.strategies.keys import POOL_MEANS
 from fedx.strategies.secure import SecureRecombination
-
-#: How a multi-model method averages the models of a round into one model:
-#: ``"uniform"``, the plain mean (what the papers' authors' code computes),
-#: or ``"weighted"`` by each reply's ``weighted_by_key``.
-POOL_MEANS: tuple[str, ...] = ("uniform", "weighted")
-
-#: The run-config key of ``pool_mean``, shared by the pool methods.
-POOL_MEAN_KEY = Key(
-    "pool-mean",
-    "uniform",
-    OneOf(POOL_MEANS),
-    "how a round's models are averaged (the global model, and any mean the method takes: a "
-    "first stage, the centre of mutations): the plain mean of the K models (`uniform`, the "
-    "authors' code) or the trained ones weighted by `num-examples` (`weighted`, not with "
-    "secure recombination)",
-    argument="pool_mean",
-)
 
 
 @dataclass(frozen=True)
@@ -75,7 +58,7 @@ class PoolRound:
 
 
 # pylint: disable=too-many-instance-attributes
-class MultiModelStrategy(FedxStrategy, FedAvg):
+class MultiModelStrategy(FedxStrategy[RoundInFlight[int]], FedAvg):
     """A strategy that sends a different model to every sampled node.
 
     The server keeps a pool of K models. Each round it samples up to K nodes
@@ -186,8 +169,6 @@ class MultiModelStrategy(FedxStrategy, FedAvg):
         #: What the last round's secure exchange cost (None before the first, or without it).
         self.relay_stats: RelayStats | None = None
         self.pool: list[Model] = []
-        #: The round in flight: node id -> pool slot.
-        self.in_flight: RoundInFlight[int] | None = None
         self._grid: Grid | None = None
         # Nodes that missed a reply: node id -> (round, monotonic time).
         self._unresponsive: dict[int, tuple[int, float]] = {}
@@ -334,12 +315,14 @@ class MultiModelStrategy(FedxStrategy, FedAvg):
             )
             for node_id, slot in targets.items()
         ]
-        self.in_flight = RoundInFlight(
-            server_round,
-            targets,
-            messages,
-            describe=lambda slot: f"slot {slot}",
-            consequence="the slot keeps the model it was sent",
+        self.training.put(
+            RoundInFlight(
+                server_round,
+                targets,
+                messages,
+                describe=lambda slot: f"slot {slot}",
+                consequence="the slot keeps the model it was sent",
+            )
         )
         return list(messages)
 
@@ -352,9 +335,7 @@ class MultiModelStrategy(FedxStrategy, FedAvg):
         only; the exchange turns them into upload replies first, which then
         go through the usual validation.
         """
-        in_flight, self.in_flight = self.in_flight, None
-        if in_flight is None:
-            raise RuntimeError("aggregate_train needs configure_train to have sent the round")
+        in_flight = self.training.take()
         if self.secure is not None:
             assert self._grid is not None  # set by configure_train
             replies, self.relay_stats = self.secure.exchange(

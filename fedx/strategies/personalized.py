@@ -14,19 +14,8 @@ from typing import Any
 import numpy as np
 from flwr.app import Message, MetricRecord
 
-from fedx.checks import Integer
 from fedx.protocol.personalized import CLIENT_ID, EVAL_ACCURACY, EVAL_LOSS, NUM_EXAMPLES
-from fedx.registry import Key
 from fedx.strategies.base import RoundInFlight, Target
-
-#: The run-config key of the fine-tuning epochs, shared by the personalized methods.
-FINETUNE_EPOCHS_KEY = Key(
-    "finetune-epochs",
-    1,
-    Integer(0),
-    "local fine-tuning epochs before each personalized test (0 = none)",
-    argument="finetune_epochs",
-)
 
 
 @dataclass(frozen=True)

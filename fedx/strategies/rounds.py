@@ -4,7 +4,7 @@
 the end. :func:`run_rounds` is the same loop (configure and aggregate
 training, then federated evaluation, then the ``evaluate_fn``) for any
 message-API strategy, Flower's own included, with two additions that resuming
-needs: ``first_round`` continues the numbering of an interrupted run, and
+needs: ``start_round`` continues the numbering of an interrupted run, and
 ``on_round_end`` is called after every round, which is where a ServerApp
 writes its checkpoint. A :class:`~fedx.strategies.divergence.DivergenceGuard`
 stops a run that diverged.
@@ -33,19 +33,23 @@ RoundEndFn = Callable[[int, ArrayRecord, Result], None]
 def run_rounds(
     strategy: Strategy,
     grid: Grid,
-    *,
-    arrays: ArrayRecord,
-    num_rounds: int,
-    first_round: int = 1,
+    initial_arrays: ArrayRecord,
+    num_rounds: int = 3,
     timeout: float = 3600,
     train_config: ConfigRecord | None = None,
     evaluate_config: ConfigRecord | None = None,
     evaluate_fn: EvaluateFn | None = None,
+    *,
+    start_round: int = 1,
     result: Result | None = None,
     on_round_end: RoundEndFn | None = None,
     guard: DivergenceGuard | None = None,
 ) -> Result:
-    """Run rounds ``first_round`` to ``num_rounds`` of ``strategy``.
+    """Run rounds ``start_round`` to ``num_rounds`` of ``strategy``.
+
+    The parameters after ``strategy`` are those of Flower's ``Strategy.start``
+    (:meth:`fedx.strategies.FedxStrategy.start` is this function), plus
+    ``start_round`` and the keywords after it.
 
     Parameters
     ----------
@@ -54,20 +58,23 @@ def run_rounds(
         already restored.
     grid : Grid
         The Grid of the ServerApp.
-    arrays : ArrayRecord
+    initial_arrays : ArrayRecord
         The global model the first round starts from: the initial model, or
         the global model of the checkpoint's round.
-    num_rounds : int
+    num_rounds : int (default: 3)
         The last round.
-    first_round : int (default: 1)
-        The first round to run. Rounds before it count as done: the
-        ``evaluate_fn`` of round 0 runs only when ``first_round`` is 1.
     timeout : float (default: 3600)
         Seconds each exchange waits for replies (:func:`~fedx.messaging.send_and_collect`).
     train_config, evaluate_config : ConfigRecord, optional
         Sent to the nodes with every training / evaluation message.
     evaluate_fn : callable, optional
         Centralized evaluation, called as ``evaluate_fn(round, arrays)``.
+    start_round : int (default: 1)
+        The first round to run. Rounds before it count as done: the
+        ``evaluate_fn`` of round 0 runs only when ``start_round`` is 1. To
+        continue a checkpointed run, restore the strategy
+        (:func:`fedx.strategies.restore_run`), pass the checkpoint's global
+        arrays as ``initial_arrays`` and its round + 1 here.
     result : Result, optional
         The metrics of the rounds already done (from a checkpoint); new rounds
         are added to it.
@@ -87,12 +94,13 @@ def run_rounds(
     Result
         The final global arrays and the metrics of all rounds.
     """
-    if first_round < 1:
-        raise ValueError(f"first_round must be >= 1, got {first_round}")
+    if start_round < 1:
+        raise ValueError(f"start_round must be >= 1, got {start_round}")
+    arrays = initial_arrays
     log(INFO, "Starting %s strategy:", type(strategy).__name__)
     log_strategy_start_info(num_rounds, arrays, train_config, evaluate_config)
-    if first_round > 1:
-        log(INFO, "\t└──> Resuming after round %d", first_round - 1)
+    if start_round > 1:
+        log(INFO, "\t└──> Resuming after round %d", start_round - 1)
     strategy.summary()
     log(INFO, "")
     # Strategies whose extra message exchanges or schedules depend on the
@@ -107,15 +115,15 @@ def run_rounds(
         result.arrays = arrays
     started = time.time()
 
-    if evaluate_fn is not None and first_round == 1:
+    if evaluate_fn is not None and start_round == 1:
         metrics = evaluate_fn(0, arrays)
         log(INFO, "Initial global evaluation results: %s", metrics)
         if metrics is not None:
             result.evaluate_metrics_serverapp[0] = metrics
     if guard is not None:
-        guard.start(first_round - 1, arrays, result.evaluate_metrics_serverapp.get(0))
+        guard.start(start_round - 1, arrays, result.evaluate_metrics_serverapp.get(0))
 
-    for server_round in range(first_round, num_rounds + 1):
+    for server_round in range(start_round, num_rounds + 1):
         log(INFO, "")
         log(INFO, "[ROUND %s/%s]", server_round, num_rounds)
         replies = list(

@@ -88,9 +88,9 @@ def run_one(name: str, grid: Grid, config) -> dict:
     result = run_rounds(
         strategy,
         grid,
-        arrays=arrays,
+        initial_arrays=arrays,
         num_rounds=int(config["num-server-rounds"]),
-        first_round=first_round,
+        start_round=first_round,
         timeout=float(config["round-timeout"]),
         train_config=ConfigRecord({"train-delay": float(config["train-delay"])}),
         result=result,

@@ -1,0 +1,177 @@
+"""What the benchmark scripts share: their command line, /proc readings, ``flwr run`` and exit.
+
+The scripts import this module (``import _common as common``): run as ``python
+benchmarks/<name>.py``, a script's folder is first on ``sys.path``; tests that
+load a script by its path add the folder to it.
+"""
+
+import argparse
+import importlib.util
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any, TypeVar
+
+Value = TypeVar("Value")
+
+KIB = 1024
+
+
+def run_reporting_errors(main: Callable[[], object]) -> None:
+    """Run ``main``, print any error, and exit with status 0: a benchmark reports, it never fails its caller."""
+    try:
+        main()
+    except Exception:  # pylint: disable=broad-exception-caught
+        traceback.print_exc()
+    sys.exit(0)
+
+
+def print_error(error: str | None, label: str = "") -> None:
+    """A measurement's error, if it has one, indented on the line below its figures."""
+    if error:
+        print(f"  {label}: {error}" if label else f"  {error}")
+
+
+def load_sibling(name: str) -> ModuleType:
+    """``benchmarks/<name>.py`` as a module (the folder is not a package), loaded once."""
+    module_name = f"benchmark_{name}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(
+        module_name, Path(__file__).with_name(f"{name}.py")
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # dataclasses look their module up here
+    spec.loader.exec_module(module)
+    return module
+
+
+# ----------------------------------------------------------------------
+# The command line
+# ----------------------------------------------------------------------
+
+
+def benchmark_parser(doc: str | None) -> argparse.ArgumentParser:
+    """A parser that describes its script by the first paragraph of the script's docstring."""
+    return argparse.ArgumentParser(description=(doc or "").split("\n\n", maxsplit=1)[0])
+
+
+def add_job_options(parser: argparse.ArgumentParser, *, rounds: int, rounds_help: str) -> None:
+    """The options of a benchmark that runs the app's job: rounds, local epochs, seed, timeout."""
+    parser.add_argument("--rounds", type=int, default=rounds, help=rounds_help)
+    parser.add_argument(
+        "--local-epochs",
+        type=int,
+        default=None,
+        help="local epochs per round (default: the app's, pyproject.toml)",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per flwr run")
+
+
+def check_job_options(
+    parser: argparse.ArgumentParser, arguments: argparse.Namespace, app: Path
+) -> None:
+    """Reject fewer than 2 rounds; take the app's local epochs where none were given."""
+    from fedx.compare.plan import app_defaults  # pylint: disable=import-outside-toplevel
+
+    if arguments.rounds < 2:
+        parser.error("--rounds must be at least 2 (round 1 is reported on its own)")
+    if arguments.local_epochs is None:
+        arguments.local_epochs = int(app_defaults(app)["local-epochs"])
+
+
+def option_type(
+    form: str, parse: Callable[[str], Value], *, valid: Callable[[Value], bool], rule: str
+) -> Callable[[str], Value]:
+    """An argparse ``type``: ``parse(text)``, refused with the ``form`` it expects when ``parse``
+    raises ValueError, and with the ``rule`` too when the value is not ``valid``."""
+
+    def convert(text: str) -> Value:
+        try:
+            value = parse(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {form}, got {text!r}") from None
+        if not valid(value):
+            raise argparse.ArgumentTypeError(f"expected {form} with {rule}, got {text!r}")
+        return value
+
+    return convert
+
+
+def parse_quick(
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str] | None,
+    quick_help: str,
+    **quick_defaults: Any,
+) -> argparse.Namespace:
+    """Parse ``argv`` with a ``--quick`` option that gives other defaults (explicit options still win)."""
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    arguments = parser.parse_args(argv)
+    if arguments.quick:
+        parser.set_defaults(**quick_defaults)
+        arguments = parser.parse_args(argv)
+    return arguments
+
+
+# ----------------------------------------------------------------------
+# Memory, as Linux's /proc tells it
+# ----------------------------------------------------------------------
+
+
+def add_memory_limit(parser: argparse.ArgumentParser, over_it: str) -> None:
+    """``--max-memory-gib``: what a case may be estimated to need (``over_it``: what befalls one above)."""
+    parser.add_argument(
+        "--max-memory-gib",
+        type=float,
+        default=None,
+        help=f"{over_it} estimated above this (default: MemAvailable)",
+    )
+
+
+def memory_limit(arguments: argparse.Namespace) -> int | None:
+    """The bytes ``--max-memory-gib`` allows, else ``MemAvailable``; None where neither is known."""
+    if arguments.max_memory_gib is not None:
+        return int(arguments.max_memory_gib * 2**30)
+    return available_bytes()
+
+
+def proc_kib_field(path: str, field: str) -> int | None:
+    """A ``kB`` field of a ``/proc`` file (``MemAvailable`` of ``/proc/meminfo``), in bytes.
+
+    None where the file or the field is missing (not Linux).
+    """
+    try:
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1]) * KIB
+    except OSError:
+        pass
+    return None
+
+
+def available_bytes() -> int | None:
+    """``MemAvailable`` from ``/proc/meminfo`` (Linux), else None."""
+    return proc_kib_field("/proc/meminfo", "MemAvailable")
+
+
+# ----------------------------------------------------------------------
+# flwr run
+# ----------------------------------------------------------------------
+
+
+def flwr_run_command(app: Path, federation_config: str, run_config: str) -> list[str]:
+    """``flwr run --stream`` of ``app`` on the local simulation, with this venv's ``flwr``."""
+    return [
+        str(Path(sys.executable).parent / "flwr"),
+        "run",
+        str(app),
+        "--stream",
+        "--federation-config",
+        federation_config,
+        "--run-config",
+        run_config,
+    ]
