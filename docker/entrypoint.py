@@ -14,7 +14,11 @@ ARGS after checking, in this order:
    them), that certificate is signed by the CA, still valid, and names the
    host the process connects to;
 3. the folders in ``$FEDX_WRITABLE_DIRS`` (colon-separated) and the folder of
-   ``--database`` are writable.
+   ``--database`` are writable;
+4. for a ``flwr`` command that talks to the SuperLink, the SuperLink of its
+   connection accepts connections, waiting up to ``$FEDX_SUPERLINK_WAIT``
+   seconds (default 120) for it: ``compose up -d`` returns before the
+   SuperLink listens, and the flwr CLI fails at once when it does not.
 
 A failed check prints one line naming the problem and how to fix it, and
 exits with status 78 (EX_CONFIG), after ``$FEDX_FAILURE_DELAY`` seconds
@@ -29,6 +33,7 @@ Standard library only, plus ``cryptography`` (a Flower dependency).
 import datetime
 import ipaddress
 import os
+import socket
 import sys
 import tempfile
 import time
@@ -155,12 +160,19 @@ def check_server_certificate(ca_file: str, address: str) -> None:
 FLWR_RUN_VALUE_OPTIONS = {"--run-config", "-c", "--federation-config", "--federation", "--format"}
 
 
-def flwr_connection(args: list[str]) -> tuple[str, str] | None:
-    """``(address, root-certificates)`` of the connection ``flwr run`` uses, if it uses TLS.
+# flwr subcommands that talk to the SuperLink.
+FLWR_SUPERLINK_COMMANDS = {"run", "ls", "stop", "log", "pull", "supernode"}
 
-    ``args`` are flwr's arguments (``run APP [CONNECTION] ...``); without a
-    CONNECTION, the default one of ``$FLWR_HOME/config.toml``.
+
+def flwr_superlink(args: list[str]) -> dict | None:
+    """The SuperLink connection (config.toml table) the flwr command ``args`` uses, if any.
+
+    ``args`` are flwr's arguments (``run APP [CONNECTION] ...``, ``ls
+    [CONNECTION]``, ...): the connection is the last positional argument that
+    names one in ``$FLWR_HOME/config.toml``, else the default one.
     """
+    if args[:1] == [] or args[0] not in FLWR_SUPERLINK_COMMANDS:
+        return None
     positional, skip = [], False
     for arg in args[1:]:
         if skip:
@@ -172,16 +184,38 @@ def flwr_connection(args: list[str]) -> tuple[str, str] | None:
     config = Path(os.environ.get("FLWR_HOME", Path.home() / ".flwr")) / "config.toml"
     try:
         superlink = tomllib.loads(config.read_text())["superlink"]
-        connection = superlink[positional[1] if len(positional) > 1 else superlink["default"]]
-    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        named = [name for name in positional if isinstance(superlink.get(name), dict)]
+        connection = superlink[named[-1] if named else superlink["default"]]
+    except (OSError, KeyError, TypeError, tomllib.TOMLDecodeError):
         return None  # flwr reports its own configuration errors
-    if (
-        connection.get("insecure")
-        or "root-certificates" not in connection
-        or "address" not in connection
-    ):
+    return connection if isinstance(connection, dict) and "address" in connection else None
+
+
+def flwr_connection(args: list[str]) -> tuple[str, str] | None:
+    """``(address, root-certificates)`` of the connection ``flwr run`` uses, if it uses TLS."""
+    connection = flwr_superlink(args) if args[:1] == ["run"] else None
+    if connection is None or connection.get("insecure") or "root-certificates" not in connection:
         return None
     return connection["address"], connection["root-certificates"]
+
+
+def wait_for_superlink(address: str, seconds: float) -> None:
+    """Return once ``address`` (host:port) accepts a TCP connection; fail after ``seconds``."""
+    host, _, port = address.rpartition(":")
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=2.0):
+                return
+        except (OSError, ValueError) as err:
+            if time.monotonic() >= deadline:
+                reason = getattr(err, "strerror", None) or str(err)
+                raise CheckFailed(
+                    f"the SuperLink at {address} accepted no connection within {seconds:.0f} s "
+                    f"({reason}): start the federation first (`compose up -d`) and see its "
+                    f"log (`compose logs superlink`); {README}"
+                ) from None
+        time.sleep(0.5)
 
 
 def check_writable(directory: str, why: str) -> None:
@@ -228,6 +262,10 @@ def main(argv: list[str]) -> int:
     program, args = argv[0], argv[1:]
     try:
         check(program, args)
+        if Path(program).name == "flwr" and (connection := flwr_superlink(args)) is not None:
+            wait_for_superlink(
+                connection["address"], float(os.environ.get("FEDX_SUPERLINK_WAIT", "120"))
+            )
     except CheckFailed as err:
         print(f"fedx: {Path(program).name}: {err}", file=sys.stderr, flush=True)
         time.sleep(float(os.environ.get("FEDX_FAILURE_DELAY", "0")))

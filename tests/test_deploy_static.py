@@ -9,9 +9,11 @@ the installed Flower (whose version the image tags must match).
 import functools
 import importlib.util
 import re
+import socket
 import stat
 import subprocess
 import sys
+import time
 import tomllib
 from importlib.metadata import version
 from pathlib import Path
@@ -564,6 +566,41 @@ def test_entrypoint_checks_the_connection_flwr_run_uses(entrypoint, tmp_path, mo
     # main(): one line on stderr, status 78, and the program never starts.
     monkeypatch.setattr(entrypoint.os, "execvp", lambda *a: pytest.fail("must not start"))
     assert entrypoint.main(["flwr", "run", "."]) == entrypoint.EX_CONFIG
+
+
+def test_entrypoint_waits_for_the_superlink_of_flwr_commands(
+    entrypoint, tmp_path, monkeypatch, capsys
+):
+    """`compose up -d` returns before the SuperLink listens: flwr commands wait for it, bounded."""
+    home = tmp_path / "flwr-home"
+    home.mkdir()
+    listening = socket.create_server(("127.0.0.1", 0))
+    closed = socket.create_server(("127.0.0.1", 0))
+    up, down = listening.getsockname()[1], closed.getsockname()[1]
+    closed.close()  # nothing listens there: connections are refused
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "up"\n'
+        f'[superlink.up]\naddress = "127.0.0.1:{up}"\ninsecure = true\n'
+        f'[superlink.down]\naddress = "127.0.0.1:{down}"\ninsecure = true\n'
+    )
+    monkeypatch.setenv("FLWR_HOME", str(home))
+    monkeypatch.setenv("FEDX_SUPERLINK_WAIT", "1")
+    assert entrypoint.flwr_superlink(["run", ".", "down", "--stream"])["address"].endswith(
+        f":{down}"
+    )
+    assert entrypoint.flwr_superlink(["stop", "123"])["address"].endswith(f":{up}")
+    assert entrypoint.flwr_superlink(["--help"]) is None
+    started = []
+    monkeypatch.setattr(entrypoint.os, "execvp", lambda program, argv: started.append(argv))
+    with listening:
+        assert entrypoint.main(["flwr", "ls"]) == 0 and started == [["flwr", "ls"]]
+        begun = time.monotonic()
+        assert entrypoint.main(["flwr", "run", ".", "down"]) == entrypoint.EX_CONFIG
+        assert 1.0 <= time.monotonic() - begun < 10
+    line = capsys.readouterr().err.strip()
+    assert line.startswith(f"fedx: flwr: the SuperLink at 127.0.0.1:{down} accepted no connection")
+    assert "\n" not in line and len(started) == 1
+    assert entrypoint.main(["flwr", "--help"]) == 0 and len(started) == 2  # no SuperLink needed
 
 
 def test_up_starts_the_federation_and_runs_the_app_once(tmp_path, monkeypatch, capsys):
