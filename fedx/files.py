@@ -21,6 +21,9 @@ def write_atomically(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
         except BaseException:
             os.unlink(tmp.name)
             raise
+    # Temporary files are private (0600); results and checkpoints are not: in a
+    # container they are written as uid 49999 and read by the user on the host.
+    os.chmod(tmp.name, 0o644)
     os.replace(tmp.name, path)
 
 

@@ -15,6 +15,7 @@ from tests.helpers import DEFAULTS, PLAIN_FEDMR, make_model
 # order (`--no-loadscope-reorder` in pyproject.toml): these start first, and
 # the many short modules fill in the other workers, so they end together.
 SLOW_MODULES = (
+    "test_containers.py",
     "test_compare.py",
     "test_benchmarks.py",
     "test_deployment.py",

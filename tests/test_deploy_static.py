@@ -7,10 +7,13 @@ the installed Flower (whose version the image tags must match).
 """
 
 import functools
+import importlib.util
 import re
+import socket
 import stat
 import subprocess
 import sys
+import time
 import tomllib
 from importlib.metadata import version
 from pathlib import Path
@@ -218,6 +221,7 @@ ENTRYPOINTS = {
     "supernode": "flower-supernode",
     "superexec": "flower-superexec",
 }
+TOOLS = ["flwr", "fedx-deploy"]
 
 
 def executable_of(service: str) -> str:
@@ -233,6 +237,7 @@ def option(command: list[str], name: str) -> str:
 NUM_NODES = 3
 SUPERNODES = [f"supernode-{i}" for i in range(1, NUM_NODES + 1)]
 CLIENT_EXECS = [f"superexec-clientapp-{i}" for i in range(1, NUM_NODES + 1)]
+FEDERATION = ["superlink", "superexec-serverapp", *SUPERNODES, *CLIENT_EXECS]
 
 
 @pytest.mark.parametrize(
@@ -246,44 +251,110 @@ CLIENT_EXECS = [f"superexec-clientapp-{i}" for i in range(1, NUM_NODES + 1)]
 )
 def test_compose_services_use_flags_the_installed_flwr_has(variant):
     services = load_compose("docker-compose.yml", *variant)
-    assert set(services) == {"superlink", "superexec-serverapp", *SUPERNODES, *CLIENT_EXECS}
-    for name, service in services.items():
-        assert set(flags(service["command"])) <= help_flags(executable_of(name)), name
+    assert set(services) == {*FEDERATION, *TOOLS}
+    for name in FEDERATION:
+        assert set(flags(services[name]["command"])) <= help_flags(executable_of(name)), name
+    for name in TOOLS:  # started only by `compose run`, never by `up`
+        assert services[name]["profiles"] == ["tools"] and services[name]["restart"] == "no"
 
 
-def test_compose_images_match_the_installed_flwr():
+def build_of(service: dict) -> dict:
+    return service["build"]
+
+
+def test_compose_builds_each_image_once_from_the_dockerfile_for_the_installed_flwr():
     services = load_compose("docker-compose.yml")
-    assert services["superlink"]["image"] == f"flwr/superlink:{FLWR_VERSION}"
-    assert all(services[n]["image"] == f"flwr/supernode:{FLWR_VERSION}" for n in SUPERNODES)
-    built = [n for n, s in services.items() if "build" in s]
-    assert sorted(built) == sorted(["superexec-serverapp", *CLIENT_EXECS])
-    dockerfile = (REPO / services["superexec-serverapp"]["build"]["dockerfile"]).read_text()
-    assert re.findall(r"^FROM (\S+)", dockerfile, re.M) == [f"flwr/superexec:{FLWR_VERSION}"]
-    assert 'ENTRYPOINT ["flower-superexec"]' in dockerfile
-
-
-def test_dockerfile_installs_fedx_without_replacing_the_images_flwr():
-    dockerfile = (REPO / "docker" / "superexec.Dockerfile").read_text()
-    assert "COPY --chown=49999:49999 pyproject.toml README.md ./" in dockerfile
-    assert "COPY --chown=49999:49999 fedx ./fedx" in dockerfile
-    pattern = re.search(r"sed -i 's/(.*?)//' pyproject.toml", dockerfile).group(
-        1
-    )  # sed BRE: \[ is a literal [ in Python too
-    pyproject = (REPO / "pyproject.toml").read_text()
-    edited = "\n".join(line for line in pyproject.splitlines() if not re.search(pattern, line))
-    dependencies = tomllib.loads(edited)["project"]["dependencies"]
-    assert not any(d.startswith("flwr[") or d.startswith("flwr>") for d in dependencies)
-    assert (
-        any(d.startswith("torch") for d in dependencies)
-        and len(dependencies) == len(tomllib.loads(pyproject)["project"]["dependencies"]) - 1
+    builders = {name: s for name, s in services.items() if "build" in s}
+    targets = {name: build_of(s)["target"] for name, s in builders.items()}
+    assert targets == {
+        "superlink": "superlink",
+        "supernode-1": "supernode",
+        "superexec-serverapp": "superexec",
+    }
+    images = {build_of(s)["target"]: s["image"] for s in builders.values()}
+    assert images == {
+        "superlink": f"fedx/superlink:{FLWR_VERSION}",
+        "supernode": f"fedx/supernode:{FLWR_VERSION}",
+        "superexec": f"fedx/superexec:{version('fedx')}",
+    }
+    for name, service in services.items():  # the others use the images built
+        role = "superexec" if name.startswith("superexec") or name in TOOLS else name.split("-")[0]
+        assert service["image"] == images[role], name
+    for service in builders.values():
+        build = build_of(service)
+        assert (build["context"], build["dockerfile"]) == (".", "docker/Dockerfile")
+        assert build["args"]["FLWR_VERSION"] == FLWR_VERSION
+        assert (
+            build["args"]["BASE_IMAGE"] == "${FEDX_BASE_IMAGE:-docker.io/library/python:3.11-slim}"
+        )
+    dockerfile = (REPO / "docker" / "Dockerfile").read_text()
+    assert re.findall(r"^FROM (\S+) AS (\S+)", dockerfile, re.M) == [
+        ("${BASE_IMAGE}", "flower"),
+        ("flower", "superlink"),
+        ("flower", "supernode"),
+        ("flower", "requirements"),
+        ("flower", "superexec"),
+    ]
+    assert f"ARG FLWR_VERSION={FLWR_VERSION}" in dockerfile
+    assert "ARG BASE_IMAGE=docker.io/library/python:3.11-slim" in dockerfile
+    for role in ENTRYPOINTS:
+        assert f'ENTRYPOINT ["fedx-entrypoint", "{ENTRYPOINTS[role]}"]' in dockerfile
+    # Every pip install reads the wheels a cache mount keeps; nothing is installed around it.
+    runs = re.findall(r"^RUN (.*?)(?<!\\)$", dockerfile, re.M | re.S)
+    installs = [run for run in runs if "pip install" in run]
+    assert len(installs) == 3
+    assert all(
+        r.startswith("--mount=type=cache,target=/var/cache/fedx-wheels") and "--no-index" in r
+        for r in installs
     )
+
+
+def test_the_superexec_image_gets_every_fedx_dependency_but_flwr():
+    """docker/Dockerfile's requirements stage, run on pyproject.toml."""
+    dockerfile = (REPO / "docker" / "Dockerfile").read_text()
+    script = re.search(r'RUN python3 -c "(.*?)" > /tmp/requirements.txt', dockerfile).group(1)
+    pyproject = (REPO / "pyproject.toml").read_text()
+    dependencies = tomllib.loads(pyproject)["project"]["dependencies"]
+    done = subprocess.run(
+        [sys.executable, "-c", script.replace("/tmp/pyproject.toml", str(REPO / "pyproject.toml"))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    listed = done.stdout.split()
+    assert listed == [d for d in dependencies if not d.startswith("flwr[")]
+    assert len(listed) == len(dependencies) - 1 and any(d.startswith("torch") for d in listed)
+
+
+def test_the_build_context_holds_only_what_the_images_copy():
+    ignore = [
+        line
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line and not line.startswith("#")
+    ]
+    assert ignore[0] == "*"
+    kept = sorted(line[1:].rstrip("/") for line in ignore if line.startswith("!"))
+    copies = re.findall(r"^COPY (.+) \S+$", (REPO / "docker" / "Dockerfile").read_text(), re.M)
+    sources = sorted(
+        {
+            s
+            for line in copies
+            if "--from=" not in line
+            for s in line.split()
+            if not s.startswith("--")
+        }
+    )
+    assert kept == sources == ["docker/entrypoint.py", "fedx", "pyproject.toml"]
 
 
 def test_compose_wires_addresses_partitions_and_volumes():
     services = load_compose("docker-compose.yml")
     superlink = services["superlink"]["command"]
     port = option(superlink, "--port")
-    assert services["superlink"]["ports"] == [f"{port}:{port}"]
+    assert services["superlink"]["ports"] == [
+        f"${{FEDX_SUPERLINK_PUBLISH:-127.0.0.1:{port}}}:{port}"
+    ]
     assert (
         option(superlink, "--isolation") == "process"
     )  # the ServerApp runs in superexec-serverapp
@@ -305,18 +376,49 @@ def test_compose_wires_addresses_partitions_and_volumes():
         assert config["num-partitions"] == str(NUM_NODES)
         partitions.add(int(config["partition-id"]))
         assert "/app/data" in {v.split(":")[1] for v in services[executor]["volumes"]}
-        assert services[executor]["depends_on"] == [node]  # it serves that SuperNode's ClientApps
+        assert services[executor]["depends_on"] == [node]
+        # fedx's warm executor, one torch thread per ClientApp unless asked for more.
+        assert services[executor]["entrypoint"] == ["fedx-entrypoint", "fedx-superexec"]
+        assert services[executor]["environment"]["OMP_NUM_THREADS"] == (
+            "${FEDX_CLIENTAPP_THREADS:-1}"
+        )
     assert partitions == set(range(NUM_NODES))
-    server_volumes = {v.split(":")[1]: v for v in services["superexec-serverapp"]["volumes"]}
+    server = services["superexec-serverapp"]
+    server_volumes = {v.split(":")[1]: v for v in server["volumes"]}
     assert server_volumes["/app/outputs"] == "./outputs:/app/outputs"  # writable: checkpoints
     assert server_volumes["/app/data"].endswith(":ro")
+    assert server["environment"]["FEDX_WRITABLE_DIRS"] == "/app/outputs"
     assert "./state:/app/state" in services["superlink"]["volumes"]
+    # The flwr tool: this folder is the app, its connections are docker/flwr-config.toml.
+    flwr = services["flwr"]
+    assert (
+        flwr["entrypoint"] == ["fedx-entrypoint", "flwr"] and flwr["working_dir"] == "/app/project"
+    )
+    assert ".:/app/project:ro" in flwr["volumes"]
+    config = tomllib.loads((REPO / "docker" / "flwr-config.toml").read_text())["superlink"]
+    assert (
+        f"./docker/flwr-config.toml:{flwr['environment']['FLWR_HOME']}/config.toml:ro"
+        in flwr["volumes"]
+    )
+    assert config[config["default"]] == {
+        "address": f"superlink:{port}",
+        "root-certificates": "/app/certificates/ca.crt",
+    }
+    assert config["fedx-compose-insecure"] == {"address": f"superlink:{port}", "insecure": True}
+    assert services["fedx-deploy"]["entrypoint"] == ["fedx-deploy"]
+    assert (
+        "./certificates:/app/certificates" in services["fedx-deploy"]["volumes"]
+    )  # writable: it makes them
+    # podman-compose: a container per service on the network, not one pod.
+    assert yaml.safe_load((REPO / "docker-compose.yml").read_text())["x-podman"] == {
+        "in_pod": False
+    }
 
 
 def test_compose_is_tls_by_default_auth_and_insecure_only_when_asked():
     base = load_compose("docker-compose.yml")
-    for name, service in base.items():
-        command = service["command"]
+    for name in FEDERATION:
+        command = base[name]["command"]
         assert "--insecure" not in command, name
         for part in command:  # every certificate path is mounted into the container
             if part.split("=")[0] in (
@@ -326,7 +428,7 @@ def test_compose_is_tls_by_default_auth_and_insecure_only_when_asked():
                 "--root-certificates",
             ):
                 assert part.split("=", 1)[1].startswith("/app/certificates/"), name
-                assert "./certificates:/app/certificates:ro" in service["volumes"], name
+                assert "./certificates:/app/certificates:ro" in base[name]["volumes"], name
         if name != "superlink":
             assert option(command, "--root-certificates") == "/app/certificates/ca.crt"
     assert "--enable-supernode-auth" not in base["superlink"]["command"]
@@ -337,24 +439,168 @@ def test_compose_is_tls_by_default_auth_and_insecure_only_when_asked():
     for index, node in enumerate(SUPERNODES, start=1):
         key = option(auth[node]["command"], "--auth-supernode-private-key")
         assert f"./keys/supernode-{index}.key:{key}:ro" in auth[node]["volumes"]
+        assert "./certificates:/app/certificates:ro" in auth[node]["volumes"]
         assert "--root-certificates" in flags(auth[node]["command"])
 
     insecure = load_compose("docker-compose.yml", "docker-compose.insecure.yml")
-    for name, service in insecure.items():
-        assert "--insecure" in service["command"], name
-        assert not {"--ssl-certfile", "--root-certificates"} & set(flags(service["command"])), name
+    for name in FEDERATION:
+        assert "--insecure" in insecure[name]["command"], name
+        assert not {"--ssl-certfile", "--root-certificates"} & set(
+            flags(insecure[name]["command"])
+        ), name
 
 
 def test_gpu_variant_reserves_a_gpu_for_every_clientapp_container():
     services = load_compose("docker-compose.yml", "docker-compose.gpu.yml")
+    base = load_compose("docker-compose.yml")
     for name in CLIENT_EXECS:
         devices = services[name]["deploy"]["resources"]["reservations"]["devices"]
         assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
-        assert services[name]["build"]["args"]["TORCH_INDEX_URL"] == "https://pypi.org/simple"
-        assert services[name]["command"] == load_compose("docker-compose.yml")[name]["command"]
+        assert services[name]["image"] == f"fedx/superexec:{version('fedx')}-gpu"
+        assert services[name]["command"] == base[name]["command"]
+    build = build_of(services["superexec-clientapp-1"])
+    assert (build["target"], build["args"]["TORCH_INDEX_URL"]) == (
+        "superexec",
+        "https://pypi.org/simple",
+    )
+    assert build["args"]["FLWR_VERSION"] == FLWR_VERSION
     assert all(
         "deploy" not in services[n] for n in ["superlink", "superexec-serverapp", *SUPERNODES]
     )
+
+
+# ----------------------------------------------------------------------
+# The containers' entrypoint (docker/entrypoint.py) without an engine
+# ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def entrypoint():
+    spec = importlib.util.spec_from_file_location(
+        "fedx_entrypoint", REPO / "docker" / "entrypoint.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_entrypoint_reads_flags_and_matches_names(entrypoint):
+    assert entrypoint.option_values(["--a=1", "--b", "2", "--c", "--d"]) == {"--a": "1", "--b": "2"}
+    assert entrypoint.names_host(["superlink", "127.0.0.1"], "superlink")
+    assert entrypoint.names_host(["SuperLink."], "superlink")
+    assert entrypoint.names_host(["*.example.org"], "node.example.org")
+    assert not entrypoint.names_host(["*.example.org"], "a.node.example.org")
+    assert entrypoint.names_host(["::1"], "0:0::1") and not entrypoint.names_host(
+        ["localhost"], "127.0.0.1"
+    )
+    assert not entrypoint.names_host(["supernode-1"], "supernode-2")
+
+
+def test_entrypoint_refuses_missing_unnamed_foreign_certificates_and_unwritable_folders(
+    entrypoint, tmp_path, monkeypatch
+):
+    failed = entrypoint.CheckFailed
+    certificates = tmp_path / "certificates"
+    node = [
+        "--superlink=superlink:8000",
+        f"--root-certificates={certificates / 'ca.crt'}",
+        "--port=9094",
+    ]
+    with pytest.raises(failed, match="ca.crt does not exist: make the certificates first"):
+        entrypoint.check("flower-supernode", node)
+    write_tls_certificates(certificates, ["localhost", "127.0.0.1"])
+    with pytest.raises(
+        failed, match=r"server.pem does not name 'superlink'.*\(it names localhost, 127.0.0.1\)"
+    ):
+        entrypoint.check("flower-supernode", node)
+    entrypoint.check("flower-supernode", ["--insecure", *node])  # no TLS: nothing to match
+    write_tls_certificates(certificates, ["superlink", "supernode-1"])
+    entrypoint.check("flower-supernode", node)
+    entrypoint.check(
+        "flower-superexec",
+        [
+            "--runtime-api-address",
+            "supernode-1:9094",
+            "--root-certificates",
+            str(certificates / "ca.crt"),
+        ],
+    )
+    other = write_tls_certificates(tmp_path / "other", ["superlink"])
+    (certificates / "server.pem").write_bytes(other.server_cert.read_bytes())
+    with pytest.raises(failed, match="server.pem is not signed by .*ca.crt"):
+        entrypoint.check("flower-supernode", node)
+
+    monkeypatch.setenv("FEDX_WRITABLE_DIRS", f"{tmp_path}:{tmp_path / 'missing'}")
+    with pytest.raises(failed, match="missing \\(written by this container\\) is not a folder"):
+        entrypoint.check("flower-superexec", [])
+    monkeypatch.delenv("FEDX_WRITABLE_DIRS")
+    entrypoint.check("flower-superlink", [f"--database={tmp_path / 'superlink.db'}"])
+
+    def refuse(*args, **kwargs):  # what a folder of another owner answers (root writes anywhere)
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(entrypoint.tempfile, "TemporaryFile", refuse)
+    with pytest.raises(
+        failed,
+        match=r"\(the SuperLink's database\) is not writable by uid \d+ \(Permission denied\)",
+    ):
+        entrypoint.check("flower-superlink", [f"--database={tmp_path / 'superlink.db'}"])
+
+
+def test_entrypoint_checks_the_connection_flwr_run_uses(entrypoint, tmp_path, monkeypatch):
+    write_tls_certificates(tmp_path / "certificates", ["localhost"])
+    home = tmp_path / "flwr-home"
+    home.mkdir()
+    (home / "config.toml").write_text(
+        (REPO / "docker" / "flwr-config.toml")
+        .read_text()
+        .replace("/app/certificates", str(tmp_path / "certificates"))
+    )
+    monkeypatch.setenv("FLWR_HOME", str(home))
+    with pytest.raises(entrypoint.CheckFailed, match="does not name 'superlink'"):
+        entrypoint.check("flwr", ["run", ".", "--stream", "--run-config", "num-server-rounds=1"])
+    entrypoint.check(
+        "flwr", ["run", ".", "fedx-compose-insecure", "--stream"]
+    )  # plain text: nothing to check
+    entrypoint.check("flwr", ["ls"])
+    # main(): one line on stderr, status 78, and the program never starts.
+    monkeypatch.setattr(entrypoint.os, "execvp", lambda *a: pytest.fail("must not start"))
+    assert entrypoint.main(["flwr", "run", "."]) == entrypoint.EX_CONFIG
+
+
+def test_entrypoint_waits_for_the_superlink_of_flwr_commands(
+    entrypoint, tmp_path, monkeypatch, capsys
+):
+    """`compose up -d` returns before the SuperLink listens: flwr commands wait for it, bounded."""
+    home = tmp_path / "flwr-home"
+    home.mkdir()
+    listening = socket.create_server(("127.0.0.1", 0))
+    closed = socket.create_server(("127.0.0.1", 0))
+    up, down = listening.getsockname()[1], closed.getsockname()[1]
+    closed.close()  # nothing listens there: connections are refused
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "up"\n'
+        f'[superlink.up]\naddress = "127.0.0.1:{up}"\ninsecure = true\n'
+        f'[superlink.down]\naddress = "127.0.0.1:{down}"\ninsecure = true\n'
+    )
+    monkeypatch.setenv("FLWR_HOME", str(home))
+    monkeypatch.setenv("FEDX_SUPERLINK_WAIT", "1")
+    assert entrypoint.flwr_superlink(["run", ".", "down", "--stream"])["address"].endswith(
+        f":{down}"
+    )
+    assert entrypoint.flwr_superlink(["stop", "123"])["address"].endswith(f":{up}")
+    assert entrypoint.flwr_superlink(["--help"]) is None
+    started = []
+    monkeypatch.setattr(entrypoint.os, "execvp", lambda program, argv: started.append(argv))
+    with listening:
+        assert entrypoint.main(["flwr", "ls"]) == 0 and started == [["flwr", "ls"]]
+        begun = time.monotonic()
+        assert entrypoint.main(["flwr", "run", ".", "down"]) == entrypoint.EX_CONFIG
+        assert 1.0 <= time.monotonic() - begun < 10
+    line = capsys.readouterr().err.strip()
+    assert line.startswith(f"fedx: flwr: the SuperLink at 127.0.0.1:{down} accepted no connection")
+    assert "\n" not in line and len(started) == 1
+    assert entrypoint.main(["flwr", "--help"]) == 0 and len(started) == 2  # no SuperLink needed
 
 
 def test_up_starts_the_federation_and_runs_the_app_once(tmp_path, monkeypatch, capsys):

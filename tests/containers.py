@@ -1,0 +1,410 @@
+"""Helpers of the container tests: fedx's compose files run by podman-compose on this machine's podman.
+
+A :class:`ComposeProject` is a copy of the repository's deployment files in a
+folder of its own (its ``certificates/``, ``outputs/``, ``state/``), run
+under a project name of its own, so tests never touch the checkout's folders
+nor another project's containers. The images are shared: they are built once
+from the checkout and rebuilt only when a file they are built from changes
+(:func:`ensure_images`; the key lives outside the clone, next to podman's
+own layer cache).
+"""
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fedx.deploy.local import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+# What the images are built from (docker/Dockerfile, its COPY lines, the build context rules).
+BUILD_INPUTS = [
+    "docker/Dockerfile",
+    "docker/entrypoint.py",
+    "fedx",
+    "pyproject.toml",
+    ".dockerignore",
+]
+# What a project folder needs: the build inputs, the compose files, the test app.
+PROJECT_FILES = [
+    *BUILD_INPUTS,
+    "docker/flwr-config.toml",
+    "docker-compose.yml",
+    "docker-compose.auth.yml",
+    "docker-compose.insecure.yml",
+    "docker-compose.gpu.yml",
+    "tests/wire_app",
+]
+LOCAL_BASE = "localhost/fedx-base:bookworm"
+APP_UID = 49999  # Flower's user "app" in every image
+NODE_ID = re.compile(r"SuperNode ID: (\d+)")
+STAMP = (
+    Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    / "fedx"
+    / "container-images.json"
+)
+
+
+def _run(
+    command: list[str], timeout: float, check: bool, **popen: Any
+) -> subprocess.CompletedProcess:
+    """``command``'s outcome, its output captured; with ``check``, a failure is an AssertionError."""
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=timeout, check=False, **popen
+    )
+    if check and done.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(command)} failed ({done.returncode}):\n"
+            f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        )
+    return done
+
+
+def podman_compose() -> list[str]:
+    """The podman-compose command of this environment (the dev extra installs it)."""
+    beside = Path(sys.executable).with_name("podman-compose")
+    found = str(beside) if beside.exists() else shutil.which("podman-compose")
+    return [found] if found else []
+
+
+def engine_problem() -> str | None:
+    """Why no container can run here (one line), or None when podman and podman-compose work."""
+    if shutil.which("podman") is None:
+        return "podman is not installed (.ci/run installs it with apt-get)"
+    if not podman_compose():
+        return "podman-compose is not installed (pip install -e '.[dev]')"
+    done = subprocess.run(
+        ["podman", "info", "--format", "{{.Host.OCIRuntime.Name}}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if done.returncode != 0:
+        return f"podman cannot run here: {(done.stderr.strip().splitlines() or ['podman info failed'])[-1]}"
+    return None
+
+
+def build_environment() -> dict[str, str]:
+    """Compose's build settings for this machine: the local base, torch from PyPI.
+
+    No image registry is reachable here, so the base image is the one
+    docker/build-local-base.sh makes from Debian packages, and torch comes
+    from PyPI (PyTorch's CPU index is not reachable either). Both can be
+    overridden from the environment.
+    """
+    return {
+        "FEDX_BASE_IMAGE": os.environ.get("FEDX_BASE_IMAGE", LOCAL_BASE),
+        "FEDX_TORCH_INDEX_URL": os.environ.get("FEDX_TORCH_INDEX_URL", "https://pypi.org/simple"),
+    }
+
+
+def built_images() -> list[str]:
+    """The images docker-compose.yml builds, by name."""
+    services = yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]
+    return sorted(s["image"] for s in services.values() if "build" in s)
+
+
+def _image_id(image: str) -> str | None:
+    done = subprocess.run(
+        ["podman", "image", "inspect", "--format", "{{.Id}}", image],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def inputs_key(environment: dict[str, str]) -> str:
+    """A hash of every file the images are built from, the build settings and the base image."""
+    digest = hashlib.sha256()
+    for top in BUILD_INPUTS:
+        path = REPO / top
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        for file in files:
+            if "__pycache__" in file.parts or file.suffix == ".pyc":
+                continue
+            digest.update(str(file.relative_to(REPO)).encode() + b"\0" + file.read_bytes() + b"\0")
+    for name in sorted(environment):
+        digest.update(f"{name}={environment[name]}\0".encode())
+    digest.update((_image_id(environment["FEDX_BASE_IMAGE"]) or "").encode())
+    return digest.hexdigest()
+
+
+def ensure_images(project: "ComposeProject", timeout: float = 3600) -> str:
+    """Build the images unless the ones built last from the same inputs still exist.
+
+    Returns what happened ("cached", or "built in N s"). The local base image
+    is made first when it is missing (a few minutes; Debian's mirror needed).
+    """
+    environment = build_environment()
+    if environment["FEDX_BASE_IMAGE"] == LOCAL_BASE and _image_id(LOCAL_BASE) is None:
+        subprocess.run(
+            [str(REPO / "docker" / "build-local-base.sh")],
+            check=True,
+            timeout=timeout,
+            capture_output=True,
+        )
+    key = inputs_key(environment)
+    try:
+        stamp = json.loads(STAMP.read_text())
+    except (OSError, ValueError):
+        stamp = {}
+    images = built_images()
+    if stamp.get("key") == key and all(
+        stamp.get("images", {}).get(i) == _image_id(i) is not None for i in images
+    ):
+        return "cached"
+    started = time.monotonic()
+    # One image at a time: they share their first layers.
+    project.compose("--parallel", "1", "build", timeout=timeout)
+    built = {i: _image_id(i) for i in images}
+    STAMP.parent.mkdir(parents=True, exist_ok=True)
+    STAMP.write_text(json.dumps({"key": key, "images": built}))
+    # The images these tests built before, now untagged: their layers would
+    # pile up with every edit of fedx (podman refuses while a container uses one).
+    for old in set(stamp.get("images", {}).values()) - set(built.values()):
+        if old:
+            subprocess.run(["podman", "rmi", old], capture_output=True, timeout=120, check=False)
+    return f"built in {time.monotonic() - started:.0f} s"
+
+
+def remove_project(name: str) -> None:
+    """Remove the containers (dependents with them) and the network of compose project ``name``."""
+    containers = subprocess.run(
+        ["podman", "ps", "-a", "-q", "--filter", f"label=io.podman.compose.project={name}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    ).stdout.split()
+    if (
+        containers
+    ):  # --depend: a SuperLink goes after the containers started with a dependency on it
+        subprocess.run(
+            ["podman", "rm", "-f", "--depend", "-t", "2", *containers],
+            capture_output=True,
+            timeout=300,
+            check=False,
+        )
+    subprocess.run(
+        ["podman", "network", "rm", "-f", f"{name}_default"],
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+
+
+# Project names of these tests: a prefix and the pid of the pytest that made them.
+PROJECT_NAME = re.compile(r"^fedx(?:test|auth|bad|build)(\d+)$")
+
+
+def remove_stale_projects() -> list[str]:
+    """Remove the projects of earlier runs of these tests whose pytest is gone (killed, timed out).
+
+    Only projects named by :data:`PROJECT_NAME` whose pid no longer runs: a
+    project of a test running beside this one is left alone.
+    """
+    listed = subprocess.run(
+        ["podman", "ps", "-a", "--format", '{{index .Labels "io.podman.compose.project"}}'],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    ).stdout.split()
+    stale = []
+    for name in sorted(set(listed)):
+        match = PROJECT_NAME.match(name)
+        if match and not Path(f"/proc/{match.group(1)}").exists():
+            remove_project(name)
+            stale.append(name)
+    return stale
+
+
+class ComposeProject:
+    """A compose project in ``directory`` under the name ``name``.
+
+    Parameters
+    ----------
+    directory : Path
+        Receives the deployment files (:data:`PROJECT_FILES`) and the
+        folders the containers mount, owned by the containers' user.
+    name : str
+        The compose project name; containers are ``<name>_<service>_1``.
+    files : tuple of str
+        The compose files, in ``-f`` order.
+    """
+
+    def __init__(self, directory: Path, name: str, files=("docker-compose.yml",)) -> None:
+        self.directory = directory
+        self.name = name
+        self.files = list(files)
+        self.environment = {
+            **os.environ,
+            **build_environment(),
+            "FEDX_SUPERLINK_PUBLISH": f"127.0.0.1:{free_port()}",
+        }
+
+    def prepare(self, folders=("certificates", "outputs", "state", "keys", "data")) -> None:
+        """Copy the deployment files and make the folders the containers write to."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory.chmod(0o755)  # the flwr service reads the app from here as uid 49999
+        for name in PROJECT_FILES:
+            source, target = REPO / name, self.directory / name
+            if source.is_dir():
+                shutil.copytree(
+                    source,
+                    target,
+                    dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+                )
+            else:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source, target)
+        for folder in folders:
+            (self.directory / folder).mkdir(exist_ok=True)
+            os.chown(self.directory / folder, APP_UID, APP_UID)
+
+    # ------------------------------------------------------------------
+
+    def compose_command(self) -> list[str]:
+        """``podman-compose -p NAME -f FILE ...``, to run in the project folder."""
+        command = [*podman_compose(), "-p", self.name]
+        for file in self.files:
+            command += ["-f", file]
+        return command
+
+    def compose(
+        self, *args: str, timeout: float = 300, check: bool = True
+    ) -> subprocess.CompletedProcess:
+        """``podman-compose -p NAME -f ... ARGS`` in the project folder."""
+        return _run(
+            [*self.compose_command(), *args],
+            timeout,
+            check,
+            cwd=self.directory,
+            env=self.environment,
+        )
+
+    def run_tool(
+        self, service: str, *args: str, timeout: float = 300
+    ) -> subprocess.CompletedProcess:
+        """``compose run --rm`` a tool service (``flwr``, ``fedx-deploy``); returns what it did.
+
+        On a timeout the tool's container is removed before the error goes
+        on: killing podman-compose alone would leave it running.
+        """
+        try:
+            return self.compose(
+                "--profile",
+                "tools",
+                "run",
+                "--rm",
+                "-T",
+                service,
+                *args,
+                timeout=timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            self.remove_tool_containers(service)
+            raise
+
+    def remove_tool_containers(self, service: str) -> None:
+        """Remove the containers ``compose run`` made for ``service`` (``<project>_<service>_tmp<n>``)."""
+        prefix = f"{self.name}_{service}_tmp"
+        for name in self.container_names():
+            if name.startswith(prefix):
+                self.podman("rm", "-f", "-t", "2", name, check=False)
+
+    def container(self, service: str) -> str:
+        return f"{self.name}_{service}_1"
+
+    def podman(
+        self, *args: str, timeout: float = 120, check: bool = True
+    ) -> subprocess.CompletedProcess:
+        return _run(["podman", *args], timeout, check)
+
+    def logs(self, service: str) -> str:
+        done = self.podman("logs", self.container(service), check=False)
+        return done.stdout + done.stderr
+
+    def count_in_log(self, service: str, pattern: str) -> int:
+        return len(re.findall(pattern, self.logs(service)))
+
+    def node_id(self, service: str) -> int | None:
+        """The node id a SuperNode container last reported, if any."""
+        found = NODE_ID.findall(self.logs(service))
+        return int(found[-1]) if found else None
+
+    @contextmanager
+    def logs_on_failure(self) -> Iterator[None]:
+        """On a failed check inside, keep every container's log (a folder named in the failure)."""
+        try:
+            yield
+        except AssertionError as err:
+            folder = Path(tempfile.mkdtemp(prefix=f"{self.name}-logs-"))
+            for name in self.container_names():
+                done = self.podman("logs", "-t", name, check=False)
+                (folder / f"{name}.log").write_text(done.stdout + done.stderr)
+                done = self.podman("top", name, "pid", "ppid", "etime", "args", check=False)
+                (folder / f"{name}.processes").write_text(done.stdout + done.stderr)
+            for log in self.directory.glob("*.log"):  # what the tests' flwr runs printed
+                shutil.copy2(log, folder / log.name)
+            err.args = (f"{err.args[0] if err.args else ''}\n(the containers' logs: {folder})",)
+            raise
+
+    def state(self, service: str) -> str:
+        done = self.podman(
+            "inspect", "--format", "{{.State.Status}}", self.container(service), check=False
+        )
+        return done.stdout.strip()
+
+    def addresses(self, service: str) -> list[str]:
+        """The container's IP addresses on its networks."""
+        done = self.podman(
+            "inspect",
+            "--format",
+            "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}",
+            self.container(service),
+        )
+        return done.stdout.split()
+
+    @property
+    def network(self) -> str:
+        return f"{self.name}_default"
+
+    def container_names(self) -> list[str]:
+        """Names of this project's containers, running or not."""
+        done = self.podman(
+            "ps",
+            "-a",
+            "--format",
+            "{{.Names}}",
+            "--filter",
+            f"label=io.podman.compose.project={self.name}",
+            check=False,
+        )
+        return done.stdout.split()
+
+    def leftovers(self) -> list[str]:
+        """Containers and the network of this project that still exist."""
+        network = self.podman("network", "exists", self.network, check=False).returncode == 0
+        return self.container_names() + ([self.network] if network else [])
+
+    def down(self) -> None:
+        """Stop and remove every container and the network of the project."""
+        self.compose("--profile", "tools", "down", "-t", "5", timeout=300, check=False)
+        remove_project(self.name)

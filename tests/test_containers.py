@@ -1,0 +1,438 @@
+"""fedx's compose deployment started by a real container engine: podman with podman-compose.
+
+One federation for the module, from docker-compose.yml as the README runs
+it: certificates naming the service hosts (made by the fedx-deploy tool
+container), a SuperLink, three SuperNodes, the ServerApp's SuperExec and one
+ClientApp SuperExec per SuperNode, each in its own container with its own
+address on the project network; runs are submitted by the flwr tool
+container. On it:
+
+- the default FedMR job on digits leaves its results in ./outputs on the host;
+- the ServerApp container killed mid-run, and the run continued with
+  resume-from, ends with the same final pool as the uninterrupted run;
+- a SuperNode container cut off the network for a round and one killed
+  mid-round (the numpy test app, fast rounds): every round completes, the
+  log names the lost nodes, the reconnected and the restarted ones are
+  sampled again.
+
+Besides it: the auth variant (a registered SuperNode container gets in, an
+unregistered one is refused), and bad input (no certificates, certificates
+that do not name the hosts, an unwritable outputs/) stops a container with
+one line. Everything started is removed at the end. The images are built
+once and reused while the files they are built from are unchanged
+(tests/containers.py); the first build takes 10-20 minutes.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedx.deploy.credentials import write_tls_certificates
+from tests.containers import ComposeProject, engine_problem, ensure_images, remove_stale_projects
+from tests.deployment import wait_for
+
+_PROBLEM = engine_problem()
+pytestmark = pytest.mark.skipif(_PROBLEM is not None, reason=f"no container engine: {_PROBLEM}")
+
+SUPERNODES = ["supernode-1", "supernode-2", "supernode-3"]
+SERVICES = [
+    "superlink",
+    "superexec-serverapp",
+    *SUPERNODES,
+    "superexec-clientapp-1",
+    "superexec-clientapp-2",
+    "superexec-clientapp-3",
+]
+HOSTS = ["superlink", *SUPERNODES]
+RECEIVED = "Receiving: train message"
+# The default job, short: 2 rounds, all 3 SuperNodes (the time goes to process start-up, not training).
+JOB = "num-server-rounds=2 min-available-nodes=3"
+EX_CONFIG = 78
+# What fedx-superexec, the ClientApp executor of docker-compose.yml, logs for every message.
+CLIENTAPP_FORKED = r"ClientApp task \d+ forked from the warm interpreter"
+
+
+def make_certificates(project: ComposeProject, hosts=HOSTS) -> None:
+    """What the README does: `compose run --rm fedx-deploy certs --out certificates --host ...`."""
+    args = ["certs", "--out", "certificates"]
+    for host in hosts:
+        args += ["--host", host]
+    done = project.run_tool("fedx-deploy", *args, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.fixture(scope="module")
+def workdir():
+    """The projects' folders: not under pytest's basetemp, which another pytest
+    run of the same user may delete while the containers still mount it."""
+    directory = Path(tempfile.mkdtemp(prefix="fedx-containers-"))
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def images(workdir) -> str:
+    """The images, built unless the last build from the same files still exists.
+
+    First, whatever an earlier run of these tests left behind when it was
+    killed (its pytest is gone) is removed: its containers hold ports and memory.
+    """
+    remove_stale_projects()
+    project = ComposeProject(workdir / "build", f"fedxbuild{os.getpid()}")
+    project.prepare()
+    return ensure_images(project)
+
+
+@pytest.fixture(scope="module")
+def federation(images, workdir):
+    del images
+    project = ComposeProject(workdir / "federation", f"fedxtest{os.getpid()}")
+    project.prepare()
+    try:
+        make_certificates(project)
+        project.compose("up", "-d", timeout=600)
+        wait_for(
+            lambda: all(project.node_id(n) for n in SUPERNODES), 300, "three SuperNodes to connect"
+        )
+        yield project
+    finally:
+        project.down()
+    assert project.leftovers() == []
+
+
+def flwr_run(project: ComposeProject, *args: str, timeout: float = 900) -> str:
+    """``compose run --rm flwr run ...`` to the end; returns what it printed."""
+    done = project.run_tool("flwr", "run", *args, timeout=timeout)
+    return done.stdout + done.stderr
+
+
+@pytest.fixture(scope="module")
+def reference(federation):
+    """The default job in containers, never interrupted: outputs/reference."""
+    return flwr_run(federation, ".", "--stream", "--run-config", f'{JOB} run-name="reference"')
+
+
+def test_the_default_job_runs_in_containers_and_writes_outputs_on_the_host(federation, reference):
+    directory = federation.directory / "outputs" / "reference"
+    assert (directory / "metrics.json").exists(), reference[-4000:]
+    metrics = json.loads((directory / "metrics.json").read_text())
+    rounds = {row["round"]: row for row in metrics["rounds"]}
+    assert sorted(rounds) == [0, 1, 2]
+    assert rounds[1]["trained-slots"] == rounds[2]["trained-slots"] == 3
+    assert rounds[2]["accuracy"] > rounds[0]["accuracy"] + 0.2, rounds
+    assert (directory / "checkpoint.json").exists() and (directory / "model.pt").exists()
+    assert (directory / "metrics.json").stat().st_uid == 49999  # written in the container
+    # Each part in its own container, each container with its own address.
+    addresses = {service: federation.addresses(service) for service in SERVICES}
+    assert all(len(found) == 1 for found in addresses.values()), addresses
+    assert len({found[0] for found in addresses.values()}) == len(SERVICES), addresses
+    # The ServerApp ran in superexec-serverapp: /app/outputs is that container's mount.
+    assert "outputs in /app/outputs/reference" in reference, reference[-4000:]
+    for index in (1, 2, 3):  # the ClientApps ran beside their SuperNode, not in it
+        assert federation.count_in_log(f"superexec-clientapp-{index}", CLIENTAPP_FORKED) >= 2
+        assert "ClientApp task" not in federation.logs(f"supernode-{index}")
+
+
+def since(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def test_supernode_containers_cut_off_or_killed_are_dropped_and_sampled_again(federation):
+    """Round 2: once supernode-2 and supernode-3 have received their message,
+    supernode-2 is cut off the network and supernode-3 is killed and started
+    again (a new node id). When the round gives up on them, supernode-2 is
+    reconnected. The later rounds leave both out for the cooldown, then
+    sample the reconnected and the restarted node again: some round after
+    the faults is trained by all three live nodes.
+    """
+    with federation.logs_on_failure():
+        cut_and_kill(federation)
+
+
+def cut_and_kill(federation: ComposeProject) -> None:
+    """The fault run of the test above and its checks."""
+    cut, killed = federation.container("supernode-2"), federation.container("supernode-3")
+    cut_id, killed_id = federation.node_id("supernode-2"), federation.node_id("supernode-3")
+    start = datetime.now(UTC)
+    log = federation.directory / "faults.log"
+
+    def received(service: str, after: datetime = start) -> int:
+        """Train messages of this run that ``service`` received (a SuperNode logs the run first)."""
+        started = re.search(r"Successfully started run (\d+)", log.read_text(errors="replace"))
+        if started is None:
+            return 0
+        done = federation.podman(
+            "logs", "--since", since(after), federation.container(service), check=False
+        )
+        run, count = None, 0
+        for line in (done.stdout + done.stderr).splitlines():
+            if found := re.search(r"\[RUN (\d+)\]", line):
+                run = found.group(1)
+            elif RECEIVED in line and run == started.group(1):
+                count += 1
+        return count
+
+    # A reply takes train-delay, a fork of the warm ClientApp interpreter and
+    # up to 3 s of the SuperNode's poll; train-delay leaves the test time to
+    # strike both nodes after both received round 2's message. Only round 2
+    # lasts the whole round timeout (40 s: healthy replies took 20 s at load
+    # 10-20). The cooldown outlasts Flower's heartbeat patience (a silent node
+    # stays listed for up to 60 s after its last heartbeat, sent every 24 s):
+    # by its end the killed node's old id is no longer listed, and the cut-off
+    # node is reachable again (Flower's reconnection backoff took up to 43 s
+    # here) or answered at once as unavailable. 12 rounds give the reconnected
+    # node more than a minute after round 2 to train again.
+    settings = (
+        "num-server-rounds=12 min-nodes=3 round-timeout=40.0 unresponsive-cooldown=30.0 "
+        'train-delay=5.0 result-file="/app/outputs/faults.json"'
+    )
+    command = [
+        *federation.compose_command(),
+        "--profile",
+        "tools",
+        "run",
+        "--rm",
+        "-T",
+        "flwr",
+        "run",
+        "tests/wire_app",
+        "--stream",
+        "--run-config",
+        settings,
+    ]
+    with open(log, "w", encoding="utf-8") as out:
+        run = subprocess.Popen(
+            command,
+            cwd=federation.directory,
+            env=federation.environment,  # pylint: disable=consider-using-with
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_for(
+            lambda: received("supernode-2") >= 2 and received("supernode-3") >= 2,
+            300,
+            "round 2 on supernode-2 and supernode-3",
+            interval=0.3,
+        )
+        federation.podman("network", "disconnect", federation.network, cut)
+        federation.podman("kill", "--signal", "KILL", killed)
+        wait_for(lambda: federation.state("supernode-3") != "running", 60, "supernode-3 to stop")
+        restarted_at = datetime.now(UTC)
+        federation.podman("start", killed)
+        wait_for(
+            lambda: f"no reply from node {cut_id}" in log.read_text(),
+            120,
+            "round 2 to give up on supernode-2",
+        )
+        reconnected_at = datetime.now(UTC)
+        federation.podman("network", "connect", "--alias", "supernode-2", federation.network, cut)
+        run.wait(timeout=600)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait(timeout=30)
+            federation.remove_tool_containers("flwr")  # killing podman-compose leaves it
+    output = log.read_text(errors="replace")
+    result_file = federation.directory / "outputs" / "faults.json"
+    assert result_file.exists(), output[-4000:]
+    result = json.loads(result_file.read_text())["strategies"]["fedmr"]
+    assert result["rounds"] == list(range(1, 13)), output[-4000:]
+    slots = {int(round_): count for round_, count in result["trained-slots"].items()}
+    # Round 2 lost both nodes, and the log names them.
+    assert slots[1] == 3 and slots[2] == 1, slots
+    assert f"Round 2: no reply from node {cut_id} " in output, output[-4000:]
+    assert (
+        f"Round 2: no reply from node {killed_id} " in output
+        or f"Round 2: node {killed_id} (slot" in output
+    ), output[-4000:]
+    assert f"Leaving out node {cut_id}: no reply in round 2" in output
+    # Reconnected, supernode-2 kept its id and was sampled again.
+    assert federation.node_id("supernode-2") == cut_id
+    assert received("supernode-2", after=reconnected_at) >= 1, output[-4000:]
+    # Restarted, supernode-3 came back with a new id and was sampled.
+    back_id = federation.node_id("supernode-3")
+    assert back_id not in (None, killed_id)
+    assert received("supernode-3", after=restarted_at) >= 1, output[-4000:]
+    # A round after the faults was trained by all three live nodes: the
+    # reconnected and the restarted ones replied, not just received.
+    assert max(slots[r] for r in range(3, 13)) == 3, slots
+
+
+# After the fault test: the resumed ServerApp's run is stopped while the
+# SuperNodes pull its messages, and Flower 1.41's SuperNode keeps such a
+# message unanswered; when a later task of the node is lost (the network cut
+# above), the SuperNode stores an error reply for it and from then on pushes
+# every reply one message late (seen here: the reconnected node never
+# replied in time again).
+def test_a_killed_serverapp_container_resumes_with_resume_from_to_the_same_pool(
+    federation, reference
+):
+    outputs = federation.directory / "outputs"
+    done = federation.run_tool(
+        "flwr", "run", ".", "--format", "json", "--run-config", f'{JOB} run-name="interrupted"'
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_id = json.loads(done.stdout)["run-id"]
+    checkpoint = outputs / "interrupted" / "checkpoint.json"
+
+    def checkpointed_round() -> int:
+        try:
+            return json.loads(checkpoint.read_text())["round"]
+        except (OSError, ValueError, KeyError):
+            return 0
+
+    wait_for(lambda: checkpointed_round() >= 1, 600, "the checkpoint of round 1", interval=0.2)
+    server = federation.container("superexec-serverapp")
+    federation.podman("kill", "--signal", "KILL", server)
+    assert checkpointed_round() == 1, "the ServerApp must die before finishing the run"
+    wait_for(
+        lambda: federation.state("superexec-serverapp") != "running", 60, "the container to stop"
+    )
+    federation.podman("start", server)
+    # The dead ServerApp's run is stopped, as a user would: its messages to
+    # the SuperNodes are dropped instead of keeping them busy for later runs.
+    stopped = federation.run_tool("flwr", "stop", str(run_id))
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+
+    resumed = flwr_run(
+        federation, ".", "--stream", "--run-config", 'resume-from="outputs/interrupted"'
+    )
+    assert checkpointed_round() == 2, resumed[-4000:]
+    assert "[ROUND 2/2]" in resumed and "[ROUND 1/2]" not in resumed, resumed[-4000:]
+    final = [
+        np.load(outputs / run / "checkpoint-round-00002.npz")
+        for run in ("reference", "interrupted")
+    ]
+    assert sorted(final[0].files) == sorted(final[1].files) and len(final[0].files) > 8
+    for name in final[0].files:  # the pool of 3 models and the global model, bit for bit
+        np.testing.assert_array_equal(final[0][name], final[1][name], err_msg=name)
+
+
+# ----------------------------------------------------------------------
+# SuperNode authentication
+# ----------------------------------------------------------------------
+
+
+def register(project: ComposeProject, public_key: str):
+    """``flwr supernode register`` through the flwr tool container, once the SuperLink answers."""
+    done = project.run_tool("flwr", "supernode", "register", public_key)
+    return done if done.returncode == 0 else None
+
+
+def test_auth_variant_lets_registered_supernode_containers_in_and_refuses_others(images, workdir):
+    del images
+    project = ComposeProject(
+        workdir / "auth",
+        f"fedxauth{os.getpid()}",
+        files=("docker-compose.yml", "docker-compose.auth.yml"),
+    )
+    project.prepare()
+    try:
+        make_certificates(project)
+        keys = project.run_tool("fedx-deploy", "keys", "--out", "keys", "--supernodes", "2")
+        assert keys.returncode == 0, keys.stderr
+        project.compose("up", "-d", "superlink", timeout=300)
+        # Only supernode-1's key is registered; supernode-2's never is.
+        registered = wait_for(
+            lambda: register(project, "/app/keys/supernode-1.pub"),
+            180,
+            "the SuperLink to register a key",
+            interval=3.0,
+        )
+        assert "registered" in registered.stdout + registered.stderr
+        project.compose("up", "-d", "--no-deps", "supernode-1", timeout=300)
+        wait_for(lambda: project.node_id("supernode-1"), 180, "the registered SuperNode to connect")
+        refused = project.compose(
+            "run", "--rm", "-T", "--no-deps", "supernode-2", timeout=300, check=False
+        )
+        output = refused.stdout + refused.stderr
+        assert refused.returncode != 0, output[-3000:]
+        assert "Failed to activate SuperNode" in output, output[-3000:]
+        assert "SuperNode ID:" not in output
+    finally:
+        project.down()
+    assert project.leftovers() == []
+
+
+# ----------------------------------------------------------------------
+# Bad input: one line and an exit, never a hang
+# ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def unprepared(images, workdir):
+    """A project folder of its own, for breaking its certificates and folders."""
+    del images
+    project = ComposeProject(workdir / "bad", f"fedxbad{os.getpid()}")
+    project.prepare()
+    yield project
+    project.down()
+    assert project.leftovers() == []
+
+
+def one_line_error(project: ComposeProject, service: str, *args: str) -> str:
+    """Start ``service`` alone as compose would; it must exit at once with status 78 and one line."""
+    started = time.monotonic()
+    done = project.compose(
+        "run",
+        "--rm",
+        "-T",
+        "--no-deps",
+        "-e",
+        "FEDX_FAILURE_DELAY=0",
+        service,
+        *args,
+        timeout=120,
+        check=False,
+    )
+    lines = [
+        line
+        for line in done.stderr.splitlines() + done.stdout.splitlines()
+        if line.startswith("fedx: ")
+    ]
+    assert done.returncode == EX_CONFIG, done.stdout + done.stderr
+    assert len(lines) == 1, done.stdout + done.stderr
+    assert time.monotonic() - started < 60
+    return lines[0]
+
+
+def test_bad_certificates_and_folders_stop_the_containers_with_one_line(unprepared):
+    certificates = unprepared.directory / "certificates"
+    line = one_line_error(unprepared, "superlink")
+    assert (
+        "--ssl-certfile /app/certificates/server.pem does not exist: make the certificates first"
+        in line
+    )
+    assert "does not exist" in one_line_error(unprepared, "supernode-1")
+
+    # Certificates for processes on one machine: they do not name the service hosts.
+    write_tls_certificates(certificates, ["localhost", "127.0.0.1"])
+    for path in certificates.iterdir():
+        os.chown(path, 49999, 49999)
+    line = one_line_error(unprepared, "supernode-1")
+    assert (
+        "server.pem does not name 'superlink'" in line and "it names localhost, 127.0.0.1" in line
+    )
+    assert "does not name 'supernode-2'" in one_line_error(unprepared, "superexec-clientapp-2")
+    flwr = unprepared.run_tool("flwr", "run", ".", "--stream", timeout=120)
+    assert flwr.returncode == EX_CONFIG and "does not name 'superlink'" in flwr.stderr, flwr.stderr
+
+    # Right certificates, but an outputs/ the ServerApp's user cannot write.
+    make_certificates(unprepared)
+    os.chown(unprepared.directory / "outputs", 0, 0)
+    line = one_line_error(unprepared, "superexec-serverapp")
+    assert "/app/outputs (written by this container) is not writable by uid 49999" in line
+    flwr = unprepared.run_tool("flwr", "run", ".", "--stream", timeout=120)
+    assert flwr.returncode == EX_CONFIG and "is not writable by uid 49999" in flwr.stderr, (
+        flwr.stderr
+    )
