@@ -188,8 +188,9 @@ def cut_and_kill(federation: ComposeProject) -> None:
     # 10-20). The cooldown outlasts Flower's heartbeat patience (a silent node
     # stays listed for up to 60 s after its last heartbeat, sent every 24 s):
     # by its end the killed node's old id is no longer listed, and the cut-off
-    # node is reachable again (Flower's reconnection backoff took up to 43 s
-    # here) or answered at once as unavailable. 12 rounds give the reconnected
+    # node is reachable again (Flower's retries, backing off up to 20 s,
+    # reconnected it within 3-12 s of the network here) or answered at once
+    # as unavailable. 12 rounds give the reconnected
     # node more than a minute after round 2 to train again.
     settings = (
         "num-server-rounds=12 min-nodes=3 round-timeout=40.0 unresponsive-cooldown=30.0 "
