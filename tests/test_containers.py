@@ -189,7 +189,7 @@ def cut_and_kill(federation: ComposeProject) -> None:
     # stays listed for up to 60 s after its last heartbeat, sent every 24 s):
     # by its end the killed node's old id is no longer listed, and the cut-off
     # node is reachable again (Flower's retries, backing off up to 20 s,
-    # reconnected it within 3-12 s of the network here) or answered at once
+    # reconnected it within 12 s of the network here) or answered at once
     # as unavailable. 12 rounds give the reconnected
     # node more than a minute after round 2 to train again.
     settings = (
