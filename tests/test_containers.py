@@ -154,119 +154,119 @@ def test_supernode_containers_cut_off_or_killed_are_dropped_and_sampled_again(fe
     sample the reconnected and the restarted node again: some round after
     the faults is trained by all three live nodes.
     """
+    # A failed check keeps every container's log (the folder is named in the failure).
     with federation.logs_on_failure():
-        cut_and_kill(federation)
+        cut, killed = federation.container("supernode-2"), federation.container("supernode-3")
+        cut_id, killed_id = federation.node_id("supernode-2"), federation.node_id("supernode-3")
+        start = datetime.now(UTC)
+        log = federation.directory / "faults.log"
 
+        def received(service: str, after: datetime = start) -> int:
+            """Train messages of this run that ``service`` received (a SuperNode logs the run first)."""
+            started = re.search(r"Successfully started run (\d+)", log.read_text(errors="replace"))
+            if started is None:
+                return 0
+            done = federation.podman(
+                "logs", "--since", since(after), federation.container(service), check=False
+            )
+            run, count = None, 0
+            for line in (done.stdout + done.stderr).splitlines():
+                if found := re.search(r"\[RUN (\d+)\]", line):
+                    run = found.group(1)
+                elif RECEIVED in line and run == started.group(1):
+                    count += 1
+            return count
 
-def cut_and_kill(federation: ComposeProject) -> None:
-    """The fault run of the test above and its checks."""
-    cut, killed = federation.container("supernode-2"), federation.container("supernode-3")
-    cut_id, killed_id = federation.node_id("supernode-2"), federation.node_id("supernode-3")
-    start = datetime.now(UTC)
-    log = federation.directory / "faults.log"
-
-    def received(service: str, after: datetime = start) -> int:
-        """Train messages of this run that ``service`` received (a SuperNode logs the run first)."""
-        started = re.search(r"Successfully started run (\d+)", log.read_text(errors="replace"))
-        if started is None:
-            return 0
-        done = federation.podman(
-            "logs", "--since", since(after), federation.container(service), check=False
+        # A reply takes train-delay, a fork of the warm ClientApp interpreter and
+        # up to 3 s of the SuperNode's poll; train-delay leaves the test time to
+        # strike both nodes after both received round 2's message. Only round 2
+        # lasts the whole round timeout (40 s: healthy replies took 20 s at load
+        # 10-20). The cooldown outlasts Flower's heartbeat patience (a silent node
+        # stays listed for up to 60 s after its last heartbeat, sent every 24 s):
+        # by its end the killed node's old id is no longer listed, and the cut-off
+        # node is reachable again (Flower's retries, backing off up to 20 s,
+        # reconnected it within 12 s of the network here) or answered at once
+        # as unavailable. 12 rounds give the reconnected
+        # node more than a minute after round 2 to train again.
+        settings = (
+            "num-server-rounds=12 min-nodes=3 round-timeout=40.0 unresponsive-cooldown=30.0 "
+            'train-delay=5.0 result-file="/app/outputs/faults.json"'
         )
-        run, count = None, 0
-        for line in (done.stdout + done.stderr).splitlines():
-            if found := re.search(r"\[RUN (\d+)\]", line):
-                run = found.group(1)
-            elif RECEIVED in line and run == started.group(1):
-                count += 1
-        return count
-
-    # A reply takes train-delay, a fork of the warm ClientApp interpreter and
-    # up to 3 s of the SuperNode's poll; train-delay leaves the test time to
-    # strike both nodes after both received round 2's message. Only round 2
-    # lasts the whole round timeout (40 s: healthy replies took 20 s at load
-    # 10-20). The cooldown outlasts Flower's heartbeat patience (a silent node
-    # stays listed for up to 60 s after its last heartbeat, sent every 24 s):
-    # by its end the killed node's old id is no longer listed, and the cut-off
-    # node is reachable again (Flower's retries, backing off up to 20 s,
-    # reconnected it within 12 s of the network here) or answered at once
-    # as unavailable. 12 rounds give the reconnected
-    # node more than a minute after round 2 to train again.
-    settings = (
-        "num-server-rounds=12 min-nodes=3 round-timeout=40.0 unresponsive-cooldown=30.0 "
-        'train-delay=5.0 result-file="/app/outputs/faults.json"'
-    )
-    command = [
-        *federation.compose_command(),
-        "--profile",
-        "tools",
-        "run",
-        "--rm",
-        "-T",
-        "flwr",
-        "run",
-        "tests/wire_app",
-        "--stream",
-        "--run-config",
-        settings,
-    ]
-    with open(log, "w", encoding="utf-8") as out:
-        run = subprocess.Popen(
-            command,
-            cwd=federation.directory,
-            env=federation.environment,  # pylint: disable=consider-using-with
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        wait_for(
-            lambda: received("supernode-2") >= 2 and received("supernode-3") >= 2,
-            300,
-            "round 2 on supernode-2 and supernode-3",
-            interval=0.3,
-        )
-        federation.podman("network", "disconnect", federation.network, cut)
-        federation.podman("kill", "--signal", "KILL", killed)
-        wait_for(lambda: federation.state("supernode-3") != "running", 60, "supernode-3 to stop")
-        restarted_at = datetime.now(UTC)
-        federation.podman("start", killed)
-        wait_for(
-            lambda: f"no reply from node {cut_id}" in log.read_text(),
-            120,
-            "round 2 to give up on supernode-2",
-        )
-        reconnected_at = datetime.now(UTC)
-        federation.podman("network", "connect", "--alias", "supernode-2", federation.network, cut)
-        run.wait(timeout=600)
-    finally:
-        if run.poll() is None:
-            run.kill()
-            run.wait(timeout=30)
-            federation.remove_tool_containers("flwr")  # killing podman-compose leaves it
-    output = log.read_text(errors="replace")
-    result_file = federation.directory / "outputs" / "faults.json"
-    assert result_file.exists(), output[-4000:]
-    result = json.loads(result_file.read_text())["strategies"]["fedmr"]
-    assert result["rounds"] == list(range(1, 13)), output[-4000:]
-    slots = {int(round_): count for round_, count in result["trained-slots"].items()}
-    # Round 2 lost both nodes, and the log names them.
-    assert slots[1] == 3 and slots[2] == 1, slots
-    assert f"Round 2: no reply from node {cut_id} " in output, output[-4000:]
-    assert (
-        f"Round 2: no reply from node {killed_id} " in output
-        or f"Round 2: node {killed_id} (slot" in output
-    ), output[-4000:]
-    assert f"Leaving out node {cut_id}: no reply in round 2" in output
-    # Reconnected, supernode-2 kept its id and was sampled again.
-    assert federation.node_id("supernode-2") == cut_id
-    assert received("supernode-2", after=reconnected_at) >= 1, output[-4000:]
-    # Restarted, supernode-3 came back with a new id and was sampled.
-    back_id = federation.node_id("supernode-3")
-    assert back_id not in (None, killed_id)
-    assert received("supernode-3", after=restarted_at) >= 1, output[-4000:]
-    # A round after the faults was trained by all three live nodes: the
-    # reconnected and the restarted ones replied, not just received.
-    assert max(slots[r] for r in range(3, 13)) == 3, slots
+        command = [
+            *federation.compose_command(),
+            "--profile",
+            "tools",
+            "run",
+            "--rm",
+            "-T",
+            "flwr",
+            "run",
+            "tests/wire_app",
+            "--stream",
+            "--run-config",
+            settings,
+        ]
+        with open(log, "w", encoding="utf-8") as out:
+            run = subprocess.Popen(
+                command,
+                cwd=federation.directory,
+                env=federation.environment,  # pylint: disable=consider-using-with
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        try:
+            wait_for(
+                lambda: received("supernode-2") >= 2 and received("supernode-3") >= 2,
+                300,
+                "round 2 on supernode-2 and supernode-3",
+                interval=0.3,
+            )
+            federation.podman("network", "disconnect", federation.network, cut)
+            federation.podman("kill", "--signal", "KILL", killed)
+            wait_for(
+                lambda: federation.state("supernode-3") != "running", 60, "supernode-3 to stop"
+            )
+            restarted_at = datetime.now(UTC)
+            federation.podman("start", killed)
+            wait_for(
+                lambda: f"no reply from node {cut_id}" in log.read_text(),
+                120,
+                "round 2 to give up on supernode-2",
+            )
+            reconnected_at = datetime.now(UTC)
+            federation.podman(
+                "network", "connect", "--alias", "supernode-2", federation.network, cut
+            )
+            run.wait(timeout=600)
+        finally:
+            if run.poll() is None:
+                run.kill()
+                run.wait(timeout=30)
+                federation.remove_tool_containers("flwr")  # killing podman-compose leaves it
+        output = log.read_text(errors="replace")
+        result_file = federation.directory / "outputs" / "faults.json"
+        assert result_file.exists(), output[-4000:]
+        result = json.loads(result_file.read_text())["strategies"]["fedmr"]
+        assert result["rounds"] == list(range(1, 13)), output[-4000:]
+        slots = {int(round_): count for round_, count in result["trained-slots"].items()}
+        # Round 2 lost both nodes, and the log names them.
+        assert slots[1] == 3 and slots[2] == 1, slots
+        assert f"Round 2: no reply from node {cut_id} " in output, output[-4000:]
+        assert (
+            f"Round 2: no reply from node {killed_id} " in output
+            or f"Round 2: node {killed_id} (slot" in output
+        ), output[-4000:]
+        assert f"Leaving out node {cut_id}: no reply in round 2" in output
+        # Reconnected, supernode-2 kept its id and was sampled again.
+        assert federation.node_id("supernode-2") == cut_id
+        assert received("supernode-2", after=reconnected_at) >= 1, output[-4000:]
+        # Restarted, supernode-3 came back with a new id and was sampled.
+        back_id = federation.node_id("supernode-3")
+        assert back_id not in (None, killed_id)
+        assert received("supernode-3", after=restarted_at) >= 1, output[-4000:]
+        # A round after the faults was trained by all three live nodes: the
+        # reconnected and the restarted ones replied, not just received.
+        assert max(slots[r] for r in range(3, 13)) == 3, slots
 
 
 # After the fault test: the resumed ServerApp's run is stopped while the
