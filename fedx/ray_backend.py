@@ -35,10 +35,31 @@ The engine gets one thread per worker the backend asks for
 (:class:`ThreadPerWorker`), with room for the pool to grow. The backend
 refuses a ``RAY_ADDRESS`` where nothing listens, and a cluster where no node
 can host one ClientApp, with a clear error where Ray would retry for many
-minutes. :func:`install` puts both into Flower's simulation engine; the fedx
+minutes.
+
+Two fixed costs of every simulated message are cut as well:
+
+- Flower's engine looks for new messages every 0.1 s, asking the run's state
+  for each node in turn, and each of those asks goes over every message
+  stored: a message waits 0.05 s on average before it runs, and with N nodes
+  and M messages in a round the engine spends N x M checks every 0.1 s (34 ms
+  for 100 nodes and 100 messages on the reference machine, a third of a
+  core, all round long). :func:`feed_messages` takes its place: it is woken
+  when the ServerApp pushes messages and asks only for the nodes they are
+  for, in the order Flower would, one message per node and pass as Flower
+  does; a slow pass over every node remains as a safety net.
+- A model travels to a ClientApp actor and back in every message. Ray puts
+  arguments and results over 100 KiB into its shared-memory object store, a
+  round trip of about 6-7 ms for digits' CNN (0.72 MB) against under 3 ms
+  when passed inline in the call. A Ray that this backend starts itself
+  passes objects up to :data:`INLINE_OBJECT_BYTES` inline (a cluster that
+  is already running keeps its own settings).
+
+:func:`install` puts all of this into Flower's simulation engine; the fedx
 ClientApp module calls it when it is loaded there.
 """
 
+import inspect
 import math
 import os
 import socket
@@ -49,6 +70,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from logging import DEBUG, ERROR, INFO, WARNING
+from queue import Queue
 from typing import Any
 
 import ray
@@ -64,6 +86,8 @@ from flwr.simulation.ray_transport.ray_actor import ClientAppActor
 
 # Flower's backend, which ClusterRayBackend extends and install() replaces.
 FlowerRayBackend = raybackend.RayBackend
+# Flower's message feeder, which install() replaces with feed_messages.
+flower_add_messages_to_queue = vce_api.add_messages_to_queue
 
 # How often the pool looks at the cluster's nodes (one GCS call).
 WATCH_INTERVAL = 1.0
@@ -78,6 +102,16 @@ SLOW_START = 60.0
 CONNECT_TIMEOUT = 10.0
 # Flower's federation config names two resources; Ray's node resources call them so.
 RESOURCE_NAMES = {"num_cpus": "CPU", "num_gpus": "GPU"}
+# Objects up to this size travel inline in Ray calls (Ray's default: 100 KiB) when
+# this backend starts Ray: measured on 2 cores, a round trip of 0.72 MB each way
+# takes 2.8 ms inline against 5.8-7.4 ms through the object store, 2 MB 7.0 against
+# 9.4 ms, while 6.6 MB is faster through the store (15.6 against 23 ms).
+INLINE_OBJECT_BYTES = 2 << 20
+# The feeder looks again after this long at nodes that had a message (a node gets
+# one message per look, as in Flower), and at nodes with no news at all.
+FEED_INTERVAL = 0.1
+# ... and passes over every node this often, for a message its wake-up missed.
+FEED_SWEEP_INTERVAL = 1.0
 
 
 def install() -> bool:
@@ -90,16 +124,85 @@ def install() -> bool:
     """
     if raybackend.RayBackend is ClusterRayBackend:
         return True
-    if raybackend.RayBackend is not FlowerRayBackend or not hasattr(vce_api, "ThreadPoolExecutor"):
+    if (
+        raybackend.RayBackend is not FlowerRayBackend
+        or not hasattr(vce_api, "ThreadPoolExecutor")
+        or vce_api.add_messages_to_queue is not flower_add_messages_to_queue
+        or list(inspect.signature(flower_add_messages_to_queue).parameters)
+        != list(inspect.signature(feed_messages).parameters)
+    ):
         log(
             WARNING,
             "fedx: Flower's simulation engine is not the one fedx's Ray backend was written for; kept Flower's",
         )
         return False
-    # start_vce imports the backend class from its module when it builds it.
+    # start_vce imports the backend class from its module when it builds it;
+    # run_api looks up the executor and the feeder when it starts them.
     raybackend.RayBackend = ClusterRayBackend
     vce_api.ThreadPoolExecutor = ThreadPerWorker
+    vce_api.add_messages_to_queue = feed_messages
     return True
+
+
+def feed_messages(
+    state: Any,
+    queue: "Queue[Message]",
+    nodes_mapping: dict[int, int],
+    f_stop: threading.Event,
+) -> None:
+    """Flower's ``add_messages_to_queue``, woken by the ServerApp's pushes instead of polling.
+
+    It hands the engine's workers the messages stored for the simulated
+    nodes, as Flower's does (through ``state.get_message_ins(node_id,
+    limit=1)``: one message per node and pass, marked delivered by the
+    state), but a pass asks only for the nodes that messages were just
+    stored for (``state.store_message_ins`` tells it), and for the nodes that
+    had one in the previous pass, :data:`FEED_INTERVAL` later; every
+    :data:`FEED_SWEEP_INTERVAL` it asks for every node. A state it cannot
+    hook into gets Flower's feeder.
+    """
+    store = getattr(state, "store_message_ins", None)
+    if store is None or not hasattr(state, "get_message_ins"):
+        flower_add_messages_to_queue(state, queue, nodes_mapping, f_stop)
+        return
+    wake = threading.Event()
+    lock = threading.Lock()
+    pushed: set[int] = set()
+
+    def store_message_ins(message: Message) -> Any:
+        message_id = store(message)
+        if message_id:
+            with lock:
+                pushed.add(message.metadata.dst_node_id)
+            wake.set()
+        return message_id
+
+    state.store_message_ins = store_message_ins
+    order = {node_id: position for position, node_id in enumerate(nodes_mapping)}
+    again: set[int] = set()  # nodes that had a message in the last pass
+    next_sweep = time.monotonic() + FEED_SWEEP_INTERVAL
+    try:
+        while not f_stop.is_set():
+            woke = wake.wait(FEED_INTERVAL)
+            wake.clear()
+            with lock:
+                nodes = set(pushed)
+                pushed.clear()
+            if not woke:  # FEED_INTERVAL without a push: the nodes to look at again
+                nodes |= again
+                again = set()
+            if time.monotonic() >= next_sweep:
+                nodes = set(order)
+                next_sweep = time.monotonic() + FEED_SWEEP_INTERVAL
+            for node_id in sorted((n for n in nodes if n in order), key=order.__getitem__):
+                messages = state.get_message_ins(node_id=node_id, limit=1)
+                for message in messages:
+                    queue.put(message)
+                if messages:
+                    again.add(node_id)
+    finally:
+        if state.__dict__.get("store_message_ins") is store_message_ins:
+            del state.store_message_ins
 
 
 class ThreadPerWorker(ThreadPoolExecutor):
@@ -142,6 +245,21 @@ def check_cluster_address(address: str | None, timeout: float = CONNECT_TIMEOUT)
             "Start its head with `ray start --head` and use the address it prints, "
             "or unset RAY_ADDRESS to simulate on this machine alone"
         ) from None
+
+
+def starts_own_ray(address: str) -> bool:
+    """Whether ``ray.init(address=address or None)`` starts a Ray rather than joining one.
+
+    Ray joins the cluster that ``RAY_ADDRESS`` or ``address`` names, or one
+    that ``ray start`` left running on this machine; only a Ray it starts
+    takes settings (``_system_config``). False when that cannot be told.
+    """
+    try:
+        from ray._private import services  # pylint: disable=import-outside-toplevel
+
+        return services.canonicalize_bootstrap_address(address or None) is None
+    except Exception:  # pylint: disable=broad-exception-caught
+        return False
 
 
 def actors_per_node(resources: dict[str, float], client_resources: dict[str, float]) -> int:
@@ -632,10 +750,15 @@ class ClusterRayBackend(FlowerRayBackend):
 
     def init_ray(self, backend_config: BackendConfig) -> None:
         if not ray.is_initialized():
-            init_args = backend_config.get(self.init_args_key) or {}
-            check_cluster_address(
-                str(init_args.get("address") or os.environ.get("RAY_ADDRESS") or "")
-            )
+            init_args = dict(backend_config.get(self.init_args_key) or {})
+            address = str(init_args.get("address") or os.environ.get("RAY_ADDRESS") or "")
+            check_cluster_address(address)
+            if starts_own_ray(address):
+                # A Ray started here: pass models inline (a running cluster keeps its settings).
+                system_config = dict(init_args.get("_system_config") or {})
+                system_config.setdefault("max_direct_call_object_size", INLINE_OBJECT_BYTES)
+                init_args["_system_config"] = system_config
+                backend_config = {**backend_config, self.init_args_key: init_args}
         super().init_ray(backend_config)
 
     def build(self, app_fn: Callable[[], ClientApp]) -> None:
