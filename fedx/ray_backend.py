@@ -47,7 +47,9 @@ Two fixed costs of every simulated message are cut as well:
   core, all round long). :func:`feed_messages` takes its place: it is woken
   when the ServerApp pushes messages and asks only for the nodes they are
   for, in the order Flower would, one message per node and pass as Flower
-  does; a slow pass over every node remains as a safety net.
+  does; a slow pass over every node remains as a safety net. It also tells
+  the ServerApp's exchanges when a reply is stored
+  (:data:`fedx.messaging.REPLIES_STORED`), so that they pull it at once.
 - A model travels to a ClientApp actor and back in every message. Ray puts
   arguments and results over 100 KiB into its shared-memory object store, a
   round trip of about 6-7 ms for digits' CNN (0.72 MB) against under 3 ms
@@ -84,6 +86,8 @@ from flwr.server.superlink.fleet.vce.backend import raybackend
 from flwr.server.superlink.fleet.vce.backend.backend import BackendConfig
 from flwr.simulation.ray_transport.ray_actor import ClientAppActor
 
+from fedx.messaging import REPLIES_STORED
+
 # Flower's backend, which ClusterRayBackend extends and install() replaces.
 FlowerRayBackend = raybackend.RayBackend
 # Flower's message feeder, which install() replaces with feed_messages.
@@ -112,6 +116,8 @@ INLINE_OBJECT_BYTES = 2 << 20
 FEED_INTERVAL = 0.1
 # ... and passes over every node this often, for a message its wake-up missed.
 FEED_SWEEP_INTERVAL = 1.0
+# The state's methods the feeder wraps while it runs: storing a message, storing a reply.
+_HOOKED = ("store_message_ins", "store_message_res")
 
 
 def install() -> bool:
@@ -158,11 +164,13 @@ def feed_messages(
     state), but a pass asks only for the nodes that messages were just
     stored for (``state.store_message_ins`` tells it), and for the nodes that
     had one in the previous pass, :data:`FEED_INTERVAL` later; every
-    :data:`FEED_SWEEP_INTERVAL` it asks for every node. A state it cannot
-    hook into gets Flower's feeder.
+    :data:`FEED_SWEEP_INTERVAL` it asks for every node. Every reply the
+    engine stores (``state.store_message_res``) notifies
+    :data:`fedx.messaging.REPLIES_STORED`. A state it cannot hook into gets
+    Flower's feeder.
     """
-    store = getattr(state, "store_message_ins", None)
-    if store is None or not hasattr(state, "get_message_ins"):
+    store, store_reply = (getattr(state, name, None) for name in _HOOKED)
+    if store is None or store_reply is None or not hasattr(state, "get_message_ins"):
         flower_add_messages_to_queue(state, queue, nodes_mapping, f_stop)
         return
     wake = threading.Event()
@@ -177,32 +185,43 @@ def feed_messages(
             wake.set()
         return message_id
 
-    state.store_message_ins = store_message_ins
+    def store_message_res(message: Message) -> Any:
+        message_id = store_reply(message)
+        REPLIES_STORED.notify()
+        return message_id
+
+    hooks = {"store_message_ins": store_message_ins, "store_message_res": store_message_res}
+    for name, hook in hooks.items():
+        setattr(state, name, hook)
     order = {node_id: position for position, node_id in enumerate(nodes_mapping)}
-    again: set[int] = set()  # nodes that had a message in the last pass
-    next_sweep = time.monotonic() + FEED_SWEEP_INTERVAL
+    again: set[int] = set()  # nodes that had a message in the last pass: looked at again
+    again_at = next_sweep = time.monotonic() + FEED_SWEEP_INTERVAL
     try:
-        while not f_stop.is_set():
-            woke = wake.wait(FEED_INTERVAL)
-            wake.clear()
-            with lock:
-                nodes = set(pushed)
-                pushed.clear()
-            if not woke:  # FEED_INTERVAL without a push: the nodes to look at again
-                nodes |= again
-                again = set()
-            if time.monotonic() >= next_sweep:
-                nodes = set(order)
-                next_sweep = time.monotonic() + FEED_SWEEP_INTERVAL
-            for node_id in sorted((n for n in nodes if n in order), key=order.__getitem__):
-                messages = state.get_message_ins(node_id=node_id, limit=1)
-                for message in messages:
-                    queue.put(message)
-                if messages:
-                    again.add(node_id)
+        with REPLIES_STORED.notifying():
+            while not f_stop.is_set():
+                wake.wait(FEED_INTERVAL)
+                wake.clear()
+                with lock:
+                    nodes = set(pushed)
+                    pushed.clear()
+                now = time.monotonic()
+                if now >= again_at:
+                    nodes |= again
+                    again = set()
+                if now >= next_sweep:
+                    nodes = set(order)
+                    next_sweep = now + FEED_SWEEP_INTERVAL
+                for node_id in sorted((n for n in nodes if n in order), key=order.__getitem__):
+                    messages = state.get_message_ins(node_id=node_id, limit=1)
+                    for message in messages:
+                        queue.put(message)
+                    if messages:
+                        again.add(node_id)
+                        again_at = now + FEED_INTERVAL
     finally:
-        if state.__dict__.get("store_message_ins") is store_message_ins:
-            del state.store_message_ins
+        for name, hook in hooks.items():
+            if vars(state).get(name) is hook:
+                delattr(state, name)
 
 
 class ThreadPerWorker(ThreadPoolExecutor):

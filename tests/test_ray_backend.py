@@ -29,6 +29,7 @@ from flwr.superlink.federation import NoOpFederationManager
 from flwr.superlink.grid import InMemoryGrid
 
 from fedx.deploy.local import free_port
+from fedx.messaging import REPLIES_STORED
 from fedx.ray_backend import (
     INLINE_OBJECT_BYTES,
     ActorPool,
@@ -161,6 +162,12 @@ def test_the_feeder_hands_over_messages_when_they_are_pushed(simulation_state, m
         assert all(m.metadata.delivered_at for m in delivered)  # the state marked them
         with pytest.raises(Empty):
             queue.get(timeout=0.3)  # each once
+        # The engine stores a reply: the ServerApp's exchanges waiting in this process hear it.
+        reply = Message(RecordDict(), reply_to=delivered[0])
+        reply.metadata.__dict__["_message_id"] = "reply-0"  # as Flower's engine does
+        stored = REPLIES_STORED.count
+        assert state.store_message_res(reply) == "reply-0"
+        assert REPLIES_STORED.count == stored + 1
     finally:
         stop.set()
         grid.push_messages([message_to(nodes[0], 9.0)])  # a push wakes it to see the stop

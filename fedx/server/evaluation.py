@@ -2,10 +2,9 @@
 
 import torch
 from flwr.app import ArrayRecord, MetricRecord
-from torch.utils.data import DataLoader
 
 from fedx.config import RunConfig
-from fedx.data import load_split
+from fedx.data import batch_loader, load_split
 from fedx.outputs import RunRecorder
 from fedx.strategies.capabilities import EvaluatesPerClient
 from fedx.strategies.personalized import summarize
@@ -36,7 +35,7 @@ class RoundEvaluation:
         if model is not None:
             # LEAF: the union of the selected users' test samples.
             test_set = load_split(cfg.dataset, "test", **cfg.data_settings())
-            self.loader = DataLoader(test_set, batch_size=256, shuffle=False)
+            self.loader = batch_loader(test_set, 256)
 
     def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
         """Record the round; return the central metrics when they were computed."""
