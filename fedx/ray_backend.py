@@ -22,7 +22,11 @@ own backend, :class:`ClusterRayBackend`: Flower's ``RayBackend`` with the
 same configuration and the same per-node sizing rule, but whose pool
 
 - hands a message only to an actor that has started and loaded the
-  ClientApp, and learns its node;
+  ClientApp, and learns its node; while more messages wait than there are
+  actors, a busy actor gets the next one queued behind the one it runs
+  (:data:`MESSAGES_PER_ACTOR`), so it starts it without waiting for the
+  round trip through the engine (6-8 ms a message, a third of a digits
+  client's training, measured at 100 clients on 2 cores);
 - drops an actor that Ray reports gone (its worker or node died, or Ray's
   memory monitor killed it) and runs the message again on another actor, on
   another node where there is one;
@@ -102,6 +106,10 @@ MAX_ATTEMPTS = 3
 NO_ACTOR_TIMEOUT = 120.0
 # Actors that wait this long to start are logged (again after as long again).
 SLOW_START = 60.0
+# Messages an actor holds at most: the one it runs and one queued behind it, only
+# while more messages wait than there are actors (so that the last messages of a
+# round go to whichever actor is free first, not behind a long one).
+MESSAGES_PER_ACTOR = 2
 # How long to wait for a TCP connection to the cluster's address.
 CONNECT_TIMEOUT = 10.0
 # Flower's federation config names two resources; Ray's node resources call them so.
@@ -352,6 +360,7 @@ class PoolActor:
     started: Any  # ObjectRef of _start_actor's answer; None once it came
     node_id: str = ""
     lost: bool = False
+    in_flight: int = 0  # messages handed to it and not back yet
 
 
 class ActorPool:
@@ -390,6 +399,7 @@ class ActorPool:
         self._starting: list[PoolActor] = []
         self._idle: list[PoolActor] = []
         self._busy: set[PoolActor] = set()
+        self._waiting = 0  # messages waiting for an actor
         self._nodes = live_nodes()
         self._labels = {node_id: node.label for node_id, node in self._nodes.items()}
         self.capacity = self._capacity(self._nodes)
@@ -512,42 +522,67 @@ class ActorPool:
         raise AssertionError("unreachable")
 
     def _acquire(self, avoid_nodes: set[str]) -> PoolActor:
-        """A started, idle actor, preferably not on ``avoid_nodes``; waits for one."""
-        deadline = time.monotonic() + NO_ACTOR_TIMEOUT
+        """A started actor for a message, preferably not on ``avoid_nodes``; waits for one.
+
+        An idle actor if there is one; else, while more messages wait than
+        there are actors, a busy one that holds fewer than
+        :data:`MESSAGES_PER_ACTOR`.
+        """
         with self._cond:
-            while True:
-                elsewhere = [a for a in self._idle if a.node_id not in avoid_nodes]
-                busy_elsewhere = any(a.node_id not in avoid_nodes for a in self._busy if not a.lost)
-                if elsewhere or (self._idle and not busy_elsewhere):
-                    actor = (elsewhere or self._idle)[-1]
-                    self._idle.remove(actor)
-                    self._busy.add(actor)
-                    self.peak_running = max(self.peak_running, len(self._busy))
-                    return actor
-                if self.load_error and not (self._busy or self._starting):
-                    raise LoadClientAppError(
-                        f"the ClientApp does not load in a Ray actor {self.load_error}"
-                    )
-                if self._busy or self._starting:
-                    # A running actor comes back; a starting one starts (the watcher says when that is slow).
-                    deadline = time.monotonic() + NO_ACTOR_TIMEOUT
-                elif time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"no ClientApp actor for {NO_ACTOR_TIMEOUT:g}s: {self._too_small(self._nodes)}"
-                    )
-                self._cond.wait(timeout=1.0)
+            self._waiting += 1
+            try:
+                return self._wait_for_actor(avoid_nodes)
+            finally:
+                self._waiting -= 1
+
+    def _wait_for_actor(self, avoid_nodes: set[str]) -> PoolActor:
+        """:meth:`_acquire`'s wait; the caller holds the lock."""
+        deadline = time.monotonic() + NO_ACTOR_TIMEOUT
+        while True:
+            elsewhere = [a for a in self._idle if a.node_id not in avoid_nodes]
+            busy_elsewhere = any(a.node_id not in avoid_nodes for a in self._busy if not a.lost)
+            if elsewhere or (self._idle and not busy_elsewhere):
+                actor = (elsewhere or self._idle)[-1]
+                self._idle.remove(actor)
+                self._busy.add(actor)
+                self.peak_running = max(self.peak_running, len(self._busy))
+                actor.in_flight += 1
+                return actor
+            queue_behind = [
+                a
+                for a in self._busy
+                if not a.lost and a.in_flight < MESSAGES_PER_ACTOR and a.node_id not in avoid_nodes
+            ]
+            if queue_behind and self._waiting > len(self._busy) + len(self._idle):
+                actor = min(queue_behind, key=lambda a: a.in_flight)
+                actor.in_flight += 1
+                return actor
+            if self.load_error and not (self._busy or self._starting):
+                raise LoadClientAppError(
+                    f"the ClientApp does not load in a Ray actor {self.load_error}"
+                )
+            if self._busy or self._starting:
+                # A running actor comes back; a starting one starts (the watcher says when that is slow).
+                deadline = time.monotonic() + NO_ACTOR_TIMEOUT
+            elif time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"no ClientApp actor for {NO_ACTOR_TIMEOUT:g}s: {self._too_small(self._nodes)}"
+                )
+            self._cond.wait(timeout=1.0)
 
     def _release(self, actor: PoolActor, ran: bool = False, died: bool = False) -> None:
         with self._cond:
-            self._busy.discard(actor)
+            actor.in_flight -= 1
+            if actor.in_flight == 0:
+                self._busy.discard(actor)
             if ran:
                 self.messages_per_node[self._labels.get(actor.node_id, "?")] += 1
             if died or actor.lost:
                 actor.lost = True  # the watcher writes it off and starts another
                 _kill(actor)
-            else:
+            elif actor.in_flight == 0:
                 self._idle.append(actor)
-            self._cond.notify()
+            self._cond.notify_all()
 
     # ------------------------------------------------------------------
     # Following the cluster
