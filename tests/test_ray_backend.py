@@ -32,6 +32,7 @@ from fedx.deploy.local import free_port
 from fedx.messaging import REPLIES_STORED
 from fedx.ray_backend import (
     INLINE_OBJECT_BYTES,
+    MESSAGES_PER_ACTOR,
     ActorPool,
     ClusterRayBackend,
     FlowerRayBackend,
@@ -263,6 +264,32 @@ def test_the_pool_replaces_an_actor_that_died_and_reruns_its_message(local_ray, 
     finally:
         pool.shutdown()
     assert "ClientApp messages per Ray node: " in caplog.text
+
+
+def test_a_busy_actor_gets_a_message_queued_only_while_more_wait_than_there_are_actors(local_ray):
+    pool = ActorPool({"num_cpus": 1}, Worker.remote, watch_interval=0.2)
+    try:
+        deadline = time.monotonic() + 60
+        while pool.started < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        held: list[list[int]] = []  # messages each actor held when one was handed over
+
+        def job(handle):
+            held.append(sorted(actor.in_flight for actor in pool._busy))
+            return handle.run.remote(sleep=0.3)
+
+        def run_at_once(count: int) -> list[int]:
+            held.clear()
+            with ThreadPoolExecutor(count) as threads:
+                return list(threads.map(lambda _: pool.run(job), range(count)))
+
+        assert len(set(run_at_once(2))) == 2 and max(map(max, held)) == 1  # one each, no queue
+        pids = run_at_once(6)
+        assert len(set(pids)) == 2 and len(pids) == 6
+        assert max(map(max, held)) == MESSAGES_PER_ACTOR  # queued behind a running one
+        assert pool.idle == 2 and pool.started == 2
+    finally:
+        pool.shutdown()
 
 
 def test_messages_wait_for_actors_that_start_slowly(local_ray, monkeypatch, caplog):
