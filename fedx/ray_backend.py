@@ -582,7 +582,7 @@ class ActorPool:
                 _kill(actor)
             elif actor.in_flight == 0:
                 self._idle.append(actor)
-            self._cond.notify_all()
+            self._cond.notify()
 
     # ------------------------------------------------------------------
     # Following the cluster

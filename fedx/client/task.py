@@ -22,6 +22,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from fedx.arrays import to_numpy_dict
 from fedx.client.skeletons import SKELETONS
 from fedx.config import RunConfig
 from fedx.data import (
@@ -175,7 +176,8 @@ class ClientTask:
         info = dataset_info(self.config.dataset)
         model = SKELETONS.borrow(architecture, info.input_shape, info.num_classes)
         self._borrowed.append((model, architecture))
-        model.load_state_dict(record.to_torch_state_dict())
+        weights = to_numpy_dict(record)
+        model.load_state_dict({name: torch.from_numpy(array) for name, array in weights.items()})
         return model
 
     def sgd(self) -> dict[str, float]:

@@ -3,6 +3,7 @@
 import torch
 from flwr.app import ArrayRecord, MetricRecord
 
+from fedx.arrays import to_numpy_dict
 from fedx.config import RunConfig
 from fedx.data import batch_loader, load_split
 from fedx.outputs import RunRecorder
@@ -45,7 +46,8 @@ class RoundEvaluation:
         due = server_round % self.cfg.eval_every == 0 or server_round == self.cfg.num_server_rounds
         metrics = None
         if due and self.model is not None and self.loader is not None:
-            self.model.load_state_dict(arrays.to_torch_state_dict())
+            weights = to_numpy_dict(arrays)
+            self.model.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
             loss, accuracy = evaluate(self.model, self.loader, self.device)
             self.recorder.record(server_round, loss=loss, accuracy=accuracy)
             metrics = MetricRecord({"loss": loss, "accuracy": accuracy})
