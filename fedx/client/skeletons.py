@@ -21,11 +21,11 @@ process keeps the modules its calls built and lends them out again:
   reply whether its module was built for it or reused.
 * **One call at a time.** A module lent to a call is not in the cache until
   the call gives it back (:meth:`ModelCache.give_back`): a call that needs two
-  models of one architecture (FedMe's mutual learning) gets two modules.
+  models of one architecture (mutual learning of two models) gets two modules.
 * **Bounded.** At most ``max_models`` idle modules (default 4), at most one
   per (architecture, input shape, classes); the least recently used goes
-  first. FedMe's heterogeneous runs use up to four architectures (``cnn-1``
-  ... ``cnn-4``, or the four VGGs); every other method uses one. Four VGG-16
+  first. Runs with heterogeneous architectures use up to four (``cnn-1``
+  ... ``cnn-4``, or the four VGGs); the others use one. Four VGG-16
   for 32x32 images hold about 240 MB; gradients are dropped when a module is
   given back, so an idle module holds its weights only.
 
