@@ -18,8 +18,8 @@ class RunRecorder:
     ``metrics.json``, which the ServerApp does once a round, after the
     round's checkpoint, and at the end of the run. The file is replaced
     atomically but not forced to the disk (``durable=False`` of
-    :func:`fedx.files.write_atomically`): the checkpoint, which is, holds the
-    same rows, and a run resumed from it writes them again.
+    :func:`fedx.files.write_atomically`): the checkpoint holds the same rows
+    and is forced to the disk, and a run resumed from it writes them again.
 
     Every round is one row of ``metrics.json``'s ``rounds``: numbers such as
     ``accuracy`` (the global model on the held-out test split) and, for
