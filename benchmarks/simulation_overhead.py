@@ -11,7 +11,8 @@ the same federated training runs twice, and both report seconds per round:
   (training and the round's checkpoint, central evaluation excluded). The
   whole ``flwr run`` wall time is reported as well.
 * plain loop: one process, the same run config, the same IID partitions
-  (``fedx.data.load_partition``), the same model (``fedx.models``), the same
+  (``fedx.data.load_partition``) in the same batches (``fedx.data.batch_loader``,
+  as the ClientApp's), the same model (``fedx.models``), the same
   ``fedx.training.train`` call per sampled client (one model object reused,
   torch seeded per client as the ClientApp does), the same clients sampled
   (the strategies' own rules and seeds) and the same server operation
@@ -25,6 +26,14 @@ plain loop. The defaults: digits with the app's ``cnn`` and the
 pyproject.toml training settings, IID partitions, 10 clients training all
 (fraction 1.0), 100 clients with fraction 0.1 (K = 10 per round) and 1.0
 (all 100), 5 rounds. ``--cases`` chooses others.
+
+``--app`` runs other copies of the app instead of this repository (other
+versions of fedx, for a before/after comparison: ``git archive <commit> |
+tar -x -C <folder>``): for every case and strategy each app runs in turn,
+then the plain loop (of this script's fedx) once, so that a drift of the
+machine's load touches them alike. Each row shows the 1-minute load average
+when its run ended (``os.getloadavg``): on a machine shared with other work,
+compare only rows of one run taken at similar loads.
 
 Threads: each simulated client gets ``--client-cpus`` CPUs (Ray then runs up
 to cores / C clients at once, and gives each C torch threads). The plain
@@ -45,6 +54,7 @@ Usage::
     python benchmarks/simulation_overhead.py --cases 10:1.0 100:0.1 --rounds 4
     python benchmarks/simulation_overhead.py --strategies fedavg --local-epochs 1
     python benchmarks/simulation_overhead.py --quick          # 10 clients, 3 rounds, 1 epoch
+    python benchmarks/simulation_overhead.py --cases 100:0.1 --app /tmp/fedx-main --app /tmp/fedx-new
 
 This script reports; it is not a test, and it always exits with status 0.
 """
@@ -63,12 +73,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
 
 from fedx.compare.plan import app_defaults
 from fedx.compare.runner import toml_value
 from fedx.config import RunConfig
-from fedx.data import dataset_info, load_partition
+from fedx.data import batch_loader, dataset_info, load_partition
 from fedx.deploy.local import FederationSpec, LocalFederation, free_port
 from fedx.models import build_model
 from fedx.ops import Model, average, recombine
@@ -183,7 +192,7 @@ def local_training(
     model.load_state_dict({name: torch.from_numpy(array) for name, array in weights.items()})
     train(
         model,
-        DataLoader(partition, batch_size=cfg.batch_size, shuffle=True),
+        batch_loader(partition, cfg.batch_size, shuffle=True),
         epochs=cfg.local_epochs,
         learning_rate=cfg.learning_rate,
         momentum=cfg.momentum,
@@ -237,10 +246,12 @@ def time_plain(cfg: RunConfig, num_clients: int) -> Timing:
 # ----------------------------------------------------------------------
 
 
-def flwr_run(env: dict, case: Case, client_cpus: float, overrides: dict, timeout: float) -> Timing:
-    """``flwr run`` this app in the simulation; round times from its ``metrics.json``."""
+def flwr_run(
+    env: dict, app: Path, case: Case, client_cpus: float, overrides: dict, timeout: float
+) -> Timing:
+    """``flwr run`` the app in the simulation; round times from its ``metrics.json``."""
     federation = f"num-supernodes={case.clients} client-resources-num-cpus={client_cpus:g}"
-    command = common.flwr_run_command(APP, federation, run_config_argument(overrides))
+    command = common.flwr_run_command(app, federation, run_config_argument(overrides))
     start = time.perf_counter()
     try:
         done = subprocess.run(
@@ -293,19 +304,37 @@ def seconds_text(value: float | None) -> str:
     return "" if value is None else f"{value:.3f}"
 
 
-def print_row(case: Case, strategy: str, simulation: Timing, plain: Timing) -> None:
-    """One line: per-round seconds of both, their ratio, round 1 and the run's wall time."""
-    ratio = ""
-    if simulation.per_round and plain.per_round:
-        ratio = f"{simulation.per_round / plain.per_round:.2f}"
+@dataclass
+class Row:
+    """One case and strategy: the simulation of one app against the plain loop."""
+
+    case: Case
+    strategy: str
+    app: int  # position in the --app list
+    simulation: Timing
+    plain: Timing
+    load: float  # 1-minute load average when the simulation ended
+
+    @property
+    def ratio(self) -> float | None:
+        """Simulation over plain loop, per round."""
+        if self.simulation.per_round and self.plain.per_round:
+            return self.simulation.per_round / self.plain.per_round
+        return None
+
+
+def print_row(row: Row) -> None:
+    """One line: per-round seconds of both, their ratio, round 1, the run's wall time, the load."""
+    ratio = "" if row.ratio is None else f"{row.ratio:.2f}"
+    simulation, plain = row.simulation, row.plain
     print(
-        f"{case.label:<14}{strategy:<8}{seconds_text(simulation.per_round):>10}"
+        f"{row.case.label:<14}{row.strategy:<8}{row.app:>4}{seconds_text(simulation.per_round):>10}"
         f"{seconds_text(plain.per_round):>10}{ratio:>8}{seconds_text(simulation.first):>10}"
         f"{seconds_text(plain.first):>10}{seconds_text(simulation.total):>11}"
-        f"{seconds_text(plain.total):>10}"
+        f"{seconds_text(plain.total):>10}{row.load:>7.1f}",
+        flush=True,
     )
-    for label, timing in (("simulation", simulation), ("plain loop", plain)):
-        common.print_error(timing.error, label)
+    common.print_error(simulation.error, "simulation")
 
 
 def print_header(arguments: argparse.Namespace) -> None:
@@ -315,10 +344,12 @@ def print_header(arguments: argparse.Namespace) -> None:
         f"{torch.get_num_threads()} thread(s) on {get_device()}; simulation: "
         f"client-resources-num-cpus={arguments.client_cpus:g} on {os.cpu_count()} cores"
     )
-    print(f"{'':22}{'s/round':>20}{'':>8}{'round 1 s':>20}{'whole run s':>21}")
+    for number, app in enumerate(arguments.app):
+        print(f"  app {number}: {app}")
+    print(f"{'':26}{'s/round':>20}{'':>8}{'round 1 s':>20}{'whole run s':>21}")
     print(
-        f"{'case':<14}{'strategy':<8}{'flower':>10}{'plain':>10}{'ratio':>8}{'flower':>10}"
-        f"{'plain':>10}{'flwr run':>11}{'plain':>10}"
+        f"{'case':<14}{'strategy':<8}{'app':>4}{'flower':>10}{'plain':>10}{'ratio':>8}"
+        f"{'flower':>10}{'plain':>10}{'flwr run':>11}{'plain':>10}{'load':>7}"
     )
 
 
@@ -366,6 +397,13 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="torch threads of the plain loop (default: --client-cpus; 0: torch's)",
     )
     parser.add_argument(
+        "--app",
+        type=Path,
+        action="append",
+        default=[],
+        help="run this copy of the app instead of this repository (repeatable: in turn)",
+    )
+    parser.add_argument(
         "--grace",
         type=float,
         default=60.0,
@@ -383,6 +421,7 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     common.check_job_options(parser, arguments, APP)
     if arguments.plain_threads is None:
         arguments.plain_threads = max(1, int(arguments.client_cpus))
+    arguments.app = arguments.app or [APP]
     return arguments
 
 
@@ -390,7 +429,7 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
 class Report:
     """Everything a run of the benchmark measured."""
 
-    rows: list[tuple[Case, str, Timing, Timing]]
+    rows: list[Row]
     processes_while_running: int  # the federation's processes just before it stopped
     after_stop: dict[int, str]  # those alive right after LocalFederation stopped it
     left: dict[int, str]  # those still alive after the grace period
@@ -423,17 +462,28 @@ def run_all(arguments: argparse.Namespace, home: Path) -> Report:
         for case in arguments.cases:
             for strategy in arguments.strategies:
                 overrides = run_overrides(arguments, case, strategy, home / "outputs")
-                simulation = flwr_run(
-                    spec.environment(), case, arguments.client_cpus, overrides, arguments.timeout
-                )
+                runs = []
+                for number, app in enumerate(arguments.app):
+                    simulation = flwr_run(
+                        spec.environment(),
+                        app,
+                        case,
+                        arguments.client_cpus,
+                        {**overrides, "run-name": f"{overrides['run-name']}-app{number}"},
+                        arguments.timeout,
+                    )
+                    runs.append((number, simulation, os.getloadavg()[0]))
                 cfg = RunConfig.from_mapping({**app_defaults(APP), **overrides})
                 try:
                     plain = time_plain(cfg, case.clients)
                 except Exception as err:  # a report, not a test: show the failure and go on
                     traceback.print_exc()
                     plain = Timing(error=repr(err))
-                print_row(case, strategy, simulation, plain)
-                rows.append((case, strategy, simulation, plain))
+                for number, simulation, load in runs:
+                    row = Row(case, strategy, number, simulation, plain, load)
+                    print_row(row)
+                    rows.append(row)
+                common.print_error(plain.error, "plain loop")
         running = len(federation_processes(spec.flwr_home))
     after_stop = federation_processes(spec.flwr_home)
     left, gone_after = wait_until_gone(spec.flwr_home, arguments.grace)

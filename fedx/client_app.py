@@ -16,7 +16,10 @@ test data, and evaluation fine-tunes and tests the model on them
 (:mod:`fedx.protocol.personalized`). A ``query`` message asks the node which
 client it is. The one exception to statelessness is secure recombination:
 within a round, the trained model waits in the node's ``context.state``
-while the clients swap layers (:mod:`fedx.secure.client`).
+while the clients swap layers (:mod:`fedx.secure.client`). A process that
+answers many messages (a simulation worker) reuses its model skeletons and
+its loaded data, which carry nothing from one message to the next
+(:mod:`fedx.client.skeletons`).
 """
 
 import functools
@@ -73,27 +76,27 @@ def identify(msg: Message, context: Context) -> Message:
 @app.train()
 def train_model(msg: Message, context: Context) -> Message:
     """Train the received model on this node's data and send it back (or the method's own round)."""
-    task = ClientTask(msg, context)
-    task.seed_torch()
-    client_train = task.config.method.client_train
-    if client_train is not None:
-        return _handler(client_train)(task)
-    dataset = task.training_data()
-    model = task.model(task.config.model, msg.content.array_records[ARRAYS])
-    train_loss = train(
-        model,
-        task.train_loader(dataset),
-        epochs=task.training.local_epochs,
-        proximal_mu=float(task.round_config.get(PROXIMAL_MU, 0.0)),
-        device=task.device,
-        **task.sgd(),
-    )
-    arrays = ArrayRecord(model.state_dict())
-    metrics = MetricRecord({NUM_EXAMPLES: len(dataset), TRAIN_LOSS: train_loss})
-    if is_secure_round(msg):
-        # The model stays on this node until it has swapped layers with others.
-        return secure_train_reply(msg, context, arrays, metrics)
-    return task.reply({ARRAYS: arrays, METRICS: metrics})
+    with ClientTask(msg, context) as task:
+        task.seed_torch()
+        client_train = task.config.method.client_train
+        if client_train is not None:
+            return _handler(client_train)(task)
+        dataset = task.training_data()
+        model = task.model(task.config.model, msg.content.array_records[ARRAYS])
+        train_loss = train(
+            model,
+            task.train_loader(dataset),
+            epochs=task.training.local_epochs,
+            proximal_mu=float(task.round_config.get(PROXIMAL_MU, 0.0)),
+            device=task.device,
+            **task.sgd(),
+        )
+        arrays = ArrayRecord(model.state_dict())
+        metrics = MetricRecord({NUM_EXAMPLES: len(dataset), TRAIN_LOSS: train_loss})
+        if is_secure_round(msg):
+            # The model stays on this node until it has swapped layers with others.
+            return secure_train_reply(msg, context, arrays, metrics)
+        return task.reply({ARRAYS: arrays, METRICS: metrics})
 
 
 @app.evaluate()
@@ -104,16 +107,16 @@ def evaluate_model(msg: Message, context: Context) -> Message:
     the node's train split, is tested on the node's test split. Otherwise the
     model is tested on this node's IID share of the held-out test split.
     """
-    task = ClientTask(msg, context)
-    if task.config.personalized:
-        return _evaluate_personalized(task)
-    local_test = task.test_share()
-    model = task.model(task.config.model, msg.content.array_records[ARRAYS])
-    loss, accuracy = evaluate(model, task.test_loader(local_test), task.device)
-    metrics = MetricRecord(
-        {NUM_EXAMPLES: len(local_test), EVAL_LOSS: loss, EVAL_ACCURACY: accuracy}
-    )
-    return task.reply({METRICS: metrics})
+    with ClientTask(msg, context) as task:
+        if task.config.personalized:
+            return _evaluate_personalized(task)
+        local_test = task.test_share()
+        model = task.model(task.config.model, msg.content.array_records[ARRAYS])
+        loss, accuracy = evaluate(model, task.test_loader(local_test), task.device)
+        metrics = MetricRecord(
+            {NUM_EXAMPLES: len(local_test), EVAL_LOSS: loss, EVAL_ACCURACY: accuracy}
+        )
+        return task.reply({METRICS: metrics})
 
 
 def _evaluate_personalized(task: ClientTask) -> Message:

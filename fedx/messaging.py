@@ -31,12 +31,22 @@ logged and not waited for (``send_and_receive`` would wait for it until the
 timeout), and the replies are pulled at least once, even with
 ``timeout=0``.
 
+In Flower's simulation the ServerApp and the engine that runs the
+ClientApps share one process, and the engine stores each reply where the
+Grid pulls from: fedx's Ray backend then calls :data:`REPLIES_STORED`'s
+``notify`` (:func:`fedx.ray_backend.feed_messages`), which ends the pause of
+every exchange waiting in the process, so a reply is pulled as soon as it
+is stored. In a deployment the replies land on the SuperLink, another
+process, and the pauses run their course.
+
 numpy-free; Flower only, so every layer above ``fedx.ops`` can use it.
 """
 
+import contextlib
 import os
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from logging import DEBUG, INFO, WARNING
 
 from flwr.app import Message
@@ -51,6 +61,55 @@ PULL_INTERVAL_GROWTH = 2.0
 MAX_PULL_INTERVAL = 0.25
 #: Environment variable for a fixed pull interval (seconds) instead of the above.
 PULL_INTERVAL_VARIABLE = "FEDX_REPLY_PULL_INTERVAL"
+
+
+class ReplySignal:
+    """Tells the exchanges waiting in this process that replies were stored for them to pull.
+
+    Whatever stores replies in the process announces itself with
+    :meth:`notifying` and calls :meth:`notify` after each; while none does,
+    :meth:`pause` is a plain ``time.sleep``.
+    """
+
+    def __init__(self) -> None:
+        self._stored = threading.Condition()
+        self._count = 0
+        self._notifiers = 0
+
+    @property
+    def count(self) -> int:
+        """How many times :meth:`notify` was called."""
+        with self._stored:
+            return self._count
+
+    @contextlib.contextmanager
+    def notifying(self) -> Iterator[None]:
+        """While the block runs, pauses end at :meth:`notify`."""
+        with self._stored:
+            self._notifiers += 1
+        try:
+            yield
+        finally:
+            with self._stored:
+                self._notifiers -= 1
+
+    def notify(self) -> None:
+        """Replies were stored: end every :meth:`pause`."""
+        with self._stored:
+            self._count += 1
+            self._stored.notify_all()
+
+    def pause(self, seen: int, seconds: float) -> None:
+        """Sleep ``seconds``, or less when replies are stored after :attr:`count` was ``seen``."""
+        with self._stored:
+            if self._notifiers:
+                self._stored.wait_for(lambda: self._count != seen, seconds)
+                return
+        time.sleep(seconds)
+
+
+#: Notified by whatever stores replies in this process (fedx's Ray backend, in simulation).
+REPLIES_STORED = ReplySignal()
 
 
 def pull_intervals() -> tuple[float, float]:
@@ -139,6 +198,7 @@ def send_and_collect(
     replies: list[Message] = []
     interval = first_interval
     while waiting:
+        stored = REPLIES_STORED.count  # a reply stored after this is pulled without a pause
         arrived = list(grid.pull_messages(waiting))
         replies.extend(arrived)
         waiting.difference_update(reply.metadata.reply_to_message_id for reply in arrived)
@@ -148,7 +208,9 @@ def send_and_collect(
         now = time.monotonic()
         if deadline is not None and now >= deadline:
             break
-        time.sleep(interval if deadline is None else min(interval, deadline - now))
+        REPLIES_STORED.pause(
+            stored, interval if deadline is None else min(interval, deadline - now)
+        )
     if waiting:
         missing = sorted(
             (destinations.get(message_id, message_id) for message_id in waiting), key=str

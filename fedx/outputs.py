@@ -14,6 +14,13 @@ MODEL_FILE = "model.pt"
 class RunRecorder:
     """Collects per-round metrics and timings and writes them as the run goes.
 
+    :meth:`record` and :meth:`record_clients` collect; :meth:`flush` writes
+    ``metrics.json``, which the ServerApp does once a round, after the
+    round's checkpoint, and at the end of the run. The file is replaced
+    atomically but not forced to the disk (``durable=False`` of
+    :func:`fedx.files.write_atomically`): the checkpoint holds the same rows
+    and is forced to the disk, and a run resumed from it writes them again.
+
     Every round is one row of ``metrics.json``'s ``rounds``: numbers such as
     ``accuracy`` (the global model on the held-out test split) and, for
     personalized methods, ``personalized-accuracy`` (mean over clients of
@@ -49,25 +56,33 @@ class RunRecorder:
         self.stop_reason: str | None = None
         self._started = time.perf_counter()
         self._round_started = self._started
+        self._unwritten = True
 
     def start_round_clock(self) -> None:
         """Mark the start of the next round (after any evaluation)."""
         self._round_started = time.perf_counter()
 
     def record(self, server_round: int, **metrics: float) -> None:
-        """Merge metrics into a round's row and rewrite ``metrics.json``."""
+        """Merge metrics into a round's row (written by the next :meth:`flush`)."""
         self.rounds.setdefault(server_round, {}).update(metrics)
-        write_json_atomically(self.directory / METRICS_FILE, self.summary())
+        self._unwritten = True
 
     def record_clients(self, server_round: int, clients: dict[str, dict[str, Any]]) -> None:
         """Store per-client results (``{client id: {"accuracy": ..., ...}}``) in a round's row."""
         self.rounds.setdefault(server_round, {})["clients"] = clients
-        write_json_atomically(self.directory / METRICS_FILE, self.summary())
+        self._unwritten = True
 
     def stopped(self, reason: str) -> None:
         """Record that the run ended early, and why, and rewrite ``metrics.json``."""
         self.stop_reason = reason
-        write_json_atomically(self.directory / METRICS_FILE, self.summary())
+        self._unwritten = True
+        self.flush()
+
+    def flush(self) -> None:
+        """Rewrite ``metrics.json`` if anything was recorded since it was last written."""
+        if self._unwritten:
+            write_json_atomically(self.directory / METRICS_FILE, self.summary(), durable=False)
+            self._unwritten = False
 
     def round_seconds(self) -> float:
         """Seconds since :meth:`start_round_clock`."""

@@ -91,6 +91,7 @@ def main(grid: Grid, context: Context) -> None:
         )
         seconds = checkpointer.save(server_round, strategy, result, recorder.rounds)
         recorder.record(server_round, **{"checkpoint-seconds": seconds})
+        recorder.flush()
 
     guard = DivergenceGuard(
         cfg.divergence_rounds, cfg.divergence_nonfinite, cfg.divergence_loss_ratio
@@ -113,6 +114,7 @@ def main(grid: Grid, context: Context) -> None:
     )
     if guard.stop_reason is not None:  # run_rounds logged it; the checkpoint is of a good round
         recorder.stopped(guard.stop_reason)
+    recorder.flush()  # the last evaluation, and rounds whose checkpoint the guard held back
 
     recorder.plot(f"{cfg.strategy} on {cfg.dataset} ({model_label(cfg)})")
     save_models(strategy, model, result, directory)

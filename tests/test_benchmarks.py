@@ -110,8 +110,9 @@ def test_simulation_overhead_quick(app, capsys, monkeypatch):
     simulation_overhead = load_script("simulation_overhead")
     monkeypatch.setattr(simulation_overhead, "APP", app)  # a copy that packs quickly
     report = simulation_overhead.main(["--quick", "--strategies", "fedavg", "--rounds", "2"])
-    ((case, strategy, simulation, plain),) = report.rows
-    assert (case.clients, case.fraction, strategy) == (10, 1.0, "fedavg")
+    (row,) = report.rows
+    assert (row.case.clients, row.case.fraction, row.strategy, row.app) == (10, 1.0, "fedavg", 0)
+    simulation, plain = row.simulation, row.plain
     for timing in (simulation, plain):
         assert timing.error is None, timing.error
         assert timing.first > 0 and len(timing.later) == 1 and timing.per_round > 0
@@ -119,8 +120,8 @@ def test_simulation_overhead_quick(app, capsys, monkeypatch):
     assert report.processes_while_running >= 1  # the check sees the SuperLink's processes...
     assert report.left == {} and report.gone_after is not None  # ...and none outlives it
     out = capsys.readouterr().out
-    ratio = simulation.per_round / plain.per_round
-    assert f"{ratio:.2f}" in out
+    assert row.ratio == simulation.per_round / plain.per_round
+    assert f"{row.ratio:.2f}" in out
     assert "none left running" in out
 
 

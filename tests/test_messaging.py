@@ -9,6 +9,8 @@ pull happened without waiting for anything.
 """
 
 import logging
+import threading
+import time
 from collections.abc import Iterable
 
 import pytest
@@ -16,7 +18,7 @@ from flwr.app import ConfigRecord, Error, Message, RecordDict
 from flwr.serverapp import Grid
 
 from fedx import messaging
-from fedx.messaging import MAX_PULL_INTERVAL, send_and_collect
+from fedx.messaging import MAX_PULL_INTERVAL, ReplySignal, send_and_collect
 
 NEVER = None
 REFUSED = "refused"
@@ -225,3 +227,20 @@ def test_a_fixed_interval_from_the_environment_pulls_in_flowers_steps(
         monkeypatch.setenv(messaging.PULL_INTERVAL_VARIABLE, bad)
         with pytest.raises(ValueError, match="FEDX_REPLY_PULL_INTERVAL must be a positive number"):
             exchange(grid, timeout=600)
+
+
+def test_a_pause_ends_when_replies_are_stored_in_this_process():
+    """Flower's simulation stores replies in the ServerApp's process, and fedx's engine says so."""
+    signal = ReplySignal()
+    seen = signal.count
+    started = time.monotonic()
+    signal.pause(seen, 0.2)  # nobody stores replies here: a plain sleep
+    assert time.monotonic() - started >= 0.2
+    with signal.notifying():
+        threading.Timer(0.2, signal.notify).start()
+        started = time.monotonic()
+        signal.pause(seen, 120)
+        assert time.monotonic() - started < 60 and signal.count == seen + 1
+        started = time.monotonic()
+        signal.pause(seen, 120)  # a reply came since `seen`: pull again at once
+        assert time.monotonic() - started < 1

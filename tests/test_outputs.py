@@ -9,6 +9,8 @@ def test_global_only_runs_keep_their_format(tmp_path):
     recorder = RunRecorder(tmp_path, {"strategy": "fedmr"})
     recorder.record(0, accuracy=0.1, loss=2.3)
     recorder.record(1, **{"round-seconds": 1.5, "accuracy": 0.5, "loss": 1.2})
+    assert not (tmp_path / METRICS_FILE).exists()  # written once a round, by flush()
+    recorder.flush()
     written = json.loads((tmp_path / METRICS_FILE).read_text())
     assert written["rounds"] == [
         {"round": 0, "accuracy": 0.1, "loss": 2.3},
@@ -28,6 +30,7 @@ def test_personalized_rounds_hold_per_client_results_and_count_as_final(tmp_path
     recorder.record(2, **{"personalized-accuracy": 0.6, "personalized-accuracy-std": 0.1})
     recorder.record_clients(2, clients)
     recorder.record(3, **{"clustering-seconds": 0.2})
+    recorder.flush()
     written = json.loads((tmp_path / METRICS_FILE).read_text())
     assert written["rounds"][1]["clients"] == clients
     # The last evaluated round is final, not the last round with any row.

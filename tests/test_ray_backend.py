@@ -6,15 +6,41 @@ The cluster cases (a node lost and back, two hosts) are in tests/test_ray_cluste
 import logging
 import os
 import socket
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from queue import Empty, Queue
 
+import numpy as np
 import pytest
 import ray
+from flwr.app import ArrayRecord, Message, RecordDict
 from flwr.clientapp.client_app import LoadClientAppError
+from flwr.common.constant import SUPERLINK_NODE_ID
+from flwr.proto.task_pb2 import Task  # pylint: disable=no-name-in-module
+from flwr.server.superlink.fleet.vce import vce_api
+from flwr.server.superlink.linkstate import LinkStateFactory
+from flwr.server.superlink.linkstate.in_memory_linkstate import RunRecord
+from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME, NOOP_FEDERATION_ID
+from flwr.supercore.object_store import ObjectStoreFactory
+from flwr.supercore.run import Run
+from flwr.supercore.task_identity import TaskIdentity
+from flwr.superlink.federation import NoOpFederationManager
+from flwr.superlink.grid import InMemoryGrid
 
 from fedx.deploy.local import free_port
-from fedx.ray_backend import ActorPool, ClusterRayBackend, actors_per_node, check_cluster_address
+from fedx.messaging import REPLIES_STORED
+from fedx.ray_backend import (
+    INLINE_OBJECT_BYTES,
+    MESSAGES_PER_ACTOR,
+    ActorPool,
+    ClusterRayBackend,
+    FlowerRayBackend,
+    actors_per_node,
+    check_cluster_address,
+    feed_messages,
+    starts_own_ray,
+)
 
 
 def test_actors_per_node_is_flowers_rule():
@@ -54,6 +80,128 @@ def test_the_backend_refuses_a_ray_address_where_nothing_listens_before_ray_star
         ClusterRayBackend({"client_resources": {"num_cpus": 1}, "init_args": {}})
     assert time.monotonic() - started < 5
     assert not ray.is_initialized()
+
+
+def test_a_ray_started_here_passes_models_inline_a_running_cluster_keeps_its_settings(monkeypatch):
+    seen = []
+    monkeypatch.setattr(FlowerRayBackend, "init_ray", lambda self, config: seen.append(config))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr("fedx.ray_backend.starts_own_ray", lambda address: True)
+    ClusterRayBackend({"client_resources": {"num_cpus": 1}, "init_args": {"num_cpus": 2}})
+    ClusterRayBackend(
+        {"client_resources": {"num_cpus": 1}, "init_args": {"_system_config": {"a": 1}}}
+    )
+    monkeypatch.setattr("fedx.ray_backend.starts_own_ray", lambda address: False)
+    ClusterRayBackend({"client_resources": {"num_cpus": 1}, "init_args": {"num_cpus": 2}})
+    assert [config["init_args"] for config in seen] == [
+        {"num_cpus": 2, "_system_config": {"max_direct_call_object_size": INLINE_OBJECT_BYTES}},
+        {"_system_config": {"a": 1, "max_direct_call_object_size": INLINE_OBJECT_BYTES}},
+        {"num_cpus": 2},
+    ]
+    with socket.socket() as listening:  # an address: Ray joins what listens there
+        listening.bind(("127.0.0.1", 0))
+        assert not starts_own_ray(f"127.0.0.1:{listening.getsockname()[1]}")
+
+
+# ----------------------------------------------------------------------
+# The message feeder, on Flower's in-memory state of a simulation
+# ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def simulation_state():
+    """Flower's in-memory state with a run and three simulated nodes, as the engine sets it up."""
+    factory = LinkStateFactory(
+        FLWR_IN_MEMORY_DB_NAME, NoOpFederationManager(), ObjectStoreFactory()
+    )
+    state = factory.state()
+    run = Run.create_empty(run_id=1)
+    run.primary_task_id, run.federation_id = 2, NOOP_FEDERATION_ID
+    state.run_ids[1] = RunRecord(run=run)
+    state.task_store[2] = Task(task_id=2, run_id=1)
+    nodes = vce_api._register_nodes(3, factory)  # pylint: disable=protected-access
+    grid = InMemoryGrid(factory)
+    grid.set_run(run)
+    saved = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, SUPERLINK_NODE_ID, 2
+    yield state, grid, list(nodes), nodes
+    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
+
+
+def message_to(node_id: int, value: float) -> Message:
+    content = RecordDict({"arrays": ArrayRecord([np.full(2, value, dtype=np.float32)])})
+    return Message(content, dst_node_id=node_id, message_type="train")
+
+
+def value_of(message: Message) -> float:
+    return float(message.content["arrays"].to_numpy_ndarrays()[0][0])
+
+
+def feeding(state, nodes_mapping):
+    """Run feed_messages in a thread; yield its queue; stop it."""
+    queue, stop = Queue(), threading.Event()
+    thread = threading.Thread(target=feed_messages, args=(state, queue, nodes_mapping, stop))
+    thread.start()
+    return queue, stop, thread
+
+
+def take(queue: Queue, count: int, timeout: float = 10.0) -> list[Message]:
+    return [queue.get(timeout=timeout) for _ in range(count)]
+
+
+def test_the_feeder_hands_over_messages_when_they_are_pushed(simulation_state, monkeypatch):
+    """Pushes wake it: with the passes minutes apart, pushed messages still come at once."""
+    state, grid, nodes, mapping = simulation_state
+    monkeypatch.setattr("fedx.ray_backend.FEED_INTERVAL", 300.0)
+    monkeypatch.setattr("fedx.ray_backend.FEED_SWEEP_INTERVAL", 300.0)
+    queue, stop, thread = feeding(state, mapping)
+    try:
+        time.sleep(0.2)  # the feeder waits for pushes
+        grid.push_messages([message_to(node, position) for position, node in enumerate(nodes)])
+        delivered = take(queue, 3)
+        assert sorted(value_of(m) for m in delivered) == [0.0, 1.0, 2.0]
+        assert all(m.metadata.delivered_at for m in delivered)  # the state marked them
+        with pytest.raises(Empty):
+            queue.get(timeout=0.3)  # each once
+        # The engine stores a reply: the ServerApp's exchanges waiting in this process hear it.
+        reply = Message(RecordDict(), reply_to=delivered[0])
+        reply.metadata.__dict__["_message_id"] = "reply-0"  # as Flower's engine does
+        stored = REPLIES_STORED.count
+        assert state.store_message_res(reply) == "reply-0"
+        assert REPLIES_STORED.count == stored + 1
+    finally:
+        stop.set()
+        grid.push_messages([message_to(nodes[0], 9.0)])  # a push wakes it to see the stop
+        thread.join(timeout=10)
+    assert not thread.is_alive()
+    assert "store_message_ins" not in vars(state)  # Flower's method again
+
+
+def test_the_feeder_gives_a_node_one_message_a_pass_and_finds_what_its_hook_missed(
+    simulation_state, monkeypatch
+):
+    state, grid, nodes, mapping = simulation_state
+    monkeypatch.setattr("fedx.ray_backend.FEED_INTERVAL", 0.05)
+    monkeypatch.setattr("fedx.ray_backend.FEED_SWEEP_INTERVAL", 0.5)
+    queue, stop, thread = feeding(state, mapping)
+    try:
+        grid.push_messages([message_to(nodes[1], 1.0), message_to(nodes[1], 1.5)])
+        grid.push_messages([message_to(nodes[0], 0.0)])
+        first = take(queue, 1)
+        second, third = take(queue, 2)
+        values = [value_of(m) for m in (first[0], second, third)]
+        assert values.index(1.5) > values.index(1.0)  # node 1's second message a pass later
+        assert sorted(values) == [0.0, 1.0, 1.5]
+        # A message stored past the hook (Flower's method itself) waits for the sweep.
+        missed = message_to(nodes[2], 2.0)
+        missed.metadata.__dict__["_message_id"] = "missed"
+        type(state).store_message_ins(state, missed)
+        started = time.monotonic()
+        (found,) = take(queue, 1)
+        assert value_of(found) == 2.0 and time.monotonic() - started < 5
+    finally:
+        stop.set()
+        thread.join(timeout=10)
 
 
 @ray.remote(num_cpus=1)
@@ -116,6 +264,32 @@ def test_the_pool_replaces_an_actor_that_died_and_reruns_its_message(local_ray, 
     finally:
         pool.shutdown()
     assert "ClientApp messages per Ray node: " in caplog.text
+
+
+def test_a_busy_actor_gets_a_message_queued_only_while_more_wait_than_there_are_actors(local_ray):
+    pool = ActorPool({"num_cpus": 1}, Worker.remote, watch_interval=0.2)
+    try:
+        deadline = time.monotonic() + 60
+        while pool.started < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        held: list[list[int]] = []  # messages each actor held when one was handed over
+
+        def job(handle):
+            held.append(sorted(actor.in_flight for actor in pool._busy))
+            return handle.run.remote(sleep=0.3)
+
+        def run_at_once(count: int) -> list[int]:
+            held.clear()
+            with ThreadPoolExecutor(count) as threads:
+                return list(threads.map(lambda _: pool.run(job), range(count)))
+
+        assert len(set(run_at_once(2))) == 2 and max(map(max, held)) == 1  # one each, no queue
+        pids = run_at_once(6)
+        assert len(set(pids)) == 2 and len(pids) == 6
+        assert max(map(max, held)) == MESSAGES_PER_ACTOR  # queued behind a running one
+        assert pool.idle == 2 and pool.started == 2
+    finally:
+        pool.shutdown()
 
 
 def test_messages_wait_for_actors_that_start_slowly(local_ray, monkeypatch, caplog):

@@ -4,10 +4,17 @@ The ClientApp is stateless: every message carries what it needs, and the run
 config (checked and typed by :class:`fedx.config.RunConfig`, as on the
 server) says which data, model and method the run uses. A :class:`ClientTask`
 reads all of that once per message and hands it to the handlers.
+
+What a process can reuse between messages without carrying state from one to
+the next, it keeps: the dataset split and the partitions' positions
+(:mod:`fedx.data`, per process), and the model skeletons the weights are
+loaded into (:mod:`fedx.client.skeletons`), which a task borrows and gives
+back when its handler is done (``with ClientTask(...) as task:``).
 """
 
 import functools
 from collections.abc import Mapping
+from types import TracebackType
 from typing import Any
 
 import torch
@@ -15,15 +22,17 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from fedx.arrays import to_numpy_dict
+from fedx.client.skeletons import SKELETONS
 from fedx.config import RunConfig
 from fedx.data import (
     LocalSplits,
+    batch_loader,
     dataset_info,
     load_local_splits,
     load_partition,
     load_test_share,
 )
-from fedx.models import build_model
 from fedx.protocol.common import CONFIG, SERVER_ROUND, TrainingSettings
 from fedx.training import get_device
 
@@ -61,6 +70,10 @@ def node_partition(context: Context) -> tuple[int, int]:
 class ClientTask:
     """One message to answer, with everything the answer needs.
 
+    Use it as a context manager around the answer: the models it lent
+    (:meth:`model`) go back to the process's skeleton cache when the block
+    ends, or are dropped when the block raised.
+
     Attributes
     ----------
     message : Message
@@ -88,6 +101,23 @@ class ClientTask:
         self.server_round = int(self.round_config.get(SERVER_ROUND, 0))
         self.training = TrainingSettings.read(self.round_config, self.config)
         self.device = get_device()
+        self._borrowed: list[tuple[nn.Module, str]] = []
+
+    def __enter__(self) -> "ClientTask":
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        borrowed, self._borrowed = self._borrowed, []
+        if kind is not None:
+            return  # a call that failed may have left its models half-way: they are not kept
+        info = dataset_info(self.config.dataset)
+        for model, architecture in borrowed:
+            SKELETONS.give_back(model, architecture, info.input_shape, info.num_classes)
 
     # ------------------------------------------------------------------
     # Data
@@ -124,23 +154,30 @@ class ClientTask:
         )
 
     def train_loader(self, dataset: Dataset) -> DataLoader:
-        """Shuffled batches of ``batch-size``."""
-        return DataLoader(dataset, batch_size=self.training.batch_size, shuffle=True)
+        """Shuffled batches of ``batch-size`` (:func:`fedx.data.batch_loader`)."""
+        return batch_loader(dataset, self.training.batch_size, shuffle=True)
 
     @staticmethod
     def test_loader(dataset: Dataset) -> DataLoader:
         """Batches for evaluation, in order."""
-        return DataLoader(dataset, batch_size=EVALUATION_BATCH)
+        return batch_loader(dataset, EVALUATION_BATCH)
 
     # ------------------------------------------------------------------
     # Models and training
     # ------------------------------------------------------------------
 
     def model(self, architecture: str, record: ArrayRecord) -> nn.Module:
-        """A model of ``architecture`` holding the weights of ``record``."""
+        """A model of ``architecture`` holding the weights of ``record``, in training mode.
+
+        Its module may have served an earlier message of this process; only
+        the weights of ``record`` (every parameter and buffer) decide it, and
+        getting it draws nothing from torch's generator.
+        """
         info = dataset_info(self.config.dataset)
-        model = build_model(architecture, info.input_shape, info.num_classes)
-        model.load_state_dict(record.to_torch_state_dict())
+        model = SKELETONS.borrow(architecture, info.input_shape, info.num_classes)
+        self._borrowed.append((model, architecture))
+        weights = to_numpy_dict(record)
+        model.load_state_dict({name: torch.from_numpy(array) for name, array in weights.items()})
         return model
 
     def sgd(self) -> dict[str, float]:

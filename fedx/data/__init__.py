@@ -20,6 +20,7 @@ from fedx.data.datasets import (
     load_split,
 )
 from fedx.data.leaf import LEAF_DATASETS, LeafDataset, decode_text, encode_text
+from fedx.data.loaders import batch_gatherer, batch_loader
 from fedx.data.partitioning import (
     PARTITIONINGS,
     Partition,
@@ -50,6 +51,8 @@ __all__ = [
     "Partition",
     "SplitSettings",
     "SplitSource",
+    "batch_gatherer",
+    "batch_loader",
     "dataset_groups",
     "dataset_info",
     "dataset_labels",

@@ -127,6 +127,10 @@ class DigitsDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         return self.data[index], int(self.targets[index])
 
+    def gather(self, positions: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """The samples at ``positions`` as one batch: what ``default_collate`` makes of them."""
+        return self.data[torch.from_numpy(positions)], torch.from_numpy(self.targets[positions])
+
 
 def dataset_info(name: str) -> DatasetInfo:
     """Return the input shape and class count of a dataset without loading it.

@@ -122,6 +122,13 @@ class LeafDataset(Dataset):
             inputs = inputs.long()
         return inputs, int(self.targets[index])
 
+    def gather(self, positions: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """The samples at ``positions`` as one batch: what ``default_collate`` makes of them."""
+        inputs = self.data[torch.from_numpy(positions)]
+        if inputs.dtype == torch.uint8:
+            inputs = inputs.long()
+        return inputs, torch.from_numpy(self.targets[positions])
+
 
 def encode_text(text: str) -> np.ndarray:
     """Map a string to its tokens: positions in :data:`SHAKESPEARE_LETTERS`.

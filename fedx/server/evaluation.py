@@ -2,10 +2,10 @@
 
 import torch
 from flwr.app import ArrayRecord, MetricRecord
-from torch.utils.data import DataLoader
 
+from fedx.arrays import to_numpy_dict
 from fedx.config import RunConfig
-from fedx.data import load_split
+from fedx.data import batch_loader, load_split
 from fedx.outputs import RunRecorder
 from fedx.strategies.capabilities import EvaluatesPerClient
 from fedx.strategies.personalized import summarize
@@ -36,7 +36,7 @@ class RoundEvaluation:
         if model is not None:
             # LEAF: the union of the selected users' test samples.
             test_set = load_split(cfg.dataset, "test", **cfg.data_settings())
-            self.loader = DataLoader(test_set, batch_size=256, shuffle=False)
+            self.loader = batch_loader(test_set, 256)
 
     def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
         """Record the round; return the central metrics when they were computed."""
@@ -46,7 +46,8 @@ class RoundEvaluation:
         due = server_round % self.cfg.eval_every == 0 or server_round == self.cfg.num_server_rounds
         metrics = None
         if due and self.model is not None and self.loader is not None:
-            self.model.load_state_dict(arrays.to_torch_state_dict())
+            weights = to_numpy_dict(arrays)
+            self.model.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
             loss, accuracy = evaluate(self.model, self.loader, self.device)
             self.recorder.record(server_round, loss=loss, accuracy=accuracy)
             metrics = MetricRecord({"loss": loss, "accuracy": accuracy})

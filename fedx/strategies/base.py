@@ -29,6 +29,7 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
+from fedx.arrays import to_numpy_dict
 from fedx.checks import NON_NEGATIVE, POSITIVE, check
 from fedx.messaging import wait_for_nodes
 from fedx.ops import Model, find_problem
@@ -38,8 +39,8 @@ Target = TypeVar("Target")
 
 
 def to_model(record: ArrayRecord) -> Model:
-    """Convert an ``ArrayRecord`` into ``{name: np.ndarray}``, keeping its order."""
-    return {name: array.numpy() for name, array in record.items()}
+    """Convert an ``ArrayRecord`` into ``{name: np.ndarray}``, keeping its order (:mod:`fedx.arrays`)."""
+    return to_numpy_dict(record)
 
 
 def to_arrayrecord(model: Model) -> ArrayRecord:

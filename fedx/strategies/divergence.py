@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from flwr.app import ArrayRecord, Message, MetricRecord
 
+from fedx.arrays import to_numpy
 from fedx.checks import NON_NEGATIVE, Integer, check
 
 
@@ -35,7 +36,7 @@ def _loss(metrics: MetricRecord | None) -> float | None:
 def _finite(arrays: ArrayRecord) -> bool:
     """Whether every float array of ``arrays`` holds only finite values."""
     for array in arrays.values():
-        values = array.numpy()
+        values = to_numpy(array)
         if values.dtype.kind in "fc" and not np.isfinite(values).all():
             return False
     return True
