@@ -6,6 +6,9 @@ import numpy as np
 import pytest
 
 from fedx.ops import SELECTIONS, collaborator_indices, cosine_similarity_matrix, cross_aggregate
+from fedx.ops import aggregation as aggregation_module
+from fedx.ops import parallel as parallel_module
+from fedx.ops import similarity as similarity_module
 
 # A float32 conv and BN, an int64 BN counter that similarity must ignore,
 # a float64 tensor, and a tensor larger than the ops' internal block sizes.
@@ -361,3 +364,91 @@ def test_two_models_without_propeller_mix_with_each_other():
     for index, model in enumerate(result):
         other = models[1 - index]
         assert_models_close(model, expected_blend(models[index], [other], 0.6), models[index])
+
+
+# --- real models: the float64 computation, and the float32 arithmetic --------
+
+
+@pytest.fixture(scope="module")
+def resnet_pool() -> list[dict]:
+    """Seventeen ResNet-20 state dicts (270k parameters, BatchNorm counters
+    included): its initialisation, each moved by its own amount, as after a
+    round of local training (steps scaled to each tensor's spread)."""
+    from fedx.models import build_seeded_model  # pylint: disable=import-outside-toplevel
+
+    model = build_seeded_model("resnet20", (3, 32, 32), 10, seed=0)
+    base = {name: tensor.numpy().copy() for name, tensor in model.state_dict().items()}
+    rng = np.random.default_rng(0)
+    pool = []
+    for index in range(17):
+        pool.append(
+            {
+                name: (
+                    array
+                    + (0.05 + 0.1 * index) * (array.std() + 0.1) * rng.standard_normal(array.shape)
+                ).astype(array.dtype)
+                if array.dtype.kind == "f"
+                else np.array(index, dtype=array.dtype)
+                for name, array in base.items()
+            }
+        )
+    return pool
+
+
+@pytest.fixture
+def small_blocks_two_threads(monkeypatch):
+    """Blocks, spans, Gram chunks and staging blocks smaller than ResNet-20's
+    largest tensors (36,864 elements), on two threads, so that every
+    boundary is crossed and the pieces run concurrently."""
+    monkeypatch.setattr(aggregation_module, "_BLOCK", 10_000)
+    monkeypatch.setattr(aggregation_module, "_SPAN", 30_000)
+    monkeypatch.setattr(aggregation_module, "_PARALLEL_WORK", 0)
+    monkeypatch.setattr(similarity_module, "_CHUNK", 20_000)
+    monkeypatch.setattr(similarity_module, "_STAGING_BYTES", 400_000)
+    monkeypatch.setattr(similarity_module, "_PARALLEL_WORK", 0)
+    monkeypatch.setattr(parallel_module, "thread_count", lambda: 2)
+
+
+@pytest.mark.usefixtures("small_blocks_two_threads")
+@pytest.mark.parametrize("count", [5, 17], ids=["few-rows", "rank-k-update"])
+@pytest.mark.parametrize("selection", ["lowest_similarity", "highest_similarity"])
+def test_real_models_match_float64_and_the_float32_formula(resnet_pool, count, selection):
+    """The float64 similarity picks the same collaborators; every blend is
+    ``f32(alpha * v_i) + f32((1 - alpha) * v_co)`` bit for bit (fedx's
+    arithmetic before the blends were computed together, so the results did
+    not change), and within float32 rounding of the float64 blend."""
+    models, alpha = resnet_pool[:count], 0.99
+    floats = [name for name, array in models[0].items() if array.dtype.kind == "f"]
+    vectors = np.array(
+        [
+            np.concatenate([model[name].astype(np.float64).ravel() for name in floats])
+            for model in models
+        ]
+    )
+    norms = np.linalg.norm(vectors, axis=1)
+    reference = vectors @ vectors.T / np.outer(norms, norms)
+    np.testing.assert_allclose(cosine_similarity_matrix(models), reference, rtol=0, atol=1e-6)
+    np.fill_diagonal(reference, np.nan)
+    pick = np.nanargmin if selection == "lowest_similarity" else np.nanargmax
+    partners = [int(pick(row)) for row in reference]
+    assert len(set(partners)) > 1
+
+    result = cross_aggregate(models, alpha=alpha, selection=selection, round_index=0)
+
+    own, other = np.float32(alpha), np.float32(1.0 - alpha)
+    for index, (model, partner) in enumerate(zip(result, partners, strict=True)):
+        assert list(model) == list(models[index])
+        for name, array in model.items():
+            if name not in floats:
+                assert array is models[index][name]
+                continue
+            mine, theirs = models[index][name], models[partner][name]
+            assert array.dtype == mine.dtype and array.shape == mine.shape
+            np.testing.assert_array_equal(array, own * mine + other * theirs)
+            exact = alpha * mine.astype(np.float64) + (1.0 - alpha) * theirs.astype(np.float64)
+            # Rounding of the two factors, the two products and the sum.
+            scale = np.abs(alpha * mine.astype(np.float64)) + np.abs((1 - alpha) * theirs)
+            assert np.all(np.abs(array - exact) <= 2.0**-22 * scale + 1e-45)
+    # Every output is memory of its own.
+    for name in floats:
+        assert not np.shares_memory(result[0][name], result[1][name])

@@ -9,12 +9,17 @@ from fedx.ops.model import Model
 from fedx.ops.parallel import run_tasks
 
 # Elements per block of the weighted sums: large enough that the Python
-# overhead per block (a few ufunc calls) stays small next to the work, small
-# enough that the blocks of all inputs and outputs of one tensor stay in the
-# last-level cache while an operation goes through them.
+# overhead per block (a few ufunc calls per output) stays small next to the
+# work, small enough that the blocks an output reads and writes stay in the
+# core's cache for the next output.
 _BLOCK = 1 << 17
-# Below this many elements read, threads cost more than they save.
-_PARALLEL_WORK = 1 << 22
+# Elements of every output per thread-pool task: a few blocks, so that the
+# threads share the work of one large tensor evenly.
+_SPAN = 1 << 18
+# Below this many elements read, threads cost more than they save (handing
+# tasks to the threads takes 30 us at best, far more on busy cores; FedMe's
+# two-model means of a CNN layer, 4M elements, got slower with them).
+_PARALLEL_WORK = 1 << 24
 
 
 def average(models: Sequence[Model], weights: Sequence[float] | None = None) -> Model:
@@ -71,8 +76,11 @@ def weighted_sums(
     This is the one fusion every operation uses: means, FedCross's blends,
     FedMe's eq. 8. Each output's factors are meant to be a convex combination
     (non-negative, summing to one), so its exact value lies between its
-    inputs' extremes. Several outputs are spread over threads (see
-    :mod:`fedx.ops.parallel`); each is computed in cache-sized blocks.
+    inputs' extremes. The outputs are computed together in cache-sized blocks
+    of elements, spans of blocks spread over threads (see
+    :mod:`fedx.ops.parallel`): within a block, outputs that read the same
+    input follow one another, so an input that several outputs share
+    (FedCross's collaborators) is read from memory once.
 
     Floating-point outputs are summed in their own dtype (all terms of the
     first input's dtype). A block in which an operation overflows (or gives
@@ -107,16 +115,72 @@ def weighted_sums(
                 f"output {index}: need one factor per term, got {len(terms)} terms "
                 f"and {weights.size} factors"
             )
-        if np.issubdtype(terms[0].dtype, np.floating):
+        if terms[0].dtype.kind == "f":
             blocked = _BlockedSum(terms, weights)
             sums.append(blocked)
             outputs[index] = blocked.total
         else:
             outputs[index] = _integer_weighted_sum(terms, weights)
-    # Outputs are independent: several go to several threads.
-    work = sum(blocked.size * len(blocked.flats) for blocked in sums)
-    run_tasks(_BlockedSum.fill, sums, threads=None if work >= _PARALLEL_WORK else 1)
+    _fill(sums)
     return cast(list[np.ndarray], outputs)  # every index was set above
+
+
+def _fill(sums: list["_BlockedSum"]) -> None:
+    """Compute the floating-point outputs: element blocks outer, outputs inner.
+
+    Spans of blocks go to threads. Each thread takes one block of elements
+    of every output in turn, in an order where an output reads an input
+    that the one before it read (:func:`_sharing_order`), so the shared
+    input is still in cache. Blocks start at multiples of ``_BLOCK`` whatever
+    the number of threads: a block that overflows is redone as a whole, so
+    the blocks decide the results.
+    """
+    if not sums:
+        return
+    ordered = [sums[index] for index in _sharing_order([s.terms for s in sums])]
+    size = max(blocked.size for blocked in sums)
+    spans = [(start, min(start + _SPAN, size)) for start in range(0, size, _SPAN)]
+
+    def run(span: tuple[int, int]) -> None:
+        start, stop = span
+        scratch: dict[np.dtype, np.ndarray] = {}  # one block of terms, per dtype
+        # numpy checks the FPU's overflow flag after every ufunc call anyway:
+        # raising on it costs nothing until a block overflows. (errstate is
+        # per thread: set here, in the thread that does the work.)
+        with np.errstate(over="raise", invalid="raise"):
+            for begin in range(start, stop, _BLOCK):
+                for blocked in ordered:
+                    if begin < blocked.size:
+                        blocked.add_block(slice(begin, min(begin + _BLOCK, stop)), scratch)
+
+    work = sum(blocked.size * len(blocked.flats) for blocked in sums)
+    run_tasks(run, spans, threads=None if work >= _PARALLEL_WORK else 1)
+
+
+def _sharing_order(inputs: list[Sequence[np.ndarray]]) -> list[int]:
+    """The outputs, each (where it can) right after one that reads one of its inputs.
+
+    A depth-first walk over the outputs, linked by the input arrays they
+    share (the same array objects): FedCross's in-order collaborators become
+    one chain, each output reading as its own model the block that the
+    output before it read as its collaborator.
+    """
+    readers: dict[int, list[int]] = {}
+    for index, terms in enumerate(inputs):
+        for term in terms:
+            readers.setdefault(id(term), []).append(index)
+    order: list[int] = []
+    seen = bytearray(len(inputs))
+    for root in range(len(inputs)):
+        stack = [root]
+        while stack:
+            index = stack.pop()
+            if not seen[index]:
+                seen[index] = 1
+                order.append(index)
+                for term in inputs[index]:
+                    stack.extend(readers[id(term)])
+    return order
 
 
 class _BlockedSum:
@@ -127,24 +191,17 @@ class _BlockedSum:
         self.total = np.empty(terms[0].shape, dtype=dtype)
         self.size = self.total.size
         self._flat_total = self.total.reshape(-1)
-        self.flats = [np.ravel(term) for term in terms]
+        self.terms = terms
+        self.flats = [term.reshape(-1) for term in terms]
         self._factors = factors
-        self._scalars = [dtype.type(factor) for factor in factors]
+        values = factors.tolist()
+        self._scalars = [dtype.type(factor) for factor in values]
         # Equal factors (a plain mean): add, then scale once, one multiply
         # per element instead of one per term.
-        self._equal = bool(np.all(factors == factors[0]))
+        self._equal = values.count(values[0]) == len(values)
 
-    def fill(self) -> None:
-        """Compute the whole output, block by block."""
-        # numpy checks the FPU's overflow flag after every ufunc call anyway:
-        # raising on it costs nothing until a block overflows. (errstate is
-        # per thread: set here, in the thread that does the work.)
-        scratch = None if self._equal else np.empty(min(_BLOCK, self.size), self.total.dtype)
-        with np.errstate(over="raise", invalid="raise"):
-            for start in range(0, self.size, _BLOCK):
-                self._add_block(slice(start, start + _BLOCK), scratch)
-
-    def _add_block(self, block: slice, scratch: np.ndarray | None) -> None:
+    def add_block(self, block: slice, scratch: dict[np.dtype, np.ndarray]) -> None:
+        """Compute ``block`` of the output; ``scratch`` holds a block of terms per dtype."""
         out = self._flat_total[block]
         try:
             self._add_block_fast(block, out, scratch)
@@ -152,7 +209,9 @@ class _BlockedSum:
             with np.errstate(over="ignore", invalid="ignore"):
                 _wide_weighted_sum([flat[block] for flat in self.flats], self._factors, out)
 
-    def _add_block_fast(self, block: slice, out: np.ndarray, scratch: np.ndarray | None) -> None:
+    def _add_block_fast(
+        self, block: slice, out: np.ndarray, scratch: dict[np.dtype, np.ndarray]
+    ) -> None:
         flats, scalars = self.flats, self._scalars
         if self._equal:
             if len(flats) == 1:
@@ -164,7 +223,10 @@ class _BlockedSum:
                 out *= scalars[0]
         else:
             np.multiply(flats[0][block], scalars[0], out=out)
-            partial = scratch[: out.size]  # type: ignore[index]
+            partial = scratch.get(out.dtype)
+            if partial is None:
+                partial = scratch[out.dtype] = np.empty(_BLOCK, out.dtype)
+            partial = partial[: out.size]
             for scalar, flat in zip(scalars[1:], flats[1:], strict=True):
                 np.multiply(flat[block], scalar, out=partial)
                 out += partial

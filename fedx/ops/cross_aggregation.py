@@ -164,8 +164,8 @@ def cross_aggregate(
             [models[index][name]] + [models[other][name] for other in others]
             for index, others in enumerate(partners)
         ]
-        # All K outputs of a tensor together: each collaborator's blocks are
-        # read from memory once, for its own output, then from cache.
+        # All K outputs of a tensor together, block by block: each model's
+        # block is read from memory once, then from cache as a collaborator.
         for model, array in zip(blended, weighted_sums(terms, factors), strict=True):
             model[name] = array
     return blended
