@@ -122,6 +122,17 @@ def parse_quick(
 # ----------------------------------------------------------------------
 
 
+def add_app_option(parser: argparse.ArgumentParser) -> None:
+    """``--app``: other copies of the app to run in turn (before/after in one benchmark run)."""
+    parser.add_argument(
+        "--app",
+        type=Path,
+        action="append",
+        default=[],
+        help="run this copy of the app instead of this repository (repeatable: in turn)",
+    )
+
+
 def add_memory_limit(parser: argparse.ArgumentParser, over_it: str) -> None:
     """``--max-memory-gib``: what a case may be estimated to need (``over_it``: what befalls one above)."""
     parser.add_argument(

@@ -396,13 +396,7 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=None,
         help="torch threads of the plain loop (default: --client-cpus; 0: torch's)",
     )
-    parser.add_argument(
-        "--app",
-        type=Path,
-        action="append",
-        default=[],
-        help="run this copy of the app instead of this repository (repeatable: in turn)",
-    )
+    common.add_app_option(parser)
     parser.add_argument(
         "--grace",
         type=float,

@@ -145,13 +145,7 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--rounds", type=int, default=None, help="num-server-rounds (default: the app's, 20)"
     )
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per flwr run")
-    parser.add_argument(
-        "--app",
-        type=Path,
-        action="append",
-        default=[],
-        help="run this copy of the app instead of this repository (repeatable: in turn)",
-    )
+    common.add_app_option(parser)
     parser.add_argument(
         "--logs",
         type=Path,
