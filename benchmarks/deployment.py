@@ -96,7 +96,7 @@ import _common as common
 
 APP = Path(__file__).resolve().parents[1]
 EXECUTORS = ("flower", "warm")
-DEFAULT_SETUPS = ("flower", "warm", "flower:0.1", "warm:0.1")
+DEFAULT_SETUPS = ("flower", "warm", "flower:0.1", "warm:0.1", "warm:0.1:memory")
 #: The ServerApp's fixed pull interval that stands for Flower's send_and_receive.
 FLOWER_REPLY_PULL_INTERVAL = 3.0
 
