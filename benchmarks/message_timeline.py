@@ -83,7 +83,9 @@ def read_trace(path: Path) -> list[Call]:
         parts = line.split(" ", 6)
         if len(parts) == 7:
             start, seconds, pid, ppid, program, name, summary = parts
-            calls.append(Call(float(start), float(seconds), int(pid), int(ppid), program, name, summary))
+            calls.append(
+                Call(float(start), float(seconds), int(pid), int(ppid), program, name, summary)
+            )
     return sorted(calls, key=lambda c: c.start)
 
 
@@ -111,7 +113,9 @@ def _first(calls, name, after, pids=None, ppid=None):
 HANDLER_PARTS = ("ClientTask.__init__", "ClientTask.training_data", "ClientTask.model", "train")
 
 
-def node_spans(calls: list[Call], exchange: Call, node: Node) -> dict[str, tuple[float, float]] | None:
+def node_spans(
+    calls: list[Call], exchange: Call, node: Node
+) -> dict[str, tuple[float, float]] | None:
     """What one node did for its message in ``exchange``: ``{step: (start, end)}``, in seconds
     after the exchange started, in the order of :data:`STEPS`."""
     t0 = exchange.start
@@ -180,7 +184,10 @@ def analyse(calls: list[Call], nodes: list[Node], first: int, show: int) -> None
         push = _first(calls, "HttpGrid.push_messages", exchange.start)
         per_node = [node_spans(calls, exchange, node) for node in nodes]
         per_node = [spans for spans in per_node if spans is not None]
-        last_sent = max((spans["SuperNode sends the reply to the SuperLink"][1] for spans in per_node), default=0.0)
+        last_sent = max(
+            (spans["SuperNode sends the reply to the SuperLink"][1] for spans in per_node),
+            default=0.0,
+        )
         common_spans = {
             "ServerApp pushes the messages": (0.0, push.end - exchange.start if push else 0.0),
             "ServerApp has every reply (after the last send)": (last_sent, exchange.seconds),
@@ -192,19 +199,31 @@ def analyse(calls: list[Call], nodes: list[Node], first: int, show: int) -> None
             took[step].append(end - begin)
         took["the exchange"].append(exchange.seconds)
         if number == show and per_node:
-            slowest = max(per_node, key=lambda spans: spans["SuperNode sends the reply to the SuperLink"][1])
+            slowest = max(
+                per_node, key=lambda spans: spans["SuperNode sends the reply to the SuperLink"][1]
+            )
             print(f"exchange {number}: {exchange.seconds:.2f} s; the node that replied last:")
             print(f"{'step':<52}{'from s':>8}{'to s':>8}{'took s':>8}")
-            rows = {**{"ServerApp pushes the messages": common_spans["ServerApp pushes the messages"]},
-                    **slowest,
-                    "ServerApp has every reply (after the last send)": common_spans[
-                        "ServerApp has every reply (after the last send)"]}
+            rows = {
+                **{"ServerApp pushes the messages": common_spans["ServerApp pushes the messages"]},
+                **slowest,
+                "ServerApp has every reply (after the last send)": common_spans[
+                    "ServerApp has every reply (after the last send)"
+                ],
+            }
             for step, (begin, end) in rows.items():
                 print(f"{step:<52}{begin:>8.3f}{end:>8.3f}{end - begin:>8.3f}")
     print(f"\nexchanges {first}-{len(exchanges)}, every node: seconds per step")
     print(f"{'step':<52}{'median':>8}{'max':>8}{'n':>5}")
     for step, values in took.items():
         print(f"{step:<52}{statistics.median(values):>8.3f}{max(values):>8.3f}{len(values):>5}")
+
+
+def _distance(launches: list[Call], handed_out: list[float]) -> float:
+    """How far, in the median, each launch is from the closest moment a task was handed out."""
+    return statistics.median(
+        min(abs(launch.start - end) for end in handed_out) for launch in launches
+    )
 
 
 def nodes_in(calls: list[Call]) -> list[Node]:
@@ -221,12 +240,9 @@ def nodes_in(calls: list[Call]) -> list[Node]:
     for superexec in sorted({c.pid for c in calls if c.name == "WarmExecutor.launch"}):
         launches = [c for c in calls if c.name == "WarmExecutor.launch" and c.pid == superexec]
 
-        def distance(supernode: int) -> float:
-            return statistics.median(
-                min(abs(launch.start - end) for end in acquired[supernode]) for launch in launches
-            )
-
-        supernode = min(acquired, key=distance)
+        supernode = min(
+            acquired, key=lambda node, launches=launches: _distance(launches, acquired[node])
+        )
         parents = [
             child.ppid
             for launch in launches
@@ -238,7 +254,9 @@ def nodes_in(calls: list[Call]) -> list[Node]:
 
 def parse_arguments(argv=None) -> argparse.Namespace:
     parser = common.benchmark_parser(__doc__)
-    parser.add_argument("--setup", type=deployment.parse_setup, default=deployment.parse_setup("warm:0.1"))
+    parser.add_argument(
+        "--setup", type=deployment.parse_setup, default=deployment.parse_setup("warm:0.1")
+    )
     parser.add_argument("--clients", type=int, default=3)
     parser.add_argument("--client-threads", type=int, default=1)
     parser.add_argument(
@@ -273,8 +291,11 @@ def main(argv=None) -> None:
         calls = read_trace(arguments.analyse)
         analyse(calls, nodes_in(calls), arguments.first_exchange, arguments.show_exchange)
         return
-    print(f"{arguments.setup.description}, {arguments.clients} clients, {arguments.rounds} rounds "
-          f"of {arguments.local_epochs} local epoch(s); {deployment.load_text()} at start", flush=True)
+    print(
+        f"{arguments.setup.description}, {arguments.clients} clients, {arguments.rounds} rounds "
+        f"of {arguments.local_epochs} local epoch(s); {deployment.load_text()} at start",
+        flush=True,
+    )
     with tempfile.TemporaryDirectory(prefix="fedx-timeline-") as directory:
         home = Path(directory)
         trace = home / "trace.txt"
@@ -291,16 +312,22 @@ def main(argv=None) -> None:
             for index in range(arguments.clients):
                 superexec = federation.superexecs.get(index)
                 warm = federation.wait_for_warm_executor(index) if superexec else None
-                nodes.append(Node(federation.supernodes[index].pid, superexec and superexec.pid, warm))
+                nodes.append(
+                    Node(federation.supernodes[index].pid, superexec and superexec.pid, warm)
+                )
             if arguments.secure:
                 secure = deployment.secure_round(arguments, home, federation, arguments.setup)
-                print(f"secure stage {secure.per_round or float('nan'):.2f} s per round "
-                      f"{secure.seconds}; {deployment.load_text()}")
+                print(
+                    f"secure stage {secure.per_round or float('nan'):.2f} s per round "
+                    f"{secure.seconds}; {deployment.load_text()}"
+                )
                 common.print_error(secure.error)
             else:
                 real = deployment.time_real(arguments, home, federation, arguments.setup)
-                print(f"per round {real.timing.per_round or float('nan'):.2f} s "
-                      f"(rounds 2-{arguments.rounds}); {deployment.load_text()}")
+                print(
+                    f"per round {real.timing.per_round or float('nan'):.2f} s "
+                    f"(rounds 2-{arguments.rounds}); {deployment.load_text()}"
+                )
                 common.print_error(real.timing.error)
         if arguments.keep_trace:
             shutil.copyfile(trace, arguments.keep_trace)

@@ -69,7 +69,9 @@ def retry_object_pulls_after(first: float, longest: float = LONGEST_WAIT) -> dic
         raise ValueError(f"the first wait must be positive, got {first}")
     defaults = [function.__kwdefaults__ or {} for function in PULL_FUNCTIONS]
     if any(keyword not in d for d in defaults for keyword in RETRY_KEYWORDS):
-        raise RuntimeError("this Flower's pull_objects lacks initial_backoff (fedx needs flwr 1.41)")
+        raise RuntimeError(
+            "this Flower's pull_objects lacks initial_backoff (fedx needs flwr 1.41)"
+        )
     before = {keyword: defaults[0][keyword] for keyword in RETRY_KEYWORDS}
     if first < FLOWER_INITIAL_BACKOFF:
         for default in defaults:

@@ -40,8 +40,9 @@ def probe(spec) -> None:
     sockets = socket_fds()
     torch_loaded = "torch" in sys.modules
     this = sys.modules.get(__name__)  # None: dropped before the task, imported afresh below
-    import tests.executor_probe as module  # pylint: disable=import-outside-toplevel
     from flwr.supercore.inflatable.inflatable_utils import pull_objects  # pylint: disable=C0415
+
+    import tests.executor_probe as module  # pylint: disable=import-outside-toplevel
 
     seen = {
         "pid": os.getpid(),

@@ -46,7 +46,7 @@ def test_a_short_first_wait_and_cap_replace_flowers_1_to_10_s():
         assert function.__kwdefaults__["max_tries_per_object"] is None
         assert function.__kwdefaults__["max_time"] == 7200
     asked = pulls_of_an_object_that_arrives_late(5)
-    gaps = [later - earlier for earlier, later in zip(asked, asked[1:])]
+    gaps = [later - earlier for earlier, later in zip(asked, asked[1:], strict=False)]
     # Flower would wait 0.8-1.2 s before the second ask and 1.6-2.4 s before the third.
     assert len(gaps) == 4 and max(gaps) < 0.5, gaps
     restore_object_pulls(before)

@@ -119,12 +119,16 @@ def _patch(module) -> None:
             owner = getattr(owner, part, None)
         if owner is None or not hasattr(owner, path[-1]):
             continue
-        original = owner.__dict__.get(path[-1]) if isinstance(owner, type) else getattr(owner, path[-1])
+        original = (
+            owner.__dict__.get(path[-1]) if isinstance(owner, type) else getattr(owner, path[-1])
+        )
         if original is None:
             continue
         wrap_result = path[-1] == "get_load_client_app_fn"
         if isinstance(original, (classmethod, staticmethod)):
-            wrapped = type(original)(_wrap(original.__func__, target.rstrip("?"), polled, wrap_result))
+            wrapped = type(original)(
+                _wrap(original.__func__, target.rstrip("?"), polled, wrap_result)
+            )
         else:
             wrapped = _wrap(original, target.rstrip("?"), polled, wrap_result)
         setattr(owner, path[-1], wrapped)

@@ -79,11 +79,11 @@ import sys
 import time
 import tomllib
 import zipfile
-from pathlib import Path
 from collections.abc import Callable, Sequence
 from logging import INFO, WARNING
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 
 import flwr.supercore.superexec.run_superexec as flower_run_superexec
 from flwr.supercore import log
