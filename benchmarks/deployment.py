@@ -24,7 +24,12 @@ rounds 2 to R (round 1 pays the start-up). It runs
     collects replies as they arrive (``fedx.messaging.send_and_collect``'s
     adaptive pulls), the SuperNodes pull every POLL
     (``fedx-supernode --poll-interval``) and so do their SuperExecs
-    (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``).
+    (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``), and the objects of a message
+    that are not there yet are asked for again within POLL to 0.25 s
+    (``fedx.object_pulls``);
+  - the SuperLink keeps its state in a SQLite file (``fedx-deploy``'s
+    default), or in memory with ``:memory`` at the end (``warm:0.1:memory``,
+    Flower's default: ``FederationSpec.superlink_database``).
 
 Every client trains with ``--client-threads`` torch threads (default 1): the
 plain loop sets it, the simulation gives each client that many CPUs
@@ -91,7 +96,7 @@ import _common as common
 
 APP = Path(__file__).resolve().parents[1]
 EXECUTORS = ("flower", "warm")
-DEFAULT_SETUPS = ("flower", "warm", "flower:0.1", "warm:0.1")
+DEFAULT_SETUPS = ("flower", "warm", "flower:0.1", "warm:0.1", "warm:0.1:memory")
 #: The ServerApp's fixed pull interval that stands for Flower's send_and_receive.
 FLOWER_REPLY_PULL_INTERVAL = 3.0
 
@@ -102,22 +107,25 @@ Case, Timing = overhead.Case, overhead.Timing
 
 @dataclass(frozen=True)
 class Setup:
-    """How the real processes run ClientApps: the executor and the polls (None: Flower's)."""
+    """How the real processes run: the executor, the polls (None: Flower's), the SuperLink's database."""
 
     executor: str
     poll: float | None = None
+    database: str = "file"
 
     @property
     def label(self) -> str:
-        """``warm:0.1`` style, as given on the command line."""
-        return self.executor if self.poll is None else f"{self.executor}:{self.poll:g}"
+        """``warm:0.1`` or ``warm:0.1:memory`` style, as given on the command line."""
+        label = self.executor if self.poll is None else f"{self.executor}:{self.poll:g}"
+        return label if self.database == "file" else f"{label}:{self.database}"
 
     @property
     def description(self) -> str:
         """Words for the report."""
         executor = "Flower's executor" if self.executor == "flower" else "warm executor"
         polls = "Flower's polls" if self.poll is None else f"fedx's polls ({self.poll:g} s)"
-        return f"real, {executor}, {polls}"
+        database = "" if self.database == "file" else ", SuperLink in memory"
+        return f"real, {executor}, {polls}{database}"
 
     def environment(self, threads: int) -> dict[str, str]:
         """What every process of the federation gets in its environment."""
@@ -216,11 +224,17 @@ def flwr_run_on(federation: LocalFederation, overrides: dict, timeout: float) ->
 
 @contextlib.contextmanager
 def federation_of(
-    state_dir: Path, clients: int, setup: Setup, threads: int, timeout: float = 300.0
+    state_dir: Path,
+    clients: int,
+    setup: Setup,
+    threads: int,
+    timeout: float = 300.0,
+    environment: dict[str, str] | None = None,
 ):
     """A plain-text SuperLink and ``clients`` SuperNodes on free 127.0.0.1 ports, all up.
 
-    For the warm executor, also every SuperNode's warm interpreter.
+    For the warm executor, also every SuperNode's warm interpreter. Every
+    process gets ``environment`` on top of the setup's.
     """
     spec = FederationSpec(
         num_supernodes=clients,
@@ -230,8 +244,9 @@ def federation_of(
         insecure=True,
         executor=setup.executor,
         poll_interval=setup.poll,
+        superlink_database=setup.database,
         workdir=state_dir,
-        extra_environment=setup.environment(threads),
+        extra_environment={**setup.environment(threads), **(environment or {})},
     )
     with LocalFederation(spec) as federation:
         federation.start()
@@ -286,6 +301,7 @@ def time_simulation(arguments: argparse.Namespace, home: Path) -> Timing:
         federation.start_superlink(timeout=60)
         return overhead.flwr_run(
             spec.environment(),
+            APP,
             Case(arguments.clients, 1.0),
             arguments.client_threads,
             overrides,
@@ -446,13 +462,18 @@ def print_secure(secure: Secure, baseline: Secure | None) -> None:
 
 
 def _setup(text: str) -> Setup:
-    executor, _, poll = text.partition(":")
-    return Setup(executor, float(poll) if poll else None)
+    executor, *rest = text.split(":")
+    database = "memory" if rest and rest[-1] == "memory" else "file"
+    if database == "memory":
+        rest.pop()
+    if len(rest) > 1:
+        raise ValueError(text)
+    return Setup(executor, float(rest[0]) if rest else None, database)
 
 
-#: ``warm`` or ``warm:0.1`` as a :class:`Setup`.
+#: ``warm``, ``warm:0.1`` or ``warm:0.1:memory`` as a :class:`Setup`.
 parse_setup = common.option_type(
-    "EXECUTOR[:SECONDS]",
+    "EXECUTOR[:SECONDS][:memory]",
     _setup,
     valid=lambda setup: (
         setup.executor in EXECUTORS and (setup.poll is None or 0.01 <= setup.poll <= 3)

@@ -26,10 +26,13 @@ it pushes; replies the SuperLink writes itself (an error reply for a node
 that went offline, whose ClientApp crashed, or whose reply objects could not
 be pulled) come back like any other reply; replies are returned in the
 order they arrived; ``timeout=None`` waits until every reply is in.
-Differences: a message the SuperLink refused at the push (``None`` id) is
-logged and not waited for (``send_and_receive`` would wait for it until the
-timeout), and the replies are pulled at least once, even with
-``timeout=0``.
+The objects of a reply that the SuperLink hands out while its node is
+still pushing them are asked for at the same pace as the replies (from
+``first_interval`` to ``max_interval``), not after 1, 2, 4 ... 10 s as
+Flower asks (:mod:`fedx.object_pulls`). Differences: a message the
+SuperLink refused at the push (``None`` id) is logged and not waited for
+(``send_and_receive`` would wait for it until the timeout), and the replies
+are pulled at least once, even with ``timeout=0``.
 
 In Flower's simulation the ServerApp and the engine that runs the
 ClientApps share one process, and the engine stores each reply where the
@@ -52,6 +55,8 @@ from logging import DEBUG, INFO, WARNING
 from flwr.app import Message
 from flwr.common import log
 from flwr.serverapp import Grid
+
+from fedx.object_pulls import retry_object_pulls_after
 
 #: Seconds before the first pull after a push or a reply, and its growth factor.
 FIRST_PULL_INTERVAL = 0.02
@@ -175,6 +180,9 @@ def send_and_collect(
         )
     if not (hasattr(grid, "push_messages") and hasattr(grid, "pull_messages")):
         return list(grid.send_and_receive(messages, timeout=timeout))
+    # A reply's objects that the node is still pushing are asked for again as
+    # soon as the reply itself would be (fedx.object_pulls).
+    retry_object_pulls_after(first_interval, max_interval)
     messages = list(messages)
     if not messages:
         return []

@@ -36,15 +36,22 @@ def socket_fds() -> int:
 def probe(spec) -> None:
     """Report the state the task starts from, then leave some state behind (or crash)."""
     action, path = spec.token.split(":", 1)
+    run_clientapp_loaded = "flwr.supernode.runtime.run_clientapp" in sys.modules
     sockets = socket_fds()
     torch_loaded = "torch" in sys.modules
     this = sys.modules.get(__name__)  # None: dropped before the task, imported afresh below
+    from flwr.supercore.inflatable.inflatable_utils import pull_objects  # pylint: disable=C0415
+
     import tests.executor_probe as module  # pylint: disable=import-outside-toplevel
 
     seen = {
         "pid": os.getpid(),
         "ppid": os.getppid(),
         "torch-loaded-at-start": torch_loaded,
+        "run-clientapp-loaded-at-start": run_clientapp_loaded,
+        "object-pulls": {
+            k: pull_objects.__kwdefaults__[k] for k in ("initial_backoff", "backoff_cap")
+        },
         "app-module-at-start": this is not None,
         "imported-in-this-process": module.IMPORTED_IN == os.getpid(),
         "tasks-before": list(module.TASKS),

@@ -166,6 +166,15 @@ def test_local_commands_wire_addresses_partitions_and_security(tmp_path, tls):
     assert spec.environment()["FLWR_HOME"] == str(spec.flwr_home.resolve())
 
 
+def test_the_superlink_keeps_its_state_in_a_file_unless_asked_for_memory(tmp_path):
+    kept = FederationSpec(2, tmp_path, insecure=True).superlink_command()
+    assert kept[kept.index("--database") + 1] == str((tmp_path / "superlink.db").resolve())
+    in_memory = FederationSpec(2, tmp_path, insecure=True, superlink_database="memory")
+    assert "--database" not in in_memory.superlink_command()  # Flower's default: in memory
+    with pytest.raises(ValueError, match="superlink_database must be"):
+        FederationSpec(2, tmp_path, insecure=True, superlink_database="postgres")
+
+
 def test_grpc_transport_commands_for_flower_136(tmp_path):
     spec = FederationSpec(
         2, tmp_path, insecure=True, transport="grpc", fleet_port=9192, control_port=9193, port=9191

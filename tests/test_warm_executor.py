@@ -21,10 +21,11 @@ import pytest
 from flwr.supercore.constant import TaskType
 from flwr.supercore.superexec.executor import ExecutionSpec, LaunchResult
 
-from fedx.deploy import supernode
+from fedx.deploy import superexec, supernode
 from fedx.deploy.credentials import write_supernode_keys, write_tls_certificates
 from fedx.deploy.local import FederationSpec, LocalFederation
 from fedx.deploy.superexec import WarmExecutor
+from fedx.object_pulls import PULL_FUNCTIONS, RETRY_KEYWORDS
 from tests.deployment import deploy_up_faked, run_app, spec_on_free_ports
 from tests.executor_probe import probe
 from tests.helpers import REPO
@@ -33,7 +34,9 @@ from tests.test_deploy_static import flags, help_flags
 
 @pytest.fixture(scope="module")
 def executor():
-    warm = WarmExecutor(preload_app="tests.executor_probe", preload=["torch"], task=probe)
+    warm = WarmExecutor(
+        preload_app="tests.executor_probe", preload=["torch"], task=probe, object_pull_wait=0.1
+    )
     yield warm
     warm.close()
 
@@ -79,7 +82,10 @@ def test_every_task_starts_clean_from_the_warm_interpreter(executor, tmp_path):
     assert (first_code, second_code) == (0, 0)
     for seen in (first, second):
         assert seen["ppid"] == executor.warm_pid  # forked from the warm interpreter...
-        assert seen["torch-loaded-at-start"]  # ...which had imported torch already
+        assert seen["torch-loaded-at-start"]  # ...which had imported torch already...
+        assert seen["run-clientapp-loaded-at-start"]  # ...and Flower's run_clientapp
+        # Its message's objects are asked for again every 0.1 s (Flower: after 1, 2, 4 ... s).
+        assert seen["object-pulls"] == {"initial_backoff": 0.1, "backoff_cap": 0.1}
         # The app's own package is imported afresh in the task, with fresh state.
         assert not seen["app-module-at-start"] and seen["imported-in-this-process"]
         assert seen["tasks-before"] == []
@@ -127,6 +133,30 @@ def probe_sleeping(spec) -> None:
     """A task that takes a long time."""
     del spec
     time.sleep(300)
+
+
+def test_a_fab_is_unpacked_once_then_found_where_flower_installed_it(tmp_path, monkeypatch):
+    from flwr.cli import install  # pylint: disable=import-outside-toplevel
+    from flwr.cli.build import build_fab_from_files  # pylint: disable=import-outside-toplevel
+
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path))
+    pyproject = (REPO / "pyproject.toml").read_bytes()
+    fab, _ = build_fab_from_files({"pyproject.toml": pyproject, "fedx/__init__.py": b""})
+    unpacked = []
+    flowers = install.install_from_fab
+    monkeypatch.setattr(
+        install, "install_from_fab", lambda *a, **k: unpacked.append(a) or flowers(*a, **k)
+    )
+    assert superexec.installed_fab_path(fab) is None
+    first = superexec.install_fab_once(fab, skip_prompt=True)
+    assert first == flowers(fab, skip_prompt=True)  # Flower's own path...
+    assert (first / "fedx" / "__init__.py").is_file() and len(unpacked) == 1
+    assert superexec.install_fab_once(fab, skip_prompt=True) == first
+    assert len(unpacked) == 1  # ...found again without unpacking
+    other, _ = build_fab_from_files({"pyproject.toml": pyproject, "fedx/__init__.py": b"x = 1"})
+    assert superexec.install_fab_once(other, skip_prompt=True) != first  # another hash
+    assert len(unpacked) == 2
+    assert superexec.installed_fab_path(b"not a zip") is None  # Flower's function says why
 
 
 def test_other_tasks_and_dependency_installation_go_to_flowers_executor(executor, tmp_path):
@@ -217,8 +247,13 @@ def test_fedx_supernode_shortens_exactly_the_idle_and_reply_waits(monkeypatch):
 def test_fedx_supernode_patches_flowers_loop(monkeypatch):
     loop = supernode.supernode_loop
     monkeypatch.setattr(loop, "time", loop.time)  # put back after the test
-    supernode.shorten_waits(0.25)
-    assert isinstance(loop.time, supernode.ShortWaits) and loop.time.interval == 0.25
+    for function in PULL_FUNCTIONS:  # put back after the test
+        for keyword in RETRY_KEYWORDS:
+            monkeypatch.setitem(function.__kwdefaults__, keyword, function.__kwdefaults__[keyword])
+    supernode.shorten_waits(0.2)
+    assert isinstance(loop.time, supernode.ShortWaits) and loop.time.interval == 0.2
+    # The objects of a message are asked for again after 0.2 s (Flower: 1 s).
+    assert loop.pull_objects.__kwdefaults__["initial_backoff"] == 0.2
     for interval in (0, 5):
         with pytest.raises(ValueError, match="poll interval must be in"):
             supernode.shorten_waits(interval)

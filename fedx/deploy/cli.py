@@ -104,6 +104,14 @@ def _parser() -> argparse.ArgumentParser:
         help="idle poll of the SuperNodes (Flower: 3 s; they then run as fedx-supernode) and "
         "of their SuperExecs (Flower: 1 s); default: Flower's",
     )
+    up.add_argument(
+        "--superlink-database",
+        choices=("file", "memory"),
+        default="file",
+        help="file: STATE_DIR/superlink.db, kept across SuperLink restarts (the default); "
+        "memory: Flower's default, nothing kept, but each object of a message costs the "
+        "SuperLink ~0.1 ms instead of ~20 ms",
+    )
     up.add_argument("--run", metavar="APP", help="run this app with `flwr run`, then stop")
     up.add_argument("--run-config", help="passed to `flwr run --run-config`")
     return parser
@@ -123,6 +131,7 @@ def _spec(args: argparse.Namespace) -> FederationSpec:
         workdir=Path.cwd(),  # the ServerApp writes outputs/ here
         executor=args.executor,
         poll_interval=args.poll_interval,
+        superlink_database=args.superlink_database,
     )
 
 

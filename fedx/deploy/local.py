@@ -34,6 +34,7 @@ from fedx.deploy.credentials import TlsFiles, supernode_key_paths
 
 Transport = Literal["http", "grpc"]
 Executor = Literal["flower", "warm"]
+Database = Literal["file", "memory"]
 NODE_ID_PATTERN = re.compile(r"SuperNode ID: (\d+)")
 WARM_READY_PATTERN = re.compile(r"warm ClientApp interpreter \(pid (\d+)\) ready")
 
@@ -144,6 +145,15 @@ class FederationSpec:
     extra_environment : dict[str, str]
         Variables added to the environment of every process (for example a
         ``PYTHONPATH`` where an app's plug-ins are installed).
+    superlink_database : {"file", "memory"}
+        Where the SuperLink keeps its state and the messages' objects:
+        ``"file"``, ``state_dir/superlink.db`` (SQLite), kept when the
+        SuperLink restarts (runs, registered SuperNodes); ``"memory"``,
+        Flower's default, lost with the SuperLink but much cheaper per
+        message: the SQLite store spends some 20 ms of the SuperLink's time
+        on each object of a message (a model is one object per array and
+        chunk, and it crosses the SuperLink twice per exchange), the
+        in-memory one about 0.1 ms (``benchmarks/message_timeline.py``).
     """
 
     num_supernodes: int
@@ -165,6 +175,7 @@ class FederationSpec:
     executor: Executor = "flower"
     poll_interval: float | None = None
     extra_environment: dict[str, str] = field(default_factory=dict)
+    superlink_database: Database = "file"
 
     def __post_init__(self) -> None:
         if self.simulation and self.num_supernodes != 0:
@@ -186,6 +197,10 @@ class FederationSpec:
         if (self.executor == "warm" or self.poll_interval is not None) and self.transport != "http":
             raise ValueError(
                 'the warm executor and poll_interval need Flower 1.41 (transport="http")'
+            )
+        if self.superlink_database not in ("file", "memory"):
+            raise ValueError(
+                f'superlink_database must be "file" or "memory", got {self.superlink_database!r}'
             )
         if self.poll_interval is not None and not 0.01 <= self.poll_interval <= 3:
             raise ValueError(f"poll_interval must be in [0.01, 3] s, got {self.poll_interval}")
@@ -284,7 +299,8 @@ class FederationSpec:
                 "--control-api-address",
                 self.control_address,
             ]
-        command += ["--database", str((self.state_dir / "superlink.db").resolve())]
+        if self.superlink_database == "file":  # otherwise Flower's default: in memory
+            command += ["--database", str((self.state_dir / "superlink.db").resolve())]
         if not self.install_app_dependencies:
             command.append("--disable-runtime-dependency-installation")
         return command

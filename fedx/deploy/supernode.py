@@ -10,8 +10,10 @@ eight exchanges).
 
 ``fedx-supernode --poll-interval SECONDS [flower-supernode options]`` runs
 ``flower-supernode`` unchanged except for those two waits, which become
-``SECONDS`` (the reply check at most 0.5 s); without ``--poll-interval`` it
-is ``flower-supernode``. It does this at run time, in
+``SECONDS`` (the reply check at most 0.5 s), and so does the first wait
+before it asks the SuperLink again for an object of a message that is not
+there yet (Flower: 1 s, :mod:`fedx.object_pulls`); without
+``--poll-interval`` it is ``flower-supernode``. It does this at run time, in
 its own process, by giving that module a ``time`` whose ``sleep`` shortens
 exactly those waits; Flower's installed files are not touched. It refuses
 to start when the module no longer has those waits (another Flower).
@@ -29,6 +31,8 @@ import time
 from collections.abc import Sequence
 
 import flwr.supernode.start_client_internal as supernode_loop
+
+from fedx.object_pulls import retry_object_pulls_after
 
 #: The waits of Flower 1.41's SuperNode loop that the interval replaces.
 IDLE_WAIT = 3
@@ -56,6 +60,9 @@ class ShortWaits:
 def shorten_waits(interval: float) -> None:
     """Make this process's Flower SuperNode loop wait ``interval`` seconds when idle.
 
+    Its first wait for an object of a message that is not there yet becomes
+    ``interval`` too (at most Flower's 1 s).
+
     Raises
     ------
     RuntimeError
@@ -70,6 +77,7 @@ def shorten_waits(interval: float) -> None:
             "(fedx-supernode is written for flwr 1.41); use flower-supernode"
         )
     supernode_loop.time = ShortWaits(interval)  # type: ignore[assignment]
+    retry_object_pulls_after(interval)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
