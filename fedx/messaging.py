@@ -117,6 +117,24 @@ class ReplySignal:
 REPLIES_STORED = ReplySignal()
 
 
+def _pull_reply_objects_at(first_interval: float, max_interval: float) -> None:
+    """Ask again for a reply's objects that its node is still pushing as soon as
+    for the reply itself (:mod:`fedx.object_pulls`); under a Flower whose object
+    pulls cannot be set so (the strategies plug into other Flower versions),
+    keep Flower's waits and say so once."""
+    global _object_pulls_unset  # pylint: disable=global-statement
+    try:
+        retry_object_pulls_after(first_interval, max_interval)
+    except RuntimeError as error:
+        if not _object_pulls_unset:
+            log(WARNING, "fedx: Flower's object pull waits kept: %s", error)
+        _object_pulls_unset = True
+
+
+#: Whether this process's Flower refused fedx's object pull waits (logged once).
+_object_pulls_unset = False
+
+
 def pull_intervals() -> tuple[float, float]:
     """The first and the longest pause between pulls: fixed by the environment, or adaptive.
 
@@ -180,9 +198,7 @@ def send_and_collect(
         )
     if not (hasattr(grid, "push_messages") and hasattr(grid, "pull_messages")):
         return list(grid.send_and_receive(messages, timeout=timeout))
-    # A reply's objects that the node is still pushing are asked for again as
-    # soon as the reply itself would be (fedx.object_pulls).
-    retry_object_pulls_after(first_interval, max_interval)
+    _pull_reply_objects_at(first_interval, max_interval)
     messages = list(messages)
     if not messages:
         return []

@@ -102,3 +102,40 @@ def test_the_serverapps_exchange_pulls_reply_objects_at_its_own_pace():
     send_and_collect(Grid(), [Message()], timeout=0.05, first_interval=0.01, max_interval=0.2)
     assert inflatable_utils.pull_objects.__kwdefaults__["initial_backoff"] == 0.01
     assert inflatable_utils.pull_objects.__kwdefaults__["backoff_cap"] == 0.2
+
+
+def test_a_flower_whose_pulls_cannot_be_set_keeps_its_waits_and_the_exchange_goes_on(
+    monkeypatch, caplog
+):
+    from fedx import messaging  # pylint: disable=import-outside-toplevel
+
+    def pull_objects(object_ids, pull_object_fn, *, backoff=1):  # no initial_backoff
+        del object_ids, pull_object_fn, backoff
+
+    monkeypatch.setattr(object_pulls, "PULL_FUNCTIONS", (pull_objects,))
+    monkeypatch.setattr(messaging, "_object_pulls_unset", False)
+
+    class Grid:  # one reply, at the first pull
+        def push_messages(self, messages):
+            return ["id-1"]
+
+        def pull_messages(self, message_ids):
+            return [Reply()]
+
+    class Message:
+        class metadata:  # pylint: disable=invalid-name
+            message_id, dst_node_id = "id-1", 7
+
+    class Reply:
+        class metadata:  # pylint: disable=invalid-name
+            reply_to_message_id = "id-1"
+
+    with caplog.at_level("WARNING", logger="flwr"):
+        for _ in range(2):
+            replies = messaging.send_and_collect(Grid(), [Message()], timeout=1.0)
+            assert len(replies) == 1 and isinstance(replies[0], Reply)
+    assert caplog.text.count("object pull waits kept") == 1
+    assert (
+        inflatable_utils.pull_objects.__kwdefaults__["initial_backoff"]
+        == FLOWERS["initial_backoff"]
+    )
