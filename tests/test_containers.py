@@ -54,6 +54,8 @@ SERVICES = [
 ]
 HOSTS = ["superlink", *SUPERNODES]
 RECEIVED = "Receiving: train message"
+# A SuperNode's reply has reached the SuperLink (the line after "Sending: train message").
+SENT = "Sent successfully"
 # The default job, short: 2 rounds, all 3 SuperNodes (the time goes to process start-up, not training).
 JOB = "num-server-rounds=2 min-available-nodes=3"
 EX_CONFIG = 78
@@ -161,8 +163,11 @@ def test_supernode_containers_cut_off_or_killed_are_dropped_and_sampled_again(fe
         start = datetime.now(UTC)
         log = federation.directory / "faults.log"
 
-        def received(service: str, after: datetime = start) -> int:
-            """Train messages of this run that ``service`` received (a SuperNode logs the run first)."""
+        def received(service: str, after: datetime = start, what: str = RECEIVED) -> int:
+            """Train messages of this run that ``service`` received (with ``what=SENT``: replies sent).
+
+            A SuperNode logs the run before each message.
+            """
             started = re.search(r"Successfully started run (\d+)", log.read_text(errors="replace"))
             if started is None:
                 return 0
@@ -173,24 +178,27 @@ def test_supernode_containers_cut_off_or_killed_are_dropped_and_sampled_again(fe
             for line in (done.stdout + done.stderr).splitlines():
                 if found := re.search(r"\[RUN (\d+)\]", line):
                     run = found.group(1)
-                elif RECEIVED in line and run == started.group(1):
+                elif what in line and run == started.group(1):
                     count += 1
             return count
 
         # A reply takes train-delay, a fork of the warm ClientApp interpreter and
-        # up to 3 s of the SuperNode's poll; train-delay leaves the test time to
-        # strike both nodes after both received round 2's message. Only round 2
-        # lasts the whole round timeout (40 s: healthy replies took 20 s at load
-        # 10-20). The cooldown outlasts Flower's heartbeat patience (a silent node
-        # stays listed for up to 60 s after its last heartbeat, sent every 24 s):
-        # by its end the killed node's old id is no longer listed, and the cut-off
-        # node is reachable again (Flower's retries, backing off up to 20 s,
-        # reconnected it within 12 s of the network here) or answered at once
-        # as unavailable. 12 rounds give the reconnected
-        # node more than a minute after round 2 to train again.
+        # up to 3 s of the SuperNode's poll. In round 2, supernode-1 replies at
+        # once and the two nodes to strike wait 20 s: the faults come after the
+        # healthy reply is in the SuperLink and before the others' replies, so
+        # neither the machine's load nor the network changes (a disconnect, a
+        # container's start) decide which replies round 2 gets. Only round 2
+        # lasts the whole round timeout (40 s). The cooldown outlasts Flower's
+        # heartbeat patience (a silent node stays listed for up to 60 s after its
+        # last heartbeat, sent every 24 s): by its end the killed node's old id
+        # is no longer listed, and the cut-off node is reachable again (Flower's
+        # retries, backing off up to 20 s, reconnected it within 12 s of the
+        # network here) or answered at once as unavailable. 12 rounds give the
+        # reconnected node more than a minute after round 2 to train again.
         settings = (
             "num-server-rounds=12 min-nodes=3 round-timeout=40.0 unresponsive-cooldown=30.0 "
-            'train-delay=5.0 result-file="/app/outputs/faults.json"'
+            'train-delay=5.0 train-delays="2:0=0,2:1=20,2:2=20" '
+            'result-file="/app/outputs/faults.json"'
         )
         command = [
             *federation.compose_command(),
@@ -216,9 +224,13 @@ def test_supernode_containers_cut_off_or_killed_are_dropped_and_sampled_again(fe
             )
         try:
             wait_for(
-                lambda: received("supernode-2") >= 2 and received("supernode-3") >= 2,
+                lambda: (
+                    received("supernode-1", what=SENT) >= 2
+                    and received("supernode-2") >= 2
+                    and received("supernode-3") >= 2
+                ),
                 300,
-                "round 2 on supernode-2 and supernode-3",
+                "supernode-1's reply of round 2, and round 2 on supernode-2 and supernode-3",
                 interval=0.3,
             )
             federation.podman("network", "disconnect", federation.network, cut)
@@ -244,26 +256,31 @@ def test_supernode_containers_cut_off_or_killed_are_dropped_and_sampled_again(fe
                 run.wait(timeout=30)
                 federation.remove_tool_containers("flwr")  # killing podman-compose leaves it
         output = log.read_text(errors="replace")
+        # What a failure shows: the ServerApp's warnings and cooldowns, then the log's end.
+        notable = [
+            line for line in output.splitlines() if "WARNING" in line or "Leaving out" in line
+        ]
+        shown = "\n".join(notable)[-3000:] + "\n...\n" + output[-2500:]
         result_file = federation.directory / "outputs" / "faults.json"
-        assert result_file.exists(), output[-4000:]
+        assert result_file.exists(), shown
         result = json.loads(result_file.read_text())["strategies"]["fedmr"]
-        assert result["rounds"] == list(range(1, 13)), output[-4000:]
+        assert result["rounds"] == list(range(1, 13)), shown
         slots = {int(round_): count for round_, count in result["trained-slots"].items()}
         # Round 2 lost both nodes, and the log names them.
         assert slots[1] == 3 and slots[2] == 1, slots
-        assert f"Round 2: no reply from node {cut_id} " in output, output[-4000:]
+        assert f"Round 2: no reply from node {cut_id} " in output, shown
         assert (
             f"Round 2: no reply from node {killed_id} " in output
             or f"Round 2: node {killed_id} (slot" in output
-        ), output[-4000:]
+        ), shown
         assert f"Leaving out node {cut_id}: no reply in round 2" in output
         # Reconnected, supernode-2 kept its id and was sampled again.
         assert federation.node_id("supernode-2") == cut_id
-        assert received("supernode-2", after=reconnected_at) >= 1, output[-4000:]
+        assert received("supernode-2", after=reconnected_at) >= 1, shown
         # Restarted, supernode-3 came back with a new id and was sampled.
         back_id = federation.node_id("supernode-3")
         assert back_id not in (None, killed_id)
-        assert received("supernode-3", after=restarted_at) >= 1, output[-4000:]
+        assert received("supernode-3", after=restarted_at) >= 1, shown
         # A round after the faults was trained by all three live nodes: the
         # reconnected and the restarted ones replied, not just received.
         assert max(slots[r] for r in range(3, 13)) == 3, slots

@@ -38,6 +38,20 @@ def gradient_steps(model: dict, x: np.ndarray, y: np.ndarray, steps: int = 10) -
 FAULTS = {(1, 1): "wrong-shape", (1, 2): "nan", (2, 1): "no-metrics"}
 
 
+def train_delay(msg: Message, context: Context, server_round: int) -> float:
+    """Seconds this ClientApp waits before replying: its ``train-delays`` entry, else ``train-delay``.
+
+    ``train-delays`` is "round:partition=seconds,..." (for example "2:0=0,2:1=20").
+    """
+    partition_id = int(context.node_config["partition-id"])
+    for entry in str(context.run_config.get("train-delays", "")).split(","):
+        if entry.strip():
+            key, seconds = entry.split("=")
+            if tuple(int(part) for part in key.split(":")) == (server_round, partition_id):
+                return float(seconds)
+    return float(msg.content["config"].get("train-delay", 0.0))
+
+
 def misbehaviour(context: Context, server_round: int) -> str:
     """What this ClientApp does wrong this round ("" for nothing)."""
     if context.run_config.get("misbehave") != "wire":
@@ -53,7 +67,7 @@ def train(msg: Message, context: Context) -> Message:
     model = {name: array.numpy().copy() for name, array in msg.content["arrays"].items()}
     x, y = local_data(partition_id)
     loss = gradient_steps(model, x, y)
-    time.sleep(float(msg.content["config"].get("train-delay", 0.0)))
+    time.sleep(train_delay(msg, context, server_round))
     fault = misbehaviour(context, server_round)
     if fault == "wrong-shape":
         model["weight"] = np.zeros((NUM_FEATURES + 1, NUM_CLASSES), dtype=np.float32)
