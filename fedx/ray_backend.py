@@ -65,6 +65,7 @@ Two fixed costs of every simulated message are cut as well:
 ClientApp module calls it when it is loaded there.
 """
 
+import importlib
 import inspect
 import math
 import os
@@ -72,7 +73,7 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from logging import DEBUG, ERROR, INFO, WARNING
@@ -131,15 +132,19 @@ SWEEP_SHARE = 50
 _HOOKED = ("store_message_ins", "store_message_res")
 
 
-def install() -> bool:
+def install(actor_preload: Sequence[str] = ()) -> bool:
     """Make Flower's simulation engine in this process use :class:`ClusterRayBackend`.
 
     Call it where the engine is loaded (``flwr-simulation``, or Flower's
     ``run_simulation`` in process), before the engine builds its backend;
     the fedx ClientApp module does (a deployed ClientApp never imports this
-    module). Idempotent. Returns whether the backend is installed.
+    module). ``actor_preload`` names modules every ClientApp actor imports
+    when it starts, after loading the ClientApp: what a ClientApp module
+    imports only on its first message. Idempotent (the last
+    ``actor_preload`` holds). Returns whether the backend is installed.
     """
     if raybackend.RayBackend is ClusterRayBackend:
+        ClusterRayBackend.actor_preload = tuple(actor_preload)
         return True
     if (
         raybackend.RayBackend is not FlowerRayBackend
@@ -156,6 +161,7 @@ def install() -> bool:
     # start_vce imports the backend class from its module when it builds it;
     # run_api looks up the executor and the feeder when it starts them.
     raybackend.RayBackend = ClusterRayBackend
+    ClusterRayBackend.actor_preload = tuple(actor_preload)
     vce_api.ThreadPoolExecutor = ThreadPerWorker
     vce_api.add_messages_to_queue = feed_messages
     return True
@@ -347,14 +353,20 @@ def live_nodes() -> dict[str, Node]:
     }
 
 
-def _start_actor(_actor: Any, app_fn: Callable[[], ClientApp] | None) -> str:
-    """Run inside a new actor (``__ray_call__``): load the ClientApp; the id of the node.
+def _start_actor(
+    _actor: Any, app_fn: Callable[[], ClientApp] | None, preload: Sequence[str] = ()
+) -> str:
+    """Run inside a new actor (``__ray_call__``): load the ClientApp and ``preload``; the node's id.
 
-    Loading the ClientApp (its imports: torch, the task) before the actor
-    joins the pool keeps a cold start out of the round that first uses it.
+    Loading the ClientApp and what it imports on its first message (torch,
+    the task) before the actor joins the pool keeps a cold start out of the
+    round that first uses it, and a node that cannot import them out of the
+    pool.
     """
     if app_fn is not None:
         app_fn()
+    for module in preload:
+        importlib.import_module(module)
     return ray.get_runtime_context().get_node_id()
 
 
@@ -381,6 +393,8 @@ class ActorPool:
         Creates one actor (Flower's ``ClientAppActor`` with those resources).
     app_fn : callable, optional
         Loads the ClientApp; every new actor calls it before it takes messages.
+    preload : sequence of str
+        Modules every new actor imports after loading the ClientApp.
     watch_interval : float
         Seconds between two looks at the cluster's nodes.
     death_report_delay : float, optional
@@ -393,12 +407,14 @@ class ActorPool:
         client_resources: dict[str, float],
         create_actor: Callable[[], Any],
         app_fn: Callable[[], ClientApp] | None = None,
+        preload: Sequence[str] = (),
         watch_interval: float = WATCH_INTERVAL,
         death_report_delay: float | None = None,
     ) -> None:
         self.client_resources = client_resources
         self._create_actor = create_actor
         self._app_fn = app_fn
+        self._preload = tuple(preload)
         self._cond = threading.Condition()
         # Every actor the pool owns and has not written off, and the states they are in.
         self._actors: set[PoolActor] = set()
@@ -600,7 +616,7 @@ class ActorPool:
             self._last_start = time.monotonic()  # the clock for slow starts begins now
         for _ in range(count):
             handle = self._create_actor()
-            actor = PoolActor(handle, handle.__ray_call__.remote(_start_actor, self._app_fn))
+            actor = PoolActor(handle, handle.__ray_call__.remote(_start_actor, self._app_fn, self._preload))
             self._actors.add(actor)
             self._starting.append(actor)
 
@@ -808,6 +824,9 @@ class ClusterRayBackend(FlowerRayBackend):
     same ``ray.init`` (attaches to the cluster named by ``RAY_ADDRESS``).
     """
 
+    #: Modules every actor imports when it starts (set by :func:`install`).
+    actor_preload: tuple[str, ...] = ()
+
     def init_ray(self, backend_config: BackendConfig) -> None:
         if not ray.is_initialized():
             init_args = dict(backend_config.get(self.init_args_key) or {})
@@ -828,7 +847,10 @@ class ClusterRayBackend(FlowerRayBackend):
             )
         resources, actor_kwargs = dict(self.client_resources), dict(self.actor_kwargs)
         self.pool = ActorPool(
-            resources, lambda: ClientAppActor.options(**resources).remote(**actor_kwargs), app_fn
+            resources,
+            lambda: ClientAppActor.options(**resources).remote(**actor_kwargs),
+            app_fn,
+            self.actor_preload,
         )
         self.app_fn = app_fn
 
