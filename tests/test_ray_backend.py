@@ -307,21 +307,37 @@ def test_messages_wait_for_actors_that_start_slowly(local_ray, monkeypatch, capl
     assert "2 ClientApp actors have waited 1s or more to start" in caplog.text
 
 
-def test_a_clientapp_that_does_not_load_fails_its_messages_at_once(local_ray, caplog):
+def _no_fedx():
+    raise ModuleNotFoundError("No module named 'fedx'")
+
+
+@pytest.mark.parametrize(
+    ("app_fn", "preload", "missing"),
+    [
+        (_no_fedx, (), "fedx"),
+        # What the ClientApp imports on its first message (fedx.client_app's handlers).
+        (lambda: None, ("json", "fedx_not_installed.handlers"), "fedx_not_installed"),
+    ],
+    ids=["app", "preload"],
+)
+def test_a_clientapp_that_does_not_load_fails_its_messages_at_once(
+    local_ray, caplog, app_fn, preload, missing
+):
     """A worker node without fedx (or with another version) is a setup error, not a reason to wait."""
-
-    def load():
-        raise ModuleNotFoundError("No module named 'fedx'")
-
     caplog.set_level(logging.INFO, logger="flwr")
     pool = ActorPool(
-        {"num_cpus": 1}, Worker.remote, app_fn=load, watch_interval=0.2, death_report_delay=60
+        {"num_cpus": 1},
+        Worker.remote,
+        app_fn=app_fn,
+        preload=preload,
+        watch_interval=0.2,
+        death_report_delay=60,
     )
     try:
         started = time.monotonic()
         with pytest.raises(
             LoadClientAppError,
-            match=r"the ClientApp does not load in a Ray actor .*No module named 'fedx'",
+            match=rf"the ClientApp does not load in a Ray actor .*No module named '{missing}'",
         ):
             pool.run(lambda handle: handle.run.remote())
         assert time.monotonic() - started < 60
