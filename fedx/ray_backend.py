@@ -65,11 +65,11 @@ Two fixed costs of every simulated message are cut as well:
 ClientApp module calls it when it is loaded there.
 """
 
-import importlib
 import inspect
 import math
 import os
 import socket
+import sys
 import threading
 import time
 from collections import Counter
@@ -89,9 +89,9 @@ from flwr.common.constant import PARTITION_ID_KEY
 from flwr.server.superlink.fleet.vce import vce_api
 from flwr.server.superlink.fleet.vce.backend import raybackend
 from flwr.server.superlink.fleet.vce.backend.backend import BackendConfig
-from flwr.simulation.ray_transport.ray_actor import ClientAppActor
 
 from fedx.messaging import REPLIES_STORED
+from fedx.ray_actor import ClientAppActor, start_actor
 
 # Flower's backend, which ClusterRayBackend extends and install() replaces.
 FlowerRayBackend = raybackend.RayBackend
@@ -301,6 +301,27 @@ def starts_own_ray(address: str) -> bool:
         return False
 
 
+def start_local_ray(init_args: dict[str, Any]) -> None:
+    """Start Ray here as Flower's backend does, with the app's path in the environment only.
+
+    Flower's ``RayBackend.init_ray`` puts this process's ``sys.path`` into
+    its environment's ``PYTHONPATH`` and passes it to the workers as a
+    runtime env as well (``env_vars``). A Ray started here inherits the
+    environment, so there the runtime env only costs: every worker starts
+    through Ray's ``setup_worker.py`` (a second interpreter start and import
+    of Ray) once the runtime-env agent has prepared it, and the workers Ray
+    prestarts as it starts (one per CPU, without the runtime env) cannot
+    host the actors, so they start for nothing while the actors' own start.
+    A cluster (``RAY_ADDRESS``) keeps Flower's runtime env: its workers run
+    elsewhere.
+    """
+    pythonpath = os.pathsep.join(sys.path)
+    if os.environ.get("PYTHONPATH"):
+        pythonpath = f"{pythonpath}{os.pathsep}{os.environ['PYTHONPATH']}"
+    os.environ["PYTHONPATH"] = pythonpath
+    ray.init(**{"include_dashboard": False, **init_args})
+
+
 def actors_per_node(resources: dict[str, float], client_resources: dict[str, float]) -> int:
     """How many ClientApp actors fit on a node: Flower's rule (``pool_size_from_resources``)."""
     fits = math.inf
@@ -353,29 +374,12 @@ def live_nodes() -> dict[str, Node]:
     }
 
 
-def _start_actor(
-    _actor: Any, app_fn: Callable[[], ClientApp] | None, preload: Sequence[str] = ()
-) -> str:
-    """Run inside a new actor (``__ray_call__``): load the ClientApp and ``preload``; the node's id.
-
-    Loading the ClientApp and what it imports on its first message (torch,
-    the task) before the actor joins the pool keeps a cold start out of the
-    round that first uses it, and a node that cannot import them out of the
-    pool.
-    """
-    if app_fn is not None:
-        app_fn()
-    for module in preload:
-        importlib.import_module(module)
-    return ray.get_runtime_context().get_node_id()
-
-
 @dataclass(eq=False)
 class PoolActor:
     """One ClientApp actor: its handle, and its node once it has started."""
 
     handle: Any
-    started: Any  # ObjectRef of _start_actor's answer; None once it came
+    started: Any  # ObjectRef of start_actor's answer; None once it came
     node_id: str = ""
     lost: bool = False
     in_flight: int = 0  # messages handed to it and not back yet
@@ -390,7 +394,7 @@ class ActorPool:
         Resources of one ClientApp (``num_cpus``, ``num_gpus``): every actor
         is created with them, and a node's capacity is counted with them.
     create_actor : callable
-        Creates one actor (Flower's ``ClientAppActor`` with those resources).
+        Creates one actor (:class:`fedx.ray_actor.ClientAppActor` with those resources).
     app_fn : callable, optional
         Loads the ClientApp; every new actor calls it before it takes messages.
     preload : sequence of str
@@ -616,7 +620,9 @@ class ActorPool:
             self._last_start = time.monotonic()  # the clock for slow starts begins now
         for _ in range(count):
             handle = self._create_actor()
-            actor = PoolActor(handle, handle.__ray_call__.remote(_start_actor, self._app_fn, self._preload))
+            actor = PoolActor(
+                handle, handle.__ray_call__.remote(start_actor, self._app_fn, self._preload)
+            )
             self._actors.add(actor)
             self._starting.append(actor)
 
@@ -837,7 +843,8 @@ class ClusterRayBackend(FlowerRayBackend):
                 system_config = dict(init_args.get("_system_config") or {})
                 system_config.setdefault("max_direct_call_object_size", INLINE_OBJECT_BYTES)
                 init_args["_system_config"] = system_config
-                backend_config = {**backend_config, self.init_args_key: init_args}
+                start_local_ray(init_args)
+                return
         super().init_ray(backend_config)
 
     def build(self, app_fn: Callable[[], ClientApp]) -> None:

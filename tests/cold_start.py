@@ -65,9 +65,9 @@ def main() -> None:
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
     report: dict[str, Any] = {}
     # pylint: disable=import-outside-toplevel,unused-import
-    import fedx.server_app  # noqa: F401
     from flwr.app import Context, Message, RecordDict
 
+    import fedx.server_app  # noqa: F401
     from fedx.client_app import identify
 
     report["import the apps"] = loaded(HEAVY + HANDLERS_IMPORT)

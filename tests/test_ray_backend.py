@@ -6,6 +6,7 @@ The cluster cases (a node lost and back, two hosts) are in tests/test_ray_cluste
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -85,18 +86,24 @@ def test_the_backend_refuses_a_ray_address_where_nothing_listens_before_ray_star
 def test_a_ray_started_here_passes_models_inline_a_running_cluster_keeps_its_settings(monkeypatch):
     seen = []
     monkeypatch.setattr(FlowerRayBackend, "init_ray", lambda self, config: seen.append(config))
+    monkeypatch.setattr(ray, "init", lambda **kwargs: seen.append(kwargs))
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setattr("fedx.ray_backend.starts_own_ray", lambda address: True)
     ClusterRayBackend({"client_resources": {"num_cpus": 1}, "init_args": {"num_cpus": 2}})
     ClusterRayBackend(
         {"client_resources": {"num_cpus": 1}, "init_args": {"_system_config": {"a": 1}}}
     )
+    # A Ray started here inherits the app's path from the environment: no runtime env.
+    assert os.environ["PYTHONPATH"].split(os.pathsep)[: len(sys.path)] == sys.path
+    assert os.environ["PYTHONPATH"].endswith(f"{os.pathsep}/elsewhere")
     monkeypatch.setattr("fedx.ray_backend.starts_own_ray", lambda address: False)
     ClusterRayBackend({"client_resources": {"num_cpus": 1}, "init_args": {"num_cpus": 2}})
-    assert [config["init_args"] for config in seen] == [
-        {"num_cpus": 2, "_system_config": {"max_direct_call_object_size": INLINE_OBJECT_BYTES}},
-        {"_system_config": {"a": 1, "max_direct_call_object_size": INLINE_OBJECT_BYTES}},
-        {"num_cpus": 2},
+    inline = {"max_direct_call_object_size": INLINE_OBJECT_BYTES}
+    assert seen == [
+        {"include_dashboard": False, "num_cpus": 2, "_system_config": inline},
+        {"include_dashboard": False, "_system_config": {"a": 1, **inline}},
+        {"client_resources": {"num_cpus": 1}, "init_args": {"num_cpus": 2}},  # Flower's, as given
     ]
     with socket.socket() as listening:  # an address: Ray joins what listens there
         listening.bind(("127.0.0.1", 0))
