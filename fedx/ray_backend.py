@@ -61,6 +61,13 @@ Two fixed costs of every simulated message are cut as well:
   passes objects up to :data:`INLINE_OBJECT_BYTES` inline (a cluster that
   is already running keeps its own settings).
 
+The start-up before round 1 is cut too: a Ray this backend starts itself
+gets the app's path from the environment rather than as a runtime env
+(:func:`start_local_ray`), its actors are fedx's own class from a module
+that does not import Flower's simulation engine (:mod:`fedx.ray_actor`),
+and they import what the ClientApp imports on its first message as they
+start (``install(actor_preload=...)``).
+
 :func:`install` puts all of this into Flower's simulation engine; the fedx
 ClientApp module calls it when it is loaded there.
 """

@@ -15,8 +15,9 @@ from queue import Empty, Queue
 import numpy as np
 import pytest
 import ray
-from flwr.app import ArrayRecord, Message, RecordDict
-from flwr.clientapp.client_app import LoadClientAppError
+from flwr.app import ArrayRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.clientapp.client_app import ClientAppException, LoadClientAppError
 from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.proto.task_pb2 import Task  # pylint: disable=no-name-in-module
 from flwr.server.superlink.fleet.vce import vce_api
@@ -31,6 +32,7 @@ from flwr.superlink.grid import InMemoryGrid
 
 from fedx.deploy.local import free_port
 from fedx.messaging import REPLIES_STORED
+from fedx.ray_actor import ClientAppActor
 from fedx.ray_backend import (
     INLINE_OBJECT_BYTES,
     MESSAGES_PER_ACTOR,
@@ -229,6 +231,34 @@ def local_ray():
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     yield
     ray.shutdown()
+
+
+def test_fedx_clientapp_actor_passes_the_apps_errors_on_as_flowers_does(
+    local_ray, server_task_identity
+):
+    """fedx/ray_actor.py's actor in place of Flower's: the same errors reach the engine."""
+    app = ClientApp()
+
+    @app.query()
+    def fails(msg: Message, context: Context) -> Message:
+        raise ValueError(f"the app's own error on node {context.node_id}")
+
+    def unloadable() -> ClientApp:
+        raise LoadClientAppError("no ClientApp here")
+
+    actor = ClientAppActor.options(num_cpus=1).remote()
+    message = Message(RecordDict(), dst_node_id=7, message_type="query")
+    context = Context(1, 7, {}, RecordDict(), {})
+    try:
+        with pytest.raises(ray.exceptions.RayTaskError) as raised:
+            ray.get(actor.run.remote(lambda: app, message, "7", context), timeout=120)
+        assert isinstance(raised.value.cause, ClientAppException)
+        assert "the app's own error on node 7" in str(raised.value.cause)
+        with pytest.raises(ray.exceptions.RayTaskError) as raised:
+            ray.get(actor.run.remote(unloadable, message, "7", context), timeout=120)
+        assert isinstance(raised.value.cause, LoadClientAppError)
+    finally:
+        ray.kill(actor)
 
 
 def test_the_pool_replaces_an_actor_that_died_and_reruns_its_message(local_ray, caplog):
