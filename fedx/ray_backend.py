@@ -61,6 +61,13 @@ Two fixed costs of every simulated message are cut as well:
   passes objects up to :data:`INLINE_OBJECT_BYTES` inline (a cluster that
   is already running keeps its own settings).
 
+The start-up before round 1 is cut too: a Ray this backend starts itself
+gets the app's path from the environment rather than as a runtime env
+(:func:`start_local_ray`), its actors are fedx's own class from a module
+that does not import Flower's simulation engine (:mod:`fedx.ray_actor`),
+and they import what the ClientApp imports on its first message as they
+start (``install(actor_preload=...)``).
+
 :func:`install` puts all of this into Flower's simulation engine; the fedx
 ClientApp module calls it when it is loaded there.
 """
@@ -69,10 +76,11 @@ import inspect
 import math
 import os
 import socket
+import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from logging import DEBUG, ERROR, INFO, WARNING
@@ -88,9 +96,9 @@ from flwr.common.constant import PARTITION_ID_KEY
 from flwr.server.superlink.fleet.vce import vce_api
 from flwr.server.superlink.fleet.vce.backend import raybackend
 from flwr.server.superlink.fleet.vce.backend.backend import BackendConfig
-from flwr.simulation.ray_transport.ray_actor import ClientAppActor
 
 from fedx.messaging import REPLIES_STORED
+from fedx.ray_actor import ClientAppActor, start_actor
 
 # Flower's backend, which ClusterRayBackend extends and install() replaces.
 FlowerRayBackend = raybackend.RayBackend
@@ -131,15 +139,19 @@ SWEEP_SHARE = 50
 _HOOKED = ("store_message_ins", "store_message_res")
 
 
-def install() -> bool:
+def install(actor_preload: Sequence[str] = ()) -> bool:
     """Make Flower's simulation engine in this process use :class:`ClusterRayBackend`.
 
     Call it where the engine is loaded (``flwr-simulation``, or Flower's
     ``run_simulation`` in process), before the engine builds its backend;
     the fedx ClientApp module does (a deployed ClientApp never imports this
-    module). Idempotent. Returns whether the backend is installed.
+    module). ``actor_preload`` names modules every ClientApp actor imports
+    when it starts, after loading the ClientApp: what a ClientApp module
+    imports only on its first message. Idempotent (the last
+    ``actor_preload`` holds). Returns whether the backend is installed.
     """
     if raybackend.RayBackend is ClusterRayBackend:
+        ClusterRayBackend.actor_preload = tuple(actor_preload)
         return True
     if (
         raybackend.RayBackend is not FlowerRayBackend
@@ -156,6 +168,7 @@ def install() -> bool:
     # start_vce imports the backend class from its module when it builds it;
     # run_api looks up the executor and the feeder when it starts them.
     raybackend.RayBackend = ClusterRayBackend
+    ClusterRayBackend.actor_preload = tuple(actor_preload)
     vce_api.ThreadPoolExecutor = ThreadPerWorker
     vce_api.add_messages_to_queue = feed_messages
     return True
@@ -295,6 +308,27 @@ def starts_own_ray(address: str) -> bool:
         return False
 
 
+def start_local_ray(init_args: dict[str, Any]) -> None:
+    """Start Ray here as Flower's backend does, with the app's path in the environment only.
+
+    Flower's ``RayBackend.init_ray`` puts this process's ``sys.path`` into
+    its environment's ``PYTHONPATH`` and passes it to the workers as a
+    runtime env as well (``env_vars``). A Ray started here inherits the
+    environment, so there the runtime env only costs: every worker starts
+    through Ray's ``setup_worker.py`` (a second interpreter start and import
+    of Ray) once the runtime-env agent has prepared it, and the workers Ray
+    prestarts as it starts (one per CPU, without the runtime env) cannot
+    host the actors, so they start for nothing while the actors' own start.
+    A cluster (``RAY_ADDRESS``) keeps Flower's runtime env: its workers run
+    elsewhere.
+    """
+    pythonpath = os.pathsep.join(sys.path)
+    if os.environ.get("PYTHONPATH"):
+        pythonpath = f"{pythonpath}{os.pathsep}{os.environ['PYTHONPATH']}"
+    os.environ["PYTHONPATH"] = pythonpath
+    ray.init(**{"include_dashboard": False, **init_args})
+
+
 def actors_per_node(resources: dict[str, float], client_resources: dict[str, float]) -> int:
     """How many ClientApp actors fit on a node: Flower's rule (``pool_size_from_resources``)."""
     fits = math.inf
@@ -347,23 +381,12 @@ def live_nodes() -> dict[str, Node]:
     }
 
 
-def _start_actor(_actor: Any, app_fn: Callable[[], ClientApp] | None) -> str:
-    """Run inside a new actor (``__ray_call__``): load the ClientApp; the id of the node.
-
-    Loading the ClientApp (its imports: torch, the task) before the actor
-    joins the pool keeps a cold start out of the round that first uses it.
-    """
-    if app_fn is not None:
-        app_fn()
-    return ray.get_runtime_context().get_node_id()
-
-
 @dataclass(eq=False)
 class PoolActor:
     """One ClientApp actor: its handle, and its node once it has started."""
 
     handle: Any
-    started: Any  # ObjectRef of _start_actor's answer; None once it came
+    started: Any  # ObjectRef of start_actor's answer; None once it came
     node_id: str = ""
     lost: bool = False
     in_flight: int = 0  # messages handed to it and not back yet
@@ -378,9 +401,11 @@ class ActorPool:
         Resources of one ClientApp (``num_cpus``, ``num_gpus``): every actor
         is created with them, and a node's capacity is counted with them.
     create_actor : callable
-        Creates one actor (Flower's ``ClientAppActor`` with those resources).
+        Creates one actor (:class:`fedx.ray_actor.ClientAppActor` with those resources).
     app_fn : callable, optional
         Loads the ClientApp; every new actor calls it before it takes messages.
+    preload : sequence of str
+        Modules every new actor imports after loading the ClientApp.
     watch_interval : float
         Seconds between two looks at the cluster's nodes.
     death_report_delay : float, optional
@@ -393,12 +418,14 @@ class ActorPool:
         client_resources: dict[str, float],
         create_actor: Callable[[], Any],
         app_fn: Callable[[], ClientApp] | None = None,
+        preload: Sequence[str] = (),
         watch_interval: float = WATCH_INTERVAL,
         death_report_delay: float | None = None,
     ) -> None:
         self.client_resources = client_resources
         self._create_actor = create_actor
         self._app_fn = app_fn
+        self._preload = tuple(preload)
         self._cond = threading.Condition()
         # Every actor the pool owns and has not written off, and the states they are in.
         self._actors: set[PoolActor] = set()
@@ -600,7 +627,9 @@ class ActorPool:
             self._last_start = time.monotonic()  # the clock for slow starts begins now
         for _ in range(count):
             handle = self._create_actor()
-            actor = PoolActor(handle, handle.__ray_call__.remote(_start_actor, self._app_fn))
+            actor = PoolActor(
+                handle, handle.__ray_call__.remote(start_actor, self._app_fn, self._preload)
+            )
             self._actors.add(actor)
             self._starting.append(actor)
 
@@ -808,6 +837,9 @@ class ClusterRayBackend(FlowerRayBackend):
     same ``ray.init`` (attaches to the cluster named by ``RAY_ADDRESS``).
     """
 
+    #: Modules every actor imports when it starts (set by :func:`install`).
+    actor_preload: tuple[str, ...] = ()
+
     def init_ray(self, backend_config: BackendConfig) -> None:
         if not ray.is_initialized():
             init_args = dict(backend_config.get(self.init_args_key) or {})
@@ -818,7 +850,8 @@ class ClusterRayBackend(FlowerRayBackend):
                 system_config = dict(init_args.get("_system_config") or {})
                 system_config.setdefault("max_direct_call_object_size", INLINE_OBJECT_BYTES)
                 init_args["_system_config"] = system_config
-                backend_config = {**backend_config, self.init_args_key: init_args}
+                start_local_ray(init_args)
+                return
         super().init_ray(backend_config)
 
     def build(self, app_fn: Callable[[], ClientApp]) -> None:
@@ -828,7 +861,10 @@ class ClusterRayBackend(FlowerRayBackend):
             )
         resources, actor_kwargs = dict(self.client_resources), dict(self.actor_kwargs)
         self.pool = ActorPool(
-            resources, lambda: ClientAppActor.options(**resources).remote(**actor_kwargs), app_fn
+            resources,
+            lambda: ClientAppActor.options(**resources).remote(**actor_kwargs),
+            app_fn,
+            self.actor_preload,
         )
         self.app_fn = app_fn
 

@@ -1,10 +1,12 @@
 """A fresh ClientApp process, as Flower starts one per message: what it imports (test_cold_start.py).
 
 Run as ``python -m tests.cold_start '<run config as JSON>'``: it imports
-``fedx.client_app``, answers a training and an evaluation message of the
-digits with the real handlers, imports ``fedx.server_app``, and prints which
-of :data:`HEAVY` each step had imported, as JSON. Only the standard library
-is imported here at the top, so what it reports is what fedx imports.
+``fedx.client_app`` and ``fedx.server_app``, answers a query, then a
+training and an evaluation message of the digits with the real handlers,
+and prints which of :data:`HEAVY` (and, after the imports, of
+:data:`HANDLERS_IMPORT`) each step had imported, as JSON. Only the standard
+library is imported here at the top, so what it reports is what fedx
+imports.
 """
 
 import json
@@ -15,11 +17,22 @@ from typing import Any
 #: the partitioners (their results are in the disk cache), plotting, and
 #: torch's compiler (which torch.optim's classes import on first use).
 HEAVY = ("torchvision", "datasets", "flwr_datasets", "matplotlib", "sklearn", "torch._dynamo")
+#: What the ServerApp's main and the ClientApp's train and evaluate handlers
+#: import when they first run, and the app modules themselves do not.
+HANDLERS_IMPORT = (
+    "torch",
+    "fedx.data",
+    "fedx.models",
+    "fedx.training",
+    "fedx.strategies",
+    "fedx.client.task",
+    "fedx.server.experiment",
+)
 
 
-def loaded_heavy() -> list[str]:
-    """The packages of :data:`HEAVY` this process has imported."""
-    return [name for name in HEAVY if name in sys.modules]
+def loaded(names: tuple[str, ...] = HEAVY) -> list[str]:
+    """The modules of ``names`` this process has imported."""
+    return [name for name in names if name in sys.modules]
 
 
 def answer_digits_messages(run_config: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -51,14 +64,18 @@ def main() -> None:
     # Messages are stamped with the run and node of the process, as in a ClientApp process.
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
     report: dict[str, Any] = {}
-    import fedx.client_app  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    # pylint: disable=import-outside-toplevel,unused-import
+    from flwr.app import Context, Message, RecordDict
 
-    report["import fedx.client_app"] = loaded_heavy()
+    import fedx.server_app  # noqa: F401
+    from fedx.client_app import identify
+
+    report["import the apps"] = loaded(HEAVY + HANDLERS_IMPORT)
+    context = Context(1, 1, {"partition-id": 3, "num-partitions": 4}, RecordDict(), {})
+    reply = identify(Message(RecordDict(), dst_node_id=1, message_type="query"), context)
+    report["query"] = dict(reply.content["metrics"])
     report["replies"] = answer_digits_messages(json.loads(sys.argv[1]))
-    report["train and evaluate"] = loaded_heavy()
-    import fedx.server_app  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
-
-    report["import fedx.server_app"] = loaded_heavy()
+    report["train and evaluate"] = loaded()
     print(json.dumps(report))
 
 

@@ -6,6 +6,7 @@ The cluster cases (a node lost and back, two hosts) are in tests/test_ray_cluste
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -14,8 +15,9 @@ from queue import Empty, Queue
 import numpy as np
 import pytest
 import ray
-from flwr.app import ArrayRecord, Message, RecordDict
-from flwr.clientapp.client_app import LoadClientAppError
+from flwr.app import ArrayRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.clientapp.client_app import ClientAppException, LoadClientAppError
 from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.proto.task_pb2 import Task  # pylint: disable=no-name-in-module
 from flwr.server.superlink.fleet.vce import vce_api
@@ -30,6 +32,7 @@ from flwr.superlink.grid import InMemoryGrid
 
 from fedx.deploy.local import free_port
 from fedx.messaging import REPLIES_STORED
+from fedx.ray_actor import ClientAppActor
 from fedx.ray_backend import (
     INLINE_OBJECT_BYTES,
     MESSAGES_PER_ACTOR,
@@ -85,18 +88,24 @@ def test_the_backend_refuses_a_ray_address_where_nothing_listens_before_ray_star
 def test_a_ray_started_here_passes_models_inline_a_running_cluster_keeps_its_settings(monkeypatch):
     seen = []
     monkeypatch.setattr(FlowerRayBackend, "init_ray", lambda self, config: seen.append(config))
+    monkeypatch.setattr(ray, "init", lambda **kwargs: seen.append(kwargs))
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setattr("fedx.ray_backend.starts_own_ray", lambda address: True)
     ClusterRayBackend({"client_resources": {"num_cpus": 1}, "init_args": {"num_cpus": 2}})
     ClusterRayBackend(
         {"client_resources": {"num_cpus": 1}, "init_args": {"_system_config": {"a": 1}}}
     )
+    # A Ray started here inherits the app's path from the environment: no runtime env.
+    assert os.environ["PYTHONPATH"].split(os.pathsep)[: len(sys.path)] == sys.path
+    assert os.environ["PYTHONPATH"].endswith(f"{os.pathsep}/elsewhere")
     monkeypatch.setattr("fedx.ray_backend.starts_own_ray", lambda address: False)
     ClusterRayBackend({"client_resources": {"num_cpus": 1}, "init_args": {"num_cpus": 2}})
-    assert [config["init_args"] for config in seen] == [
-        {"num_cpus": 2, "_system_config": {"max_direct_call_object_size": INLINE_OBJECT_BYTES}},
-        {"_system_config": {"a": 1, "max_direct_call_object_size": INLINE_OBJECT_BYTES}},
-        {"num_cpus": 2},
+    inline = {"max_direct_call_object_size": INLINE_OBJECT_BYTES}
+    assert seen == [
+        {"include_dashboard": False, "num_cpus": 2, "_system_config": inline},
+        {"include_dashboard": False, "_system_config": {"a": 1, **inline}},
+        {"client_resources": {"num_cpus": 1}, "init_args": {"num_cpus": 2}},  # Flower's, as given
     ]
     with socket.socket() as listening:  # an address: Ray joins what listens there
         listening.bind(("127.0.0.1", 0))
@@ -224,6 +233,34 @@ def local_ray():
     ray.shutdown()
 
 
+def test_fedx_clientapp_actor_passes_the_apps_errors_on_as_flowers_does(
+    local_ray, server_task_identity
+):
+    """fedx/ray_actor.py's actor in place of Flower's: the same errors reach the engine."""
+    app = ClientApp()
+
+    @app.query()
+    def fails(msg: Message, context: Context) -> Message:
+        raise ValueError(f"the app's own error on node {context.node_id}")
+
+    def unloadable() -> ClientApp:
+        raise LoadClientAppError("no ClientApp here")
+
+    actor = ClientAppActor.options(num_cpus=1).remote()
+    message = Message(RecordDict(), dst_node_id=7, message_type="query")
+    context = Context(1, 7, {}, RecordDict(), {})
+    try:
+        with pytest.raises(ray.exceptions.RayTaskError) as raised:
+            ray.get(actor.run.remote(lambda: app, message, "7", context), timeout=120)
+        assert isinstance(raised.value.cause, ClientAppException)
+        assert "the app's own error on node 7" in str(raised.value.cause)
+        with pytest.raises(ray.exceptions.RayTaskError) as raised:
+            ray.get(actor.run.remote(unloadable, message, "7", context), timeout=120)
+        assert isinstance(raised.value.cause, LoadClientAppError)
+    finally:
+        ray.kill(actor)
+
+
 def test_the_pool_replaces_an_actor_that_died_and_reruns_its_message(local_ray, caplog):
     caplog.set_level(logging.INFO, logger="flwr")
     pool = ActorPool(
@@ -307,21 +344,37 @@ def test_messages_wait_for_actors_that_start_slowly(local_ray, monkeypatch, capl
     assert "2 ClientApp actors have waited 1s or more to start" in caplog.text
 
 
-def test_a_clientapp_that_does_not_load_fails_its_messages_at_once(local_ray, caplog):
+def _no_fedx():
+    raise ModuleNotFoundError("No module named 'fedx'")
+
+
+@pytest.mark.parametrize(
+    ("app_fn", "preload", "missing"),
+    [
+        (_no_fedx, (), "fedx"),
+        # What the ClientApp imports on its first message (fedx.client_app's handlers).
+        (lambda: None, ("json", "fedx_not_installed.handlers"), "fedx_not_installed"),
+    ],
+    ids=["app", "preload"],
+)
+def test_a_clientapp_that_does_not_load_fails_its_messages_at_once(
+    local_ray, caplog, app_fn, preload, missing
+):
     """A worker node without fedx (or with another version) is a setup error, not a reason to wait."""
-
-    def load():
-        raise ModuleNotFoundError("No module named 'fedx'")
-
     caplog.set_level(logging.INFO, logger="flwr")
     pool = ActorPool(
-        {"num_cpus": 1}, Worker.remote, app_fn=load, watch_interval=0.2, death_report_delay=60
+        {"num_cpus": 1},
+        Worker.remote,
+        app_fn=app_fn,
+        preload=preload,
+        watch_interval=0.2,
+        death_report_delay=60,
     )
     try:
         started = time.monotonic()
         with pytest.raises(
             LoadClientAppError,
-            match=r"the ClientApp does not load in a Ray actor .*No module named 'fedx'",
+            match=rf"the ClientApp does not load in a Ray actor .*No module named '{missing}'",
         ):
             pool.run(lambda handle: handle.run.remote())
         assert time.monotonic() - started < 60

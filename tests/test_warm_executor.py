@@ -318,6 +318,8 @@ def test_fedmr_runs_on_warm_executors_over_tls_with_authentication(warm_federati
         forked = log.count("forked from the warm interpreter")
         assert received >= 2 and forked == received, (index, received, forked)  # 2 rounds (+ query)
         assert f"warm ClientApp interpreter (pid {warm_pid}) ready" in log
+        # ...having imported what fedx's ClientApp imports on its first training message.
+        assert "imported: torch, fedx.client.handlers, fedx.client_app" in log
         assert "Traceback" not in log, log[-3000:]
         # The SuperNode's Runtime API, where the tasks' tokens travel, speaks TLS only.
         context = ssl.create_default_context(cafile=str(spec.tls.ca_cert))

@@ -23,6 +23,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from fedx.arrays import to_numpy_dict
+from fedx.client.node import node_partition
 from fedx.client.skeletons import SKELETONS
 from fedx.config import RunConfig
 from fedx.data import (
@@ -48,23 +49,6 @@ def _checked(items: tuple[tuple[str, Any], ...]) -> RunConfig:
 def read_run_config(run_config: Mapping[str, Any]) -> RunConfig:
     """The node's run config, checked once per process and run."""
     return _checked(tuple(sorted(run_config.items())))
-
-
-def node_partition(context: Context) -> tuple[int, int]:
-    """``partition-id`` and ``num-partitions`` of the node's config.
-
-    Raises
-    ------
-    RuntimeError
-        When the SuperNode was started without them.
-    """
-    try:
-        return int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
-    except KeyError as err:
-        raise RuntimeError(
-            f"node config lacks {err}: start the SuperNode with "
-            "--node-config 'partition-id=<i> num-partitions=<n>'"
-        ) from None
 
 
 class ClientTask:

@@ -20,7 +20,9 @@ same options as ``flower-superexec`` (``--insecure`` or
 
 and two of its own: ``--preload-app MODULE`` (default ``fedx.client_app``),
 the ClientApp module to import in the warm interpreter, and ``--preload
-MODULE`` (repeatable; default ``torch``), libraries to import as well.
+MODULE`` (repeatable), more modules to import: by default torch and
+``fedx.client.handlers``, which ``fedx.client_app`` imports only when its
+first training or evaluation message arrives.
 
 Every task starts from the warm interpreter as it was after the imports:
 
@@ -99,7 +101,9 @@ from flwr.supercore.superexec.executor.config import ExecutorConfig
 from fedx.object_pulls import FLOWER_INITIAL_BACKOFF, retry_object_pulls_after
 
 DEFAULT_PRELOAD_APP = "fedx.client_app"
-DEFAULT_PRELOAD = ("torch",)
+#: torch, and what fedx's ClientApp imports on its first training or evaluation
+#: message (``fedx.client_app.HANDLERS_MODULE``): without it every task would.
+DEFAULT_PRELOAD = ("torch", "fedx.client.handlers")
 #: Environment of the warm interpreter (where not set already): no allocator
 #: thread, no CUDA initialized before a fork.
 WARM_ENVIRONMENT = {
@@ -229,7 +233,9 @@ class WarmExecutor:
         The ClientApp module the warm interpreter imports; its top-level
         package is imported afresh (from the run's FAB) by every task.
     preload : sequence of str
-        Libraries the warm interpreter imports as well (kept in every task).
+        Modules the warm interpreter imports as well: libraries stay
+        imported in every task, modules of the app's package are dropped
+        like the app's (what they import stays).
     task : callable
         What a task's child runs, given the task's ``ExecutionSpec``
         (default: Flower's ``run_clientapp``); a module-level function.
@@ -405,7 +411,7 @@ def _parser() -> argparse.ArgumentParser:
         "--preload",
         action="append",
         metavar="MODULE",
-        help="a library the warm interpreter imports too (repeatable; "
+        help="a module the warm interpreter imports too (repeatable; "
         f"default: {', '.join(DEFAULT_PRELOAD)})",
     )
     return parser
