@@ -62,7 +62,7 @@ Usage::
 
     python benchmarks/deployment.py                    # everything above
     python benchmarks/deployment.py --setups flower warm:0.1 --skip-secure
-    python benchmarks/deployment.py --quick            # 4 clients, 2 rounds of 1 epoch, warm:0.5 only
+    python benchmarks/deployment.py --quick            # 4 clients, 2 rounds of 1 epoch, warm:0.1:memory only
 
 The machine's other load shows in every figure: compare ratios taken in one
 run. This script reports; it is not a test, and it always exits with status 0.
@@ -514,10 +514,10 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     arguments = common.parse_quick(
         parser,
         argv,
-        "4 clients, 2 rounds of 1 epoch on warm:0.5 only (the secure round on "
+        "4 clients, 2 rounds of 1 epoch on warm:0.1:memory only (the secure round on "
         "the same SuperNodes), no simulation, 1 secure round, "
         "1 cold-start sample, 3 s idle",
-        setups=[parse_setup("warm:0.5")],
+        setups=[parse_setup("warm:0.1:memory")],
         skip_simulation=True,
         rounds=2,
         clients=4,

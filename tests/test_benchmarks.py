@@ -132,7 +132,7 @@ def test_deployment_quick(capsys):
     assert report.simulation is None
     plain = report.plain
     ((real,),) = [report.real]
-    assert real.setup == deployment.Setup("warm", 0.5)
+    assert real.setup == deployment.Setup("warm", 0.1, "memory")
     for timing in (plain, real.timing):
         assert timing.error is None, timing.error
         assert timing.first > 0 and len(timing.later) == 1 and timing.per_round > 0
