@@ -1,8 +1,10 @@
 """fedx.strategies on Flower 1.36, the last release whose Fleet API is gRPC.
 
-The test builds (once; later runs reuse it) a virtual environment under
-``.fedx-cache/`` in the repository with ``flwr==1.36.*`` and numpy only, no
-torch, and fedx installed there with ``--no-deps``. It then starts a 1.36
+The test builds (once; later runs and other checkouts reuse it) a virtual
+environment with ``flwr==1.36.*`` and numpy only, no torch, under
+``$XDG_CACHE_HOME/fedx/tests/`` (else ``~/.cache/fedx/tests/``), outside the
+repository as pip's own cache is; its processes import fedx from this
+checkout through ``PYTHONPATH``. It then starts a 1.36
 SuperLink (Fleet and Control API over gRPC) and three 1.36 SuperNodes on
 free 127.0.0.1 ports and runs the numpy test app (tests/wire_app) with
 FedMR, FedMut and FedCross from ``fedx.strategies``. Everything it starts is
@@ -11,6 +13,7 @@ stopped at the end. It needs PyPI the first time.
 
 import fcntl
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -24,11 +27,14 @@ from tests.deployment import REPO, WIRE_APP, run_app
 
 PIN = "flwr==" + ".".join(OLDEST_FLWR.split(".")[:2]) + ".*"
 VENV = (
-    REPO
-    / ".fedx-cache"
+    Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    / "fedx"
+    / "tests"
     / f"venv-{PIN.replace('==', '-').rstrip('.*')}-py{sys.version_info.major}.{sys.version_info.minor}"
 )
 READY = VENV / "fedx-ready.txt"
+# fedx comes from this checkout, whichever checkout runs the test.
+CHECKOUT_PATH = {"PYTHONPATH": str(REPO)}
 
 
 def _run(command: list, timeout: float) -> None:
@@ -46,21 +52,17 @@ def _run(command: list, timeout: float) -> None:
 
 
 def _usable(venv: Path) -> bool:
-    """Whether a built environment imports fedx.strategies from this checkout."""
+    """Whether a built environment imports Flower and numpy."""
     python = venv / "bin" / "python"
     if not (READY.exists() and python.exists()):
         return False
     probe = subprocess.run(
-        [str(python), "-c", "import fedx.strategies; print(fedx.strategies.__file__)"],
+        [str(python), "-c", "import flwr, numpy"],
         capture_output=True,
-        text=True,
         timeout=120,
         check=False,
     )
-    return (
-        probe.returncode == 0
-        and Path(probe.stdout.strip()) == REPO / "fedx" / "strategies" / "__init__.py"
-    )
+    return probe.returncode == 0
 
 
 def compat_environment() -> Path:
@@ -75,8 +77,7 @@ def compat_environment() -> Path:
         _run([sys.executable, "-m", "venv", VENV], timeout=300)
         pip = [python, "-m", "pip", "install", "--disable-pip-version-check", "--quiet"]
         _run([*pip, PIN, "numpy"], timeout=900)
-        _run([*pip, "--no-deps", "-e", REPO], timeout=600)
-        READY.write_text(f"{PIN} + numpy + fedx (--no-deps, editable from {REPO})\n")
+        READY.write_text(f"{PIN} + numpy; fedx from PYTHONPATH\n")
         return VENV
 
 
@@ -94,6 +95,7 @@ def flower136(tmp_path_factory):
         fleet_port=free_port(),
         control_port=free_port(),
         bin_dir=venv / "bin",
+        extra_environment=CHECKOUT_PATH,
     )
     with LocalFederation(spec) as federation:
         federation.start()
@@ -110,7 +112,12 @@ def test_the_environment_has_flower_136_and_no_torch(flower136):
         "print(fedx.strategies.__file__)"
     )
     done = subprocess.run(
-        [str(python), "-c", code], capture_output=True, text=True, timeout=120, check=True
+        [str(python), "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        env={**os.environ, **CHECKOUT_PATH},
     )
     flwr_version, torch_loaded, location = done.stdout.split()
     assert flwr_version.startswith(OLDEST_FLWR.rsplit(".", 1)[0] + ".")
