@@ -2,7 +2,7 @@
 
 Build (the dev extra installs Sphinx, MyST and the theme)::
 
-    sphinx-build -W --keep-going -j 2 docs docs/_build/html
+    sphinx-build -W --keep-going docs docs/_build/html
     python docs/check_site.py docs/_build/html   # every page in headless Chromium
 
 Pages are Markdown (MyST); the API reference comes from the code's

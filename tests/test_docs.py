@@ -30,11 +30,15 @@ BROWSER = ("/usr/bin/chromium", "/usr/bin/chromedriver")
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
-    """The site, built from scratch (an incremental build would not repeat old warnings)."""
+    """The site, built from scratch (an incremental build would not repeat old warnings).
+
+    One process: about 15 s of CPU; two (``-j 2``) cost more CPU and, beside
+    the suite's other workers, more wall time too.
+    """
     out = tmp_path_factory.mktemp("docs")
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-j", "2", "-q", "-b", "html",
+        [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html",
          "-d", str(out / "doctrees"), str(REPO / "docs"), str(out / "html")],
         capture_output=True, text=True, timeout=600, check=False, cwd=REPO,
     )  # fmt: skip
