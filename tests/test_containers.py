@@ -1,7 +1,7 @@
 """fedx's compose deployment started by a real container engine: podman with podman-compose.
 
-One federation for the module, from docker-compose.yml as the README runs
-it: certificates naming the service hosts (made by the fedx-deploy tool
+One federation for the module, from docker-compose.yml as
+docs/deployment/containers.md runs it: certificates naming the service hosts (made by the fedx-deploy tool
 container), a SuperLink, three SuperNodes, the ServerApp's SuperExec and one
 ClientApp SuperExec per SuperNode, each in its own container with its own
 address on the project network; runs are submitted by the flwr tool
@@ -76,7 +76,7 @@ CLIENTAPP_FORKED = r"ClientApp task \d+ forked from the warm interpreter"
 
 
 def make_certificates(project: ComposeProject, hosts=HOSTS) -> None:
-    """What the README does: `compose run --rm fedx-deploy certs --out certificates --host ...`."""
+    """What docs/deployment/containers.md does: `compose run --rm fedx-deploy certs --out certificates --host ...`."""
     args = ["certs", "--out", "certificates"]
     for host in hosts:
         args += ["--host", host]

@@ -3,7 +3,7 @@
 The head and the worker node each live in a network namespace of their own
 with an address of their own; ``flwr run`` runs on the head with
 ``RAY_ADDRESS`` and ``FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1``, as
-the README's recipe says, and nothing in the namespaces reaches a package
+docs/simulation.md's recipe says, and nothing in the namespaces reaches a package
 registry. Each node has 1 CPU and every ClientApp asks for 1, so a run has
 one ClientApp actor on each node (every actor imports torch: more would only
 make the tests slower on a small machine). The tests share one cluster and
