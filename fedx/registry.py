@@ -6,8 +6,8 @@ default, allowed values, the constructor argument each feeds), the app's
 keys its constructor takes, whether it is personalized and how fedx-compare
 runs it. The app derives everything else from these declarations: run-config
 validation (:mod:`fedx.config`), building the strategy
-(:mod:`fedx.server.building`), fedx-compare's method list and the README's
-run-config table (:mod:`fedx.reference`).
+(:mod:`fedx.server.building`), fedx-compare's method list and the
+documentation's run-config reference (:mod:`fedx.reference`).
 
 Where methods come from:
 
@@ -80,7 +80,7 @@ class Key:
         Its type and allowed values (:mod:`fedx.checks`). A method's
         constructor checks its own arguments; the app checks its own keys.
     help : str
-        What it does, one line (the README's run-config table).
+        What it does, one line (the documentation's run-config tables).
     argument : str, optional
         The constructor argument the value feeds.
     parse : callable, optional
@@ -137,7 +137,7 @@ class Method:
     strategy : type
         The Flower ``Strategy`` class.
     description : str
-        One line for the README's tables and ``--help``.
+        One line for the run-config tables and ``--help``.
     keys : tuple[Key, ...]
         The method's own run-config keys, each feeding a constructor
         argument. A key several methods share is one ``Key`` object.

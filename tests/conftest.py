@@ -28,6 +28,7 @@ SLOW_MODULES = (
     "test_secure_e2e.py",
     "test_example_method.py",
     "test_plugin_app.py",
+    "test_docs.py",
 )
 
 

@@ -99,7 +99,7 @@ METHOD = Method(
             "fedmut-alpha",
             1.0,
             NON_NEGATIVE,
-            "mutation range alpha (paper: 4.0, with lr 0.01; see below)",
+            "mutation range alpha (paper: 4.0, with lr 0.01; it must suit the learning rate: [FedMut](methods.md#fedmut-model-mutation))",
             argument="alpha",
         ),
         Key(

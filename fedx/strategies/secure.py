@@ -86,7 +86,7 @@ KEYS = (
         "secure-recombination",
         False,
         Flag(),
-        "clients swap layers, encrypted, before upload ([above](#secure-recombination-fedmr-appendix-b))",
+        "clients swap layers, encrypted, before upload ([secure recombination](secure-recombination.md))",
         argument="secure_recombination",
         exclusive=True,
     ),
