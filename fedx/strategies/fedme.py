@@ -19,11 +19,11 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
 from fedx.checks import FRACTION, ArgumentError, Flag, Integer, Rule, check
 from fedx.messaging import send_and_collect
+from fedx.method import Key, Method, comma_list
 from fedx.ops import Model, assign_exchanges, cluster_count, fedme_aggregate
 from fedx.protocol import fedme as protocol
 from fedx.protocol.common import CLIENT_ID, CONFIG, METRICS, SERVER_ROUND
 from fedx.protocol.personalized import FINETUNE_EPOCHS
-from fedx.registry import Key, Method, comma_list
 from fedx.strategies.base import (
     FedxStrategy,
     RoundInFlight,
@@ -761,21 +761,6 @@ def _increasing_rounds(value: str) -> bool:
     return all(r >= 2 for r in rounds) and list(rounds) == sorted(set(rounds))
 
 
-def _server_models(config: Any) -> dict[str, Any]:
-    """The torch side: clients' first models, and models' outputs on the server's unlabeled set."""
-    from fedx.server_models import ServerModels  # pylint: disable=import-outside-toplevel
-
-    models = ServerModels.for_run(config)
-    return {"initial_model_fn": models.initial_model, "predict_fn": models.probabilities}
-
-
-def _load_unlabeled(config: Any) -> None:
-    """Load the server's unlabeled set now: missing data stops the run before round 1."""
-    from fedx.server_models import load_run_unlabeled  # pylint: disable=import-outside-toplevel
-
-    load_run_unlabeled(config)
-
-
 METHOD = Method(
     name="fedme",
     strategy=FedMe,
@@ -858,7 +843,10 @@ METHOD = Method(
     ),
     personalized=True,
     model_key="fedme-architectures",
-    components=_server_models,
-    prepare=_load_unlabeled,
+    # The torch side, which the app imports: clients' first models and models'
+    # outputs on the server's unlabeled set, loaded before round 1 so that
+    # missing data stops the run at its start.
+    components="fedx.server_models:server_model_functions",
+    prepare="fedx.server_models:load_run_unlabeled",
     client_train="fedx.client.fedme:train",
 )
