@@ -38,9 +38,9 @@ from fedx.simulation.ray_cluster import check_cluster_address, start_local_ray, 
 INLINE_OBJECT_BYTES = 2 << 20
 
 
-# A run can take on this many more concurrent ClientApps than its cluster had
-# at the start (or twice as many, if that is more): Flower's engine starts its
-# worker threads once. An idle worker thread costs next to nothing.
+#: A run can take on this many more concurrent ClientApps than its cluster had
+#: at the start (or twice as many, if that is more): Flower's engine starts its
+#: worker threads once. An idle worker thread costs next to nothing.
 JOIN_HEADROOM = 32
 
 
