@@ -497,12 +497,13 @@ def add_job_options(parser: argparse.ArgumentParser, rounds: int) -> None:
 def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command-line options; ``--quick`` changes the defaults."""
     parser = common.benchmark_parser(__doc__)
-    parser.add_argument(
+    common.add_list_option(
+        parser,
         "--setups",
+        parse_setup,
+        DEFAULT_SETUPS,
+        "real-process runs, EXECUTOR[:POLL]",
         nargs="*",
-        type=parse_setup,
-        default=[parse_setup(s) for s in DEFAULT_SETUPS],
-        help=f"real-process runs, EXECUTOR[:POLL] (default: {' '.join(DEFAULT_SETUPS)})",
     )
     parser.add_argument("--skip-simulation", action="store_true")
     parser.add_argument("--skip-plain", action="store_true")
