@@ -26,7 +26,7 @@ rounds 2 to R (round 1 pays the start-up). It runs
     (``fedx-supernode --poll-interval``) and so do their SuperExecs
     (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``), and the objects of a message
     that are not there yet are asked for again within POLL to 0.25 s
-    (``fedx.object_pulls``);
+    (``fedx.flower.object_pulls``);
   - the SuperLink keeps its state in a SQLite file (``fedx-deploy``'s
     default), or in memory with ``:memory`` at the end (``warm:0.1:memory``,
     Flower's default: ``FederationSpec.superlink_database``).
@@ -482,19 +482,8 @@ parse_setup = common.option_type(
 )
 
 
-def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Command-line options; ``--quick`` changes the defaults."""
-    parser = common.benchmark_parser(__doc__)
-    parser.add_argument(
-        "--setups",
-        nargs="*",
-        type=parse_setup,
-        default=[parse_setup(s) for s in DEFAULT_SETUPS],
-        help=f"real-process runs, EXECUTOR[:POLL] (default: {' '.join(DEFAULT_SETUPS)})",
-    )
-    parser.add_argument("--skip-simulation", action="store_true")
-    parser.add_argument("--skip-plain", action="store_true")
-    parser.add_argument("--skip-secure", action="store_true")
+def add_job_options(parser: argparse.ArgumentParser, rounds: int) -> None:
+    """The job's options (clients, their torch threads, rounds, epochs ...), here and in message_timeline.py."""
     parser.add_argument("--clients", type=int, default=3)
     parser.add_argument(
         "--client-threads",
@@ -502,7 +491,24 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=1,
         help="torch threads of each client, every way of running (default: 1)",
     )
-    common.add_job_options(parser, rounds=5, rounds_help="rounds of the job (at least 2)")
+    common.add_job_options(parser, rounds=rounds, rounds_help="rounds of the job (at least 2)")
+
+
+def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Command-line options; ``--quick`` changes the defaults."""
+    parser = common.benchmark_parser(__doc__)
+    common.add_list_option(
+        parser,
+        "--setups",
+        parse_setup,
+        DEFAULT_SETUPS,
+        "real-process runs, EXECUTOR[:POLL]",
+        nargs="*",
+    )
+    parser.add_argument("--skip-simulation", action="store_true")
+    parser.add_argument("--skip-plain", action="store_true")
+    parser.add_argument("--skip-secure", action="store_true")
+    add_job_options(parser, rounds=5)
     parser.add_argument("--secure-rounds", type=int, default=3)
     parser.add_argument("--cold-samples", type=int, default=3, help="0 skips the cold start")
     parser.add_argument(

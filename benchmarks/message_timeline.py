@@ -257,8 +257,6 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--setup", type=deployment.parse_setup, default=deployment.parse_setup("warm:0.1")
     )
-    parser.add_argument("--clients", type=int, default=3)
-    parser.add_argument("--client-threads", type=int, default=1)
     parser.add_argument(
         "--first-exchange",
         type=int,
@@ -276,7 +274,7 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--analyse", type=Path, metavar="TRACE", help="only read a trace kept earlier"
     )
-    common.add_job_options(parser, rounds=4, rounds_help="rounds of the job (at least 2)")
+    deployment.add_job_options(parser, rounds=4)
     arguments = parser.parse_args(argv)
     common.check_job_options(parser, arguments, deployment.APP)
     arguments.idle_seconds = 0

@@ -11,10 +11,10 @@ Two kinds of keys:
 * the app's own (data, model, local training, sampling, evaluation, outputs),
   declared below as the fields of :class:`RunConfig` and checked here;
 * a method's own (``<method>-alpha``), declared by the method
-  (:mod:`fedx.registry`). Its value is checked here whichever method runs,
-  and again by the strategy's constructor when the strategy is built
-  (:func:`fedx.server.building.build_strategy`, which turns the
-  constructor's error into the same one-line message).
+  (:mod:`fedx.method`, found by :mod:`fedx.registry`). Its value is checked
+  here whichever method runs, and again by the strategy's constructor when
+  the strategy is built (:func:`fedx.server.building.build_strategy`, which
+  turns the constructor's error into the same one-line message).
 
 Importing this module imports neither torch nor the data sets: the lists of
 models and data sets are read from :mod:`fedx.models` and :mod:`fedx.data`
@@ -40,16 +40,8 @@ from fedx.checks import (
     Rule,
     Text,
 )
-from fedx.registry import (
-    Key,
-    Method,
-    UnknownMethod,
-    all_methods,
-    builtin_methods,
-    comma_list,
-    get_method,
-    method_names,
-)
+from fedx.method import Key, Method, comma_list
+from fedx.registry import UnknownMethod, all_methods, builtin_methods, get_method, method_names
 
 
 class ConfigError(ValueError):

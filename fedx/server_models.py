@@ -9,7 +9,7 @@ for every client's model.
 
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -121,3 +121,9 @@ class ServerModels:
             module, self.unlabeled, batch_size=self.batch_size, device=self.device
         )
         return outputs.numpy()
+
+
+def server_model_functions(cfg: "RunConfig") -> dict[str, Callable[..., Any]]:
+    """A run's ``initial_model_fn`` and ``predict_fn``: the ``components`` of a method that runs clients' models here."""
+    models = ServerModels.for_run(cfg)
+    return {"initial_model_fn": models.initial_model, "predict_fn": models.probabilities}

@@ -1,4 +1,4 @@
-"""Shared fixtures: small models made of real arrays, the app's defaults, a simulation SuperLink."""
+"""Shared fixtures: small models made of real arrays, the app's defaults, a simulation SuperLink, a simulation's state."""
 
 import os
 from typing import Any
@@ -86,6 +86,41 @@ def server_task_identity():
     saved = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
     yield
+    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
+
+
+@pytest.fixture
+def simulation_state():
+    """Flower's in-memory state with a run and three simulated nodes, as the engine sets it up.
+
+    Yields the state, an ``InMemoryGrid`` on it, the node ids and their mapping.
+    """
+    # pylint: disable=import-outside-toplevel
+    from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.proto.task_pb2 import Task  # pylint: disable=no-name-in-module
+    from flwr.server.superlink.fleet.vce import vce_api
+    from flwr.server.superlink.linkstate import LinkStateFactory
+    from flwr.server.superlink.linkstate.in_memory_linkstate import RunRecord
+    from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME, NOOP_FEDERATION_ID
+    from flwr.supercore.object_store import ObjectStoreFactory
+    from flwr.supercore.run import Run
+    from flwr.superlink.federation import NoOpFederationManager
+    from flwr.superlink.grid import InMemoryGrid
+
+    factory = LinkStateFactory(
+        FLWR_IN_MEMORY_DB_NAME, NoOpFederationManager(), ObjectStoreFactory()
+    )
+    state = factory.state()
+    run = Run.create_empty(run_id=1)
+    run.primary_task_id, run.federation_id = 2, NOOP_FEDERATION_ID
+    state.run_ids[1] = RunRecord(run=run)
+    state.task_store[2] = Task(task_id=2, run_id=1)
+    nodes = vce_api._register_nodes(3, factory)  # pylint: disable=protected-access
+    grid = InMemoryGrid(factory)
+    grid.set_run(run)
+    saved = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, SUPERLINK_NODE_ID, 2
+    yield state, grid, list(nodes), nodes
     TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
 
 

@@ -102,7 +102,13 @@ def test_the_documentation_tables_hold_every_key_with_its_default():
 OWN_FILES = {
     "fedcross": {"strategies/fedcross.py"},
     "fedmut": {"strategies/fedmut.py"},
-    "fedme": {"strategies/fedme.py", "protocol/fedme.py", "client/fedme.py", "mutual.py"},
+    "fedme": {
+        "strategies/fedme.py",
+        "strategies/fedme_clients.py",
+        "protocol/fedme.py",
+        "client/fedme.py",
+        "mutual.py",
+    },
 }
 
 

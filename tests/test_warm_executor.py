@@ -21,11 +21,9 @@ import pytest
 from flwr.supercore.constant import TaskType
 from flwr.supercore.superexec.executor import ExecutionSpec, LaunchResult
 
-from fedx.deploy import superexec, supernode
 from fedx.deploy.credentials import write_supernode_keys, write_tls_certificates
 from fedx.deploy.local import FederationSpec, LocalFederation
 from fedx.deploy.superexec import WarmExecutor
-from fedx.object_pulls import PULL_FUNCTIONS, RETRY_KEYWORDS
 from tests.deployment import deploy_up_faked, run_app, spec_on_free_ports
 from tests.executor_probe import probe
 from tests.helpers import REPO
@@ -135,30 +133,6 @@ def probe_sleeping(spec) -> None:
     time.sleep(300)
 
 
-def test_a_fab_is_unpacked_once_then_found_where_flower_installed_it(tmp_path, monkeypatch):
-    from flwr.cli import install  # pylint: disable=import-outside-toplevel
-    from flwr.cli.build import build_fab_from_files  # pylint: disable=import-outside-toplevel
-
-    monkeypatch.setenv("FLWR_HOME", str(tmp_path))
-    pyproject = (REPO / "pyproject.toml").read_bytes()
-    fab, _ = build_fab_from_files({"pyproject.toml": pyproject, "fedx/__init__.py": b""})
-    unpacked = []
-    flowers = install.install_from_fab
-    monkeypatch.setattr(
-        install, "install_from_fab", lambda *a, **k: unpacked.append(a) or flowers(*a, **k)
-    )
-    assert superexec.installed_fab_path(fab) is None
-    first = superexec.install_fab_once(fab, skip_prompt=True)
-    assert first == flowers(fab, skip_prompt=True)  # Flower's own path...
-    assert (first / "fedx" / "__init__.py").is_file() and len(unpacked) == 1
-    assert superexec.install_fab_once(fab, skip_prompt=True) == first
-    assert len(unpacked) == 1  # ...found again without unpacking
-    other, _ = build_fab_from_files({"pyproject.toml": pyproject, "fedx/__init__.py": b"x = 1"})
-    assert superexec.install_fab_once(other, skip_prompt=True) != first  # another hash
-    assert len(unpacked) == 2
-    assert superexec.installed_fab_path(b"not a zip") is None  # Flower's function says why
-
-
 def test_other_tasks_and_dependency_installation_go_to_flowers_executor(executor, tmp_path):
     launched = []
 
@@ -227,36 +201,6 @@ def test_warm_and_fast_poll_commands_use_only_flags_flower_has(tmp_path):
         )
     with pytest.raises(ValueError, match="poll_interval must be in"):
         FederationSpec(2, tmp_path, insecure=True, poll_interval=5.0)
-
-
-def test_fedx_supernode_shortens_exactly_the_idle_and_reply_waits(monkeypatch):
-    slept = []
-    monkeypatch.setattr(supernode.time, "sleep", slept.append)
-    waits = supernode.ShortWaits(0.2)
-    for seconds in (3, 0.5, 1.0):
-        waits.sleep(seconds)
-    assert slept == [0.2, 0.2, 1.0]
-    assert waits.monotonic is supernode.time.monotonic  # the rest is the time module's
-    monkeypatch.setattr(
-        supernode.inspect, "getsource", lambda module: "time.sleep(5)"
-    )  # another Flower
-    with pytest.raises(RuntimeError, match="no time.sleep"):
-        supernode.shorten_waits(0.2)
-
-
-def test_fedx_supernode_patches_flowers_loop(monkeypatch):
-    loop = supernode.supernode_loop
-    monkeypatch.setattr(loop, "time", loop.time)  # put back after the test
-    for function in PULL_FUNCTIONS:  # put back after the test
-        for keyword in RETRY_KEYWORDS:
-            monkeypatch.setitem(function.__kwdefaults__, keyword, function.__kwdefaults__[keyword])
-    supernode.shorten_waits(0.2)
-    assert isinstance(loop.time, supernode.ShortWaits) and loop.time.interval == 0.2
-    # The objects of a message are asked for again after 0.2 s (Flower: 1 s).
-    assert loop.pull_objects.__kwdefaults__["initial_backoff"] == 0.2
-    for interval in (0, 5):
-        with pytest.raises(ValueError, match="poll interval must be in"):
-            supernode.shorten_waits(interval)
 
 
 def test_deploy_up_starts_warm_supernodes_with_short_polls(tmp_path, monkeypatch, capsys):

@@ -45,10 +45,10 @@ interpreter has also imported this module and Flower's ``run_clientapp``
 task asks its SuperNode for an object of its message that the SuperNode is
 still pulling from the SuperLink again after the SuperExec's task poll
 interval (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, Flower's 1 s by default)
-instead of after 1, 2, 4 ... s (:mod:`fedx.object_pulls`): a task starts
+instead of after 1, 2, 4 ... s (:mod:`fedx.flower.object_pulls`): a task starts
 before its message's objects are all there, and used to wait a second for
 them; and a FAB installed already is not unpacked and hashed again
-(:func:`install_fab_once`).
+(:func:`fedx.flower.clientapp_task.install_fab_once`).
 
 The warm interpreter is the ``forkserver`` of Python's ``multiprocessing``:
 a process started fresh (not forked from the SuperExec, which holds
@@ -73,32 +73,32 @@ environment of its own, which a warm interpreter cannot be), go to Flower's
 
 import argparse
 import contextlib
-import hashlib
-import io
 import multiprocessing
 import os
 import sys
 import time
-import tomllib
-import zipfile
 from collections.abc import Callable, Sequence
 from logging import INFO, WARNING
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from pathlib import Path
 
-import flwr.supercore.superexec.run_superexec as flower_run_superexec
-from flwr.supercore import log
-from flwr.supercore.constant import ExecutorType, TaskType
-from flwr.supercore.superexec.executor import (
+from flwr.common import log
+
+from fedx.flower import clientapp_task
+from fedx.flower.clientapp_task import run_clientapp_task
+from fedx.flower.object_pulls import FLOWER_INITIAL_BACKOFF, retry_object_pulls_after
+from fedx.flower.superexec_executor import (
     ExecutionSpec,
+    ExecutorConfig,
+    ExecutorType,
     LaunchResult,
     SubprocessExecutor,
+    TaskType,
     get_executor,
+    run_flower_superexec,
+    task_poll_interval,
+    use_executor_factory,
 )
-from flwr.supercore.superexec.executor.config import ExecutorConfig
-
-from fedx.object_pulls import FLOWER_INITIAL_BACKOFF, retry_object_pulls_after
 
 DEFAULT_PRELOAD_APP = "fedx.client_app"
 #: torch, and what fedx's ClientApp imports on its first training or evaluation
@@ -111,8 +111,9 @@ WARM_ENVIRONMENT = {
     "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
 }
 #: What every task's process runs besides the app: this module (whose
-#: functions the task's process is given) and Flower's ``run_clientapp``.
-TASK_MODULES = (__name__, "flwr.supernode.runtime.run_clientapp")
+#: functions the task's process is given), and Flower's ``run_clientapp`` with
+#: fedx's change to it.
+TASK_MODULES = (__name__, *clientapp_task.TASK_MODULES)
 #: Seconds a running task gets to stop on SIGTERM when the SuperExec stops.
 STOP_GRACE = 10.0
 
@@ -127,66 +128,6 @@ def _fresh_start(app_package: str | None) -> None:
         torch.seed()
     if (numpy := sys.modules.get("numpy")) is not None:
         numpy.random.seed()
-
-
-def installed_fab_path(fab: bytes) -> Path | None:
-    """Where Flower installed this FAB, if it did; ``None`` when it is not installed.
-
-    The path is ``install_from_fab``'s own, ``FLWR_HOME/apps/<publisher>.<name>.
-    <version>.<hash prefix>``, from the FAB's ``pyproject.toml`` and its SHA-256.
-    """
-    # pylint: disable=import-outside-toplevel
-    from flwr.common.config import get_metadata_from_config
-    from flwr.common.constant import APP_DIR, FAB_HASH_TRUNCATION
-    from flwr.supercore.utils import get_flwr_home
-
-    try:
-        with zipfile.ZipFile(io.BytesIO(fab)) as archive:
-            config = tomllib.loads(archive.read("pyproject.toml").decode())
-        fab_id, version = get_metadata_from_config(config)
-    except (zipfile.BadZipFile, KeyError, UnicodeDecodeError, tomllib.TOMLDecodeError):
-        return None  # Flower's install_from_fab says what is wrong with it
-    publisher, project = fab_id.split("/")
-    digest = hashlib.sha256(fab).hexdigest()[:FAB_HASH_TRUNCATION]
-    path = get_flwr_home() / APP_DIR / f"{publisher}.{project}.{version}.{digest}"
-    return path if path.is_dir() else None
-
-
-def install_fab_once(fab_file: Path | bytes, install_dir: Path | None = None, skip_prompt=False):
-    """Flower's ``install_from_fab``, without unpacking a FAB that is installed already.
-
-    Flower's unpacks the FAB into a temporary folder and hashes every file
-    before it finds the app installed and returns its path; for fedx's FAB
-    (1.1 MB) that is 0.05 s on an idle machine and 0.2-0.5 s when four tasks
-    start at once on two cores, in every task. This returns that same path
-    at once; a FAB not installed yet goes through Flower's function.
-    """
-    # pylint: disable=import-outside-toplevel
-    from flwr.cli.install import install_from_fab
-
-    if isinstance(fab_file, bytes) and install_dir is None and skip_prompt:
-        if (installed := installed_fab_path(fab_file)) is not None:
-            return installed
-    return install_from_fab(fab_file, install_dir, skip_prompt)
-
-
-def run_clientapp_task(spec: ExecutionSpec) -> None:
-    """Flower's ``run_clientapp`` for one task, as ``flwr-clientapp`` calls it."""
-    # pylint: disable=import-outside-toplevel
-    from flwr.supercore.tls import validate_and_resolve_root_certificates
-    from flwr.supernode.runtime import run_clientapp as flower_task
-
-    flower_task.install_from_fab = install_fab_once  # in this task's process only
-    flower_task.run_clientapp(
-        runtime_api_address=spec.runtime_api_address,
-        token=spec.token,
-        insecure=spec.insecure,
-        certificates=validate_and_resolve_root_certificates(
-            spec.root_certificates_path, spec.insecure
-        ),
-        parent_pid=spec.parent_pid,
-        runtime_dependency_install=False,
-    )
 
 
 def _task_child(
@@ -242,7 +183,7 @@ class WarmExecutor:
     object_pull_wait : float
         How long the task waits before it asks its SuperNode again for an
         object of its message that the SuperNode is still pulling (Flower:
-        1 s, then doubling up to 10 s; :mod:`fedx.object_pulls`).
+        1 s, then doubling up to 10 s; :mod:`fedx.flower.object_pulls`).
         ``fedx-superexec`` makes it its task poll interval.
     """
 
@@ -417,17 +358,8 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _task_poll_interval() -> float:
-    """How often Flower's SuperExec asks for tasks (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, 1 s)."""
-    read = getattr(flower_run_superexec, "_get_task_poll_interval", None)
-    return float(read()) if callable(read) else FLOWER_INITIAL_BACKOFF
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of ``fedx-superexec``: Flower's SuperExec, with the warm executor."""
-    # pylint: disable=import-outside-toplevel
-    from flwr.supercore.cli import flower_superexec
-
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:
         _parser().print_help()
@@ -444,7 +376,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ):
         if executor_type == ExecutorType.SUBPROCESS:  # flower-superexec's default
             return WarmExecutor(
-                ours.preload_app or None, preload, object_pull_wait=_task_poll_interval()
+                ours.preload_app or None, preload, object_pull_wait=task_poll_interval()
             )
         return get_executor(
             executor_type,
@@ -453,17 +385,14 @@ def main(argv: Sequence[str] | None = None) -> None:
             root_certificates_path=root_certificates_path,
         )
 
-    # Flower's SuperExec builds its executor with this module-level function,
-    # called once at start: everything else (polling, TLS, authentication,
-    # plugins, signals) stays Flower's own.
-    if not callable(getattr(flower_run_superexec, "get_executor", None)):
-        raise SystemExit(
-            "fedx-superexec: this Flower's SuperExec has no get_executor to "
-            "replace (fedx needs flwr 1.41)"
-        )
-    flower_run_superexec.get_executor = executor_factory
-    sys.argv = [sys.argv[0], *flower_args]
-    flower_superexec()
+    # Flower's SuperExec builds its executor with this factory, called once at
+    # start: everything else (polling, TLS, authentication, plugins, signals)
+    # stays Flower's own.
+    try:
+        use_executor_factory(executor_factory)
+    except RuntimeError as err:
+        raise SystemExit(f"fedx-superexec: {err}") from None
+    run_flower_superexec(flower_args)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,8 @@ AAAI 2024.
 from typing import Any
 
 from fedx.checks import NON_NEGATIVE, UNIT_INTERVAL, Integer, check
+from fedx.method import Key, Method
 from fedx.ops import Model, dynamic_beta, mutate
-from fedx.registry import Key, Method
 from fedx.strategies.keys import POOL_MEAN_KEY
 from fedx.strategies.multi_model import MultiModelStrategy, PoolRound
 

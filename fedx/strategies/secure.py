@@ -16,8 +16,8 @@ from flwr.app import ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 
 from fedx.checks import Flag, Integer, OneOf, check
+from fedx.method import Key
 from fedx.ops import GROUPINGS
-from fedx.registry import Key
 from fedx.secure.relay import RelayStats, SecureRelay
 from fedx.secure.wire import FLAG_KEY, GROUPING_KEY, MAX_LAYERS_KEY, MIN_LAYERS_KEY
 
