@@ -12,6 +12,7 @@ loaded into (:mod:`fedx.client.skeletons`), which a task borrows and gives
 back when its handler is done (``with ClientTask(...) as task:``).
 """
 
+import contextlib
 import functools
 from collections.abc import Mapping
 from types import TracebackType
@@ -35,7 +36,7 @@ from fedx.data import (
     load_test_share,
 )
 from fedx.protocol.common import CONFIG, SERVER_ROUND, TrainingSettings
-from fedx.training import get_device
+from fedx.training import deterministic_kernels, get_device
 
 #: Batch size of evaluation passes.
 EVALUATION_BATCH = 256
@@ -74,6 +75,10 @@ class ClientTask:
         The round the message belongs to (0 when the server did not say).
     training : TrainingSettings
         The local-training hyperparameters: the message's, else the run config's.
+    device : torch.device
+        Where this node trains and evaluates (the run config's ``device``).
+        While the task is open (``with``), torch runs its deterministic
+        kernels if the run config's ``deterministic`` says so.
     """
 
     def __init__(self, message: Message, context: Context) -> None:
@@ -84,10 +89,14 @@ class ClientTask:
         self.round_config = message.content.config_records.get(CONFIG, ConfigRecord())
         self.server_round = int(self.round_config.get(SERVER_ROUND, 0))
         self.training = TrainingSettings.read(self.round_config, self.config)
-        self.device = get_device()
+        self.device = get_device(self.config.device)
         self._borrowed: list[tuple[nn.Module, str]] = []
+        self._kernels = contextlib.ExitStack()
 
     def __enter__(self) -> "ClientTask":
+        # The run config says so, message by message: a process that answers
+        # several runs' messages (a warm executor's, a Ray actor) follows each.
+        self._kernels.enter_context(deterministic_kernels(self.config.deterministic))
         return self
 
     def __exit__(
@@ -96,6 +105,7 @@ class ClientTask:
         error: BaseException | None,
         trace: TracebackType | None,
     ) -> None:
+        self._kernels.close()
         borrowed, self._borrowed = self._borrowed, []
         if kind is not None:
             return  # a call that failed may have left its models half-way: they are not kept

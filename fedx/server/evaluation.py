@@ -31,7 +31,7 @@ class RoundEvaluation:
         self.model = model
         self.recorder = recorder
         self.per_client = strategy.evaluations if isinstance(strategy, EvaluatesPerClient) else {}
-        self.device = get_device()
+        self.device = get_device(cfg.device)
         self.loader = None
         if model is not None:
             # LEAF: the union of the selected users' test samples.
