@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from fedx.arrays import to_numpy_dict
 from fedx.client.node import node_partition
@@ -31,12 +31,13 @@ from fedx.data import (
     LocalSplits,
     batch_loader,
     dataset_info,
+    device_batches,
     load_local_splits,
     load_partition,
     load_test_share,
 )
 from fedx.protocol.common import CONFIG, SERVER_ROUND, TrainingSettings
-from fedx.training import deterministic_kernels, get_device
+from fedx.training import Batches, deterministic_kernels, get_device
 
 #: Batch size of evaluation passes.
 EVALUATION_BATCH = 256
@@ -147,14 +148,20 @@ class ClientTask:
             **self.config.data_settings(),
         )
 
-    def train_loader(self, dataset: Dataset) -> DataLoader:
-        """Shuffled batches of ``batch-size`` (:func:`fedx.data.batch_loader`)."""
-        return batch_loader(dataset, self.training.batch_size, shuffle=True)
+    def train_loader(self, dataset: Dataset) -> Batches:
+        """Shuffled batches of ``batch-size``: made on the GPU where they can be, else a DataLoader.
 
-    @staticmethod
-    def test_loader(dataset: Dataset) -> DataLoader:
-        """Batches for evaluation, in order."""
-        return batch_loader(dataset, EVALUATION_BATCH)
+        :func:`fedx.data.device_batches` says which datasets and devices the
+        GPU's data path serves; :func:`fedx.data.batch_loader` the others.
+        """
+        size = self.training.batch_size
+        on_device = device_batches(dataset, size, self.device, shuffle=True)
+        return on_device if on_device is not None else batch_loader(dataset, size, shuffle=True)
+
+    def test_loader(self, dataset: Dataset) -> Batches:
+        """Batches for evaluation, in order (on the GPU where they can be made there)."""
+        on_device = device_batches(dataset, EVALUATION_BATCH, self.device)
+        return on_device if on_device is not None else batch_loader(dataset, EVALUATION_BATCH)
 
     # ------------------------------------------------------------------
     # Models and training
