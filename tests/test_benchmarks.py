@@ -8,6 +8,7 @@ ratios taken against the baseline of the same run), not how fast anything is.
 import importlib.util
 import math
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -148,3 +149,61 @@ def test_deployment_quick(capsys):
     out = capsys.readouterr().out
     assert f"{real.timing.per_round / plain.per_round:.2f}" in out
     assert f"ratio {cold.ratio:.2f}" in out and "secure stage" in out
+
+
+def test_gpu_round_quick(capsys):
+    """The plain loops of the round on tiny CIFAR-shaped data: every variant times its rounds."""
+    gpu_round = load_script("gpu_round")
+    rows = gpu_round.main(["--quick"])
+    assert [row.variant for row in rows] == ["loader", "device", "device-det"]
+    for row in rows:
+        assert row.error is None, row.error
+        assert len(row.round_seconds) == 2 and min(row.round_seconds) > 0
+        assert row.per_round == row.round_seconds[1]
+        assert row.reading.samples == 0 or row.reading.busy is not None  # n/a without a GPU
+    out = capsys.readouterr().out
+    assert "x target" in out and "target 0.6 s a round" in out
+    assert f"{rows[0].per_round / gpu_round.TARGET_SECONDS:.2f}" in out
+
+
+def test_gpu_monitor_summarises_the_samples_of_a_stretch():
+    gpu = load_script("_gpu")
+    # A stand-in for nvidia-smi: its samples come a tenth of a second apart.
+    lines = ["50, 1000", "100, 3000", "0, 2000", "not a sample"]
+    script = (
+        f"import time\nfor line in {lines!r}:\n    print(line, flush=True)\n    time.sleep(0.1)"
+    )
+    with gpu.GpuMonitor((sys.executable, "-c", script)) as monitor:
+        deadline = time.monotonic() + 30
+        while len(monitor.samples) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert [(u, m) for _, u, m in monitor.samples] == [(0.5, 1000.0), (1.0, 3000.0), (0.0, 2000.0)]
+    whole = monitor.reading()
+    assert whole.samples == 3 and whole.busy == pytest.approx(0.5) and whole.peak_mib == 3000
+    last = monitor.reading(start=monitor.samples[2][0])
+    assert (last.samples, last.busy, last.peak_mib) == (1, 0.0, 2000.0)
+    assert gpu.Reading().text() == "busy n/a"
+    with gpu.GpuMonitor(("no-such-nvidia-smi",)) as absent:
+        assert not absent.available
+    assert absent.reading().samples == 0
+
+
+def test_gpu_configs_quick(capsys):
+    """A paper config's methods on fake CIFAR files, in a simulation whose processes accept them."""
+    gpu_configs = load_script("gpu_configs")
+    (result,) = gpu_configs.main(["--quick"])
+    assert result.path.name == "cifar10-cnn-iid.toml" and result.dataset == "cifar10"
+    assert result.error is None, result.error
+    assert result.completed == ["fedmr"]
+    assert result.comparison is not None and result.comparison.returncode == 0
+    run = result.comparison.runs["fedmr"]
+    assert len(run.round_seconds) == 2 and len(run.rounds_at) == 2
+    assert result.later_round_seconds == run.round_seconds[1] > 0
+    assert "1 of 1 runs completed their rounds" in capsys.readouterr().out
+    # The whole matrix: every CIFAR file, every method fedx-compare runs by default.
+    files = gpu_configs.setting_files(gpu_configs.DEFAULT_FILES, (1, 1))
+    assert len(files) == 24 and all(f.name.startswith("cifar") for f in files)
+    assert len(gpu_configs.setting_files(gpu_configs.DEFAULT_FILES, (2, 4))) == 6
+    assert gpu_configs.parse_arguments([]).methods == [
+        "fedavg", "fedprox", "fedcross", "fedindep", "fedmr", "fedmr-two-stage", "fedmut",
+    ]  # fmt: skip
