@@ -22,6 +22,11 @@ Variants (``--variants``):
 * ``device-det``: ``device`` with deterministic kernels
   (``fedx.training.deterministic_kernels``, the run config's
   ``deterministic = true``): what reproducibility costs.
+* ``loader-data``, ``device-data``: the two data paths alone, every batch
+  of the round made and moved to the device, no training.
+
+A variant named twice runs twice, in the order given: ``--variants loader
+device loader device`` pairs the two data paths in one process.
 
 Each client of a plain loop starts from the round's global model, is seeded
 as the ClientApp seeds it, trains, and is copied to the host as its reply
@@ -62,7 +67,9 @@ import _gpu
 
 SETTING = _gpu.REPO / "configs" / "cifar10-resnet20-iid.toml"
 PLAIN_VARIANTS = ("loader", "device", "device-det")
-VARIANTS = ("sim", *PLAIN_VARIANTS)
+#: The data paths alone: every batch of the round made (and on the device), no training.
+DATA_VARIANTS = ("loader-data", "device-data")
+VARIANTS = ("sim", *PLAIN_VARIANTS, *DATA_VARIANTS)
 #: The issue's target on one H100, seconds per round.
 TARGET_SECONDS = 0.6
 
@@ -107,11 +114,16 @@ def plain_round(
     for client, part in enumerate(parts):
         torch.manual_seed(client_seed(server_round, client))
         model.load_state_dict({name: torch.from_numpy(array) for name, array in weights.items()})
-        if variant == "loader":
+        if variant.startswith("loader"):
             batches = batch_loader(part, arguments.batch, shuffle=True)
         else:
             batches = device_batches(part, arguments.batch, device, shuffle=True)
             assert batches is not None, "CIFAR partitions take the device path"
+        if variant in DATA_VARIANTS:
+            for _ in range(arguments.epochs):
+                for inputs, labels in batches:
+                    inputs.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+            continue
         with deterministic_kernels(variant == "device-det"):
             train(
                 model,
@@ -124,7 +136,7 @@ def plain_round(
         # The reply's copy to the host (ArrayRecord), which waits for the device.
         replies.append({k: v.detach().cpu().numpy() for k, v in model.state_dict().items()})
         sizes.append(len(part))
-    return average(replies, weights=sizes)
+    return average(replies, weights=sizes) if replies else weights
 
 
 def time_plain(variant: str, arguments: argparse.Namespace, root: Path, monitor) -> Row:
