@@ -215,9 +215,14 @@ def main(argv: Sequence[str] | None = None) -> Checks:
                 "without deterministic: "
                 + ("differs from them" if checks.other_differs else "the same bits")
             )
-        if first.finished and first.directory:
-            checks.loads_on_cpu = load_without_gpu(first.directory / "model.pt")
-            print(f"model.pt in a process without a GPU: {json.dumps(checks.loads_on_cpu)}")
+        done = [run for run in checks.runs if run.finished and run.directory]
+        if done:
+            assert done[0].directory is not None
+            checks.loads_on_cpu = load_without_gpu(done[0].directory / "model.pt")
+            print(
+                f"model.pt of {done[0].label} in a process without a GPU: "
+                f"{json.dumps(checks.loads_on_cpu)}"
+            )
     return checks
 
 

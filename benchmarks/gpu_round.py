@@ -22,6 +22,12 @@ Variants (``--variants``):
 * ``device-det``: ``device`` with deterministic kernels
   (``fedx.training.deterministic_kernels``, the run config's
   ``deterministic = true``): what reproducibility costs.
+* ``vmap``: a lever, the round's clients trained together as one batched
+  step (:func:`train_together`): their parameters, BatchNorm statistics and
+  momentum stacked, each client's own batches (device path, a generator of
+  its own), the gradient of every client at once with ``torch.func.vmap``,
+  and SGD with momentum on the stacked tensors. Each client's training is
+  its own; the clients must hold equally many samples (IID shares do).
 * ``loader-data``, ``device-data``: the two data paths alone, every batch
   of the round made and moved to the device, no training.
 
@@ -47,6 +53,7 @@ This script reports; it is not a test, and it always exits with status 0.
 """
 
 import argparse
+import copy
 import statistics
 import tempfile
 import time
@@ -66,7 +73,7 @@ import _common as common
 import _gpu
 
 SETTING = _gpu.REPO / "configs" / "cifar10-resnet20-iid.toml"
-PLAIN_VARIANTS = ("loader", "device", "device-det")
+PLAIN_VARIANTS = ("loader", "device", "device-det", "vmap")
 #: The data paths alone: every batch of the round made (and on the device), no training.
 DATA_VARIANTS = ("loader-data", "device-data")
 VARIANTS = ("sim", *PLAIN_VARIANTS, *DATA_VARIANTS)
@@ -139,6 +146,86 @@ def plain_round(
     return average(replies, weights=sizes) if replies else weights
 
 
+def train_together(
+    model: torch.nn.Module,
+    weights: list[Model],
+    batches: list,
+    *,
+    epochs: int,
+    learning_rate: float,
+    momentum: float,
+    device: torch.device,
+) -> list[Model]:
+    """Train one model per entry of ``weights`` on its own ``batches``, all as one batched step.
+
+    The same training as ``fedx.training.train`` on each (cross-entropy, SGD
+    with momentum, BatchNorm's running statistics updated from each client's
+    own batches), its steps taken together: ``torch.func.vmap`` of the
+    gradient over the stacked parameters, and torch's SGD update on the
+    stacked tensors. Every client needs the same number of batches of the
+    same sizes.
+    """
+    # pylint: disable=import-outside-toplevel,too-many-locals
+    from torch.func import functional_call, grad, vmap
+
+    base = copy.deepcopy(model).to("meta")
+    base.train()
+    names = {"params": [n for n, _ in model.named_parameters()]}
+    names["buffers"] = [n for n, _ in model.named_buffers()]
+
+    def stacked(kind: str) -> dict[str, torch.Tensor]:
+        return {
+            name: torch.stack([torch.from_numpy(w[name]) for w in weights]).to(device)
+            for name in names[kind]
+        }
+
+    params, buffers = stacked("params"), stacked("buffers")
+
+    def loss(p, b, inputs, labels):
+        return torch.nn.functional.cross_entropy(functional_call(base, (p, b), (inputs,)), labels)
+
+    step = vmap(grad(loss))
+    trained = list(params.values())
+    velocity: list[torch.Tensor] = []
+    for _ in range(epochs):
+        for client_batches in zip(*batches, strict=True):
+            inputs = torch.stack([x for x, _ in client_batches])
+            labels = torch.stack([y for _, y in client_batches])
+            grads = list(step(params, buffers, inputs, labels).values())
+            if not velocity:  # torch's SGD: the first step's momentum is the gradient itself
+                velocity = [g.clone() for g in grads]
+            else:
+                torch._foreach_mul_(velocity, momentum)
+                torch._foreach_add_(velocity, grads)
+            torch._foreach_add_(trained, velocity, alpha=-learning_rate)
+    state = {**params, **buffers}
+    return [
+        {name: state[name][i].detach().cpu().numpy() for name in model.state_dict()}
+        for i in range(len(weights))
+    ]
+
+
+def vmap_round(model, weights, parts, arguments, device, server_round) -> Model:
+    """The round's clients trained together (:func:`train_together`); FedAvg's average."""
+    batches = []
+    for client, part in enumerate(parts):
+        generator = torch.Generator(device).manual_seed(client_seed(server_round, client))
+        made = device_batches(part, arguments.batch, device, shuffle=True)
+        assert made is not None, "CIFAR partitions take the device path"
+        made.generator = generator
+        batches.append(made)
+    replies = train_together(
+        model,
+        [weights] * len(parts),
+        batches,
+        epochs=arguments.epochs,
+        learning_rate=0.01,
+        momentum=0.9,
+        device=device,
+    )
+    return average(replies, weights=[len(part) for part in parts])
+
+
 def time_plain(variant: str, arguments: argparse.Namespace, root: Path, monitor) -> Row:
     """The plain loop's rounds of one variant."""
     row = Row(variant)
@@ -155,7 +242,10 @@ def time_plain(variant: str, arguments: argparse.Namespace, root: Path, monitor)
     for server_round in range(1, arguments.rounds + 1):
         _synchronize(device)
         start = time.monotonic()
-        weights = plain_round(variant, model, weights, parts, arguments, device, server_round)
+        if variant == "vmap":
+            weights = vmap_round(model, weights, parts, arguments, device, server_round)
+        else:
+            weights = plain_round(variant, model, weights, parts, arguments, device, server_round)
         _synchronize(device)
         stamps.append(start)
         row.round_seconds.append(time.monotonic() - start)

@@ -81,8 +81,8 @@ def deterministic_kernels(enabled: bool) -> Iterator[None]:
     process logs that it runs deterministic kernels. Settings go back to what
     they were when the block ends; the variable stays.
 
-    On a CPU fedx's runs repeat bit for bit either way; the setting costs
-    GPU time (measured in ``docs/gpu.md``).
+    On a CPU fedx's runs repeat bit for bit either way. On a GPU the
+    deterministic kernels may be slower (``docs/gpu.md`` keeps the figures).
     """
     if not enabled:
         yield

@@ -175,15 +175,22 @@ class DeviceImages:
         """uint8 pixels as the model's float inputs: ``(x / 255 - mean) / std``."""
         return torch.addcmul(self.shift, pixels.float(), self.scale)
 
-    def augmented(self, positions: torch.Tensor) -> torch.Tensor:
-        """The images at ``positions``, randomly cropped and flipped as the transform says, normalised."""
-        n, spec = len(positions), self.transform
+    def augmented(
+        self, positions: torch.Tensor, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
+        """The images at ``positions``, randomly cropped and flipped as the transform says, normalised.
+
+        The offsets and flips come from ``generator`` (torch's for the device by default).
+        """
+        n, spec, device = len(positions), self.transform, self.device
         top = left = flipped = None
         if spec.crop_padding:
-            offsets = torch.randint(0, 2 * spec.crop_padding + 1, (2, n), device=self.device)
+            offsets = torch.randint(
+                0, 2 * spec.crop_padding + 1, (2, n), device=device, generator=generator
+            )
             top, left = offsets[0], offsets[1]
         if spec.flip:
-            flipped = torch.rand(n, device=self.device) < 0.5
+            flipped = torch.rand(n, device=device, generator=generator) < 0.5
         return self.normalised(self.crops(positions, top, left, flipped))
 
 
@@ -205,6 +212,10 @@ class DeviceBatches:
         Samples per batch.
     shuffle, augment : bool
         As the CPU path would: shuffled training batches, augmented images.
+    generator : torch.Generator, optional
+        Where the order, crops and flips are drawn from (on the images'
+        device); torch's default generator for it, which a task seeds, by
+        default.
     """
 
     def __init__(
@@ -215,6 +226,7 @@ class DeviceBatches:
         *,
         shuffle: bool,
         augment: bool,
+        generator: torch.Generator | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r} must be >= 1")
@@ -223,6 +235,7 @@ class DeviceBatches:
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.augment = augment
+        self.generator = generator
         self._block = batch_size * max(1, BLOCK_SAMPLES // batch_size)
 
     def __len__(self) -> int:
@@ -231,11 +244,11 @@ class DeviceBatches:
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         order = self.positions
         if self.shuffle:
-            order = order[torch.randperm(len(order), device=order.device)]
+            order = order[torch.randperm(len(order), device=order.device, generator=self.generator)]
         for start in range(0, len(order), self._block):
             block = order[start : start + self._block]
             if self.augment:
-                inputs = self.images.augmented(block)
+                inputs = self.images.augmented(block, self.generator)
             else:
                 inputs = self.images.normalised(self.images.crops(block))
             labels = self.images.labels[block]
