@@ -313,9 +313,11 @@ def time_simulation(arguments: argparse.Namespace, root: Path, work: Path, monit
 
 def print_header(arguments: argparse.Namespace) -> None:
     print(_gpu.device_line())
+    written = arguments.train_size // arguments.partitions
+    share = f"{written}" if arguments.data_root is None else "1/partitions of the training set's"
     print(
         f"{arguments.model}, {arguments.clients} of {arguments.partitions} IID clients a round, "
-        f"{arguments.epochs} epoch(s) of {arguments.train_size // arguments.partitions} images, "
+        f"{arguments.epochs} epoch(s) of {share} images, "
         f"batch {arguments.batch}; plain loops on {get_device(arguments.device)}, "
         f"{arguments.rounds} rounds; simulation {arguments.sim_rounds} rounds, "
         f"{arguments.client_cpus:g} CPU + {arguments.client_gpus:g} GPU a client; per round = "

@@ -13,7 +13,8 @@
 #   configs  : benchmarks/gpu_configs.py with what time is left (CONFIG_ARGS: which files, e.g.
 #              "--shard 2/4"; default: the six dataset x model families' IID files, FedMR only)
 #   mps      : gpu_round.py's simulation again with NVIDIA's MPS daemon running
-# Elsewhere (a CPU machine, for a dry run): INSTALL=0 QUICK=1 STEPS="checks round" OUT=... bash ...
+# Elsewhere (a CPU machine, for a dry run; SCALE multiplies every step's cap):
+#   INSTALL=0 QUICK=1 SCALE=10 DEADLINE=3000 STEPS="checks round" OUT=/tmp/out bash benchmarks/gpu/run.sh
 set -u
 S=$(date +%s)
 DEADLINE=${DEADLINE:-560}
@@ -24,7 +25,10 @@ quick=${QUICK:+--quick}
 stamp() { echo "== $(( $(date +%s) - S )) s: $*"; }
 left() { echo $(( DEADLINE - ($(date +%s) - S) )); }
 # Seconds a step may take: its own cap, or what is left but a margin, whichever is less.
-budget() { local l; l=$(( $(left) - 15 )); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
+budget() {
+  local l cap=$(( $1 * ${SCALE:-1} )); l=$(( $(left) - 15 ))
+  [ "$l" -lt "$cap" ] && echo "$l" || echo "$cap"
+}
 run_step() {  # name cap command...: run it under its budget, log to $OUT/name.log, show the tail
   local name=$1 cap=$2; shift 2
   local b; b=$(budget "$cap")

@@ -149,17 +149,17 @@ class ClientTask:
         )
 
     def train_loader(self, dataset: Dataset) -> Batches:
-        """Shuffled batches of ``batch-size``: made on the GPU where they can be, else a DataLoader.
+        """Shuffled batches of ``batch-size``, made on the device where the dataset allows.
 
-        :func:`fedx.data.device_batches` says which datasets and devices the
-        GPU's data path serves; :func:`fedx.data.batch_loader` the others.
+        :func:`fedx.data.device_batches` serves in-memory images (CIFAR) on
+        the task's device; :func:`fedx.data.batch_loader` the other datasets.
         """
         size = self.training.batch_size
         on_device = device_batches(dataset, size, self.device, shuffle=True)
         return on_device if on_device is not None else batch_loader(dataset, size, shuffle=True)
 
     def test_loader(self, dataset: Dataset) -> Batches:
-        """Batches for evaluation, in order (on the GPU where they can be made there)."""
+        """Batches for evaluation, in order (made on the device where the dataset allows)."""
         on_device = device_batches(dataset, EVALUATION_BATCH, self.device)
         return on_device if on_device is not None else batch_loader(dataset, EVALUATION_BATCH)
 
