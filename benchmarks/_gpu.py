@@ -13,6 +13,7 @@ process's together (ten actors' CUDA contexts included). Where no
 ``nvidia-smi`` answers, both read as unknown.
 """
 
+import argparse
 import glob
 import json
 import os
@@ -208,6 +209,35 @@ def copy_app(folder: Path) -> Path:
 
 
 # ----------------------------------------------------------------------
+# The command line of the scripts that simulate
+# ----------------------------------------------------------------------
+
+
+def add_simulation_options(parser: argparse.ArgumentParser, timeout: float) -> None:
+    """The data (``--data-root`` or fake sets' sizes) and the simulated clients' resources."""
+    parser.add_argument("--data-root", type=Path, help="CIFAR files (default: write fake ones)")
+    parser.add_argument("--train-size", type=int, default=50000, help="fake training images")
+    parser.add_argument("--test-size", type=int, default=10000, help="fake test images")
+    parser.add_argument("--client-cpus", type=float, default=1.0)
+    parser.add_argument(
+        "--client-gpus",
+        type=float,
+        default=None,
+        help="GPU share of a simulated client (default: 0.1 where torch sees a GPU, else 0)",
+    )
+    parser.add_argument("--timeout", type=float, default=timeout, help="seconds per run")
+
+
+def finish_simulation_options(arguments: argparse.Namespace) -> argparse.Namespace:
+    """``--client-gpus`` by the machine where it was not given."""
+    if arguments.client_gpus is None:
+        import torch  # pylint: disable=import-outside-toplevel
+
+        arguments.client_gpus = 0.1 if torch.cuda.is_available() else 0.0
+    return arguments
+
+
+# ----------------------------------------------------------------------
 # fedx-compare
 # ----------------------------------------------------------------------
 
@@ -243,21 +273,24 @@ def run_compare(
     setting: Path,
     methods: list[str],
     out: Path,
+    arguments: argparse.Namespace,
     *,
-    app: Path,
-    env: dict[str, str],
+    root: Path,
     num_supernodes: int,
-    client_cpus: float,
-    client_gpus: float,
     overrides: dict[str, object],
-    timeout: float,
 ) -> Comparison:
     """``fedx-compare SETTING --methods ... --seeds 0`` in a process of its own; follow its rounds.
 
-    A run's ``metrics.json`` gains a row at the end of every round: polling
-    it gives each round's end on this process's clock (:attr:`CompareRun.rounds_at`),
+    The app is a copy next to ``out`` (:func:`copy_app`); the data is under
+    ``root`` (:func:`environment`); the clients' resources and a run's
+    timeout are ``arguments``' (:func:`add_simulation_options`). A run's
+    ``metrics.json`` gains a row at the end of every round: polling it gives
+    each round's end on this process's clock (:attr:`CompareRun.rounds_at`),
     so the card's readings can be taken over the rounds only.
     """
+    app = copy_app(out.parent / "app")
+    env = environment(root)
+    timeout = arguments.timeout
     command = [
         sys.executable,
         "-m",
@@ -274,9 +307,9 @@ def run_compare(
         "--num-supernodes",
         str(num_supernodes),
         "--client-cpus",
-        f"{client_cpus:g}",
+        f"{arguments.client_cpus:g}",
         "--client-gpus",
-        f"{client_gpus:g}",
+        f"{arguments.client_gpus:g}",
         "--run-timeout",
         f"{timeout:g}",
     ]

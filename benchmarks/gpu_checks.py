@@ -79,9 +79,27 @@ def comparable_metrics(path: Path) -> dict:
     metrics["rounds"] = [
         {k: v for k, v in row.items() if not k.endswith("-seconds")} for row in metrics["rounds"]
     ]
+    metrics["final"] = {
+        k: v for k, v in (metrics.get("final") or {}).items() if not k.endswith("-seconds")
+    }
     for key in ("output-dir", "run-name"):
         metrics["config"].pop(key, None)
     return metrics
+
+
+def differences(first: dict, second: dict) -> list[str]:
+    """Where two comparable ``metrics.json`` differ: ``round 2 train-loss``, ``final accuracy`` ..."""
+    found = []
+    for one, other in zip(first["rounds"], second["rounds"], strict=False):
+        for key in sorted(set(one) | set(other)):
+            if one.get(key) != other.get(key):
+                found.append(f"round {one.get('round')} {key}")
+    if len(first["rounds"]) != len(second["rounds"]):
+        found.append("the number of rounds")
+    for part in ("config", "final", "stop-reason"):
+        if first.get(part) != second.get(part):
+            found.append(part)
+    return found
 
 
 def same_model(first: Path, second: Path) -> bool:
@@ -105,17 +123,9 @@ def run_once(label: str, arguments, root: Path, work: Path, deterministic: bool)
     }
     out = work / label
     comparison = _gpu.run_compare(
-        SETTING,
-        [METHOD],
-        out,
-        app=_gpu.copy_app(work / "app"),
-        env=_gpu.environment(root),
-        num_supernodes=arguments.nodes,
-        client_cpus=arguments.client_cpus,
-        client_gpus=arguments.client_gpus,
+        SETTING, [METHOD], out, arguments, root=root, num_supernodes=arguments.nodes,
         overrides=overrides,
-        timeout=arguments.timeout,
-    )
+    )  # fmt: skip
     result = comparison.runs[METHOD]
     run = Run(label, out / "runs" / SETTING.stem / METHOD / "seed-0", result.per_round)
     run.finished = result.finished
@@ -142,17 +152,12 @@ def load_without_gpu(path: Path) -> dict:
 
 def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = common.benchmark_parser(__doc__)
-    parser.add_argument("--data-root", type=Path, help="CIFAR-10 files (default: write fake ones)")
-    parser.add_argument("--train-size", type=int, default=50000)
-    parser.add_argument("--test-size", type=int, default=10000)
+    _gpu.add_simulation_options(parser, timeout=600.0)
     parser.add_argument("--model", default="resnet20")
     parser.add_argument("--nodes", type=int, default=20, help="SuperNodes (IID shares)")
     parser.add_argument("--clients", type=int, default=10, help="clients a round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--local-epochs", type=int, default=1)
-    parser.add_argument("--client-cpus", type=float, default=1.0)
-    parser.add_argument("--client-gpus", type=float, default=None, help="default: 0.1 / 0")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
     arguments = common.parse_quick(
         parser,
         argv,
@@ -164,9 +169,7 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         clients=2,
         rounds=2,
     )
-    if arguments.client_gpus is None:
-        arguments.client_gpus = 0.1 if torch.cuda.is_available() else 0.0
-    return arguments
+    return _gpu.finish_simulation_options(arguments)
 
 
 def main(argv: Sequence[str] | None = None) -> Checks:
@@ -198,6 +201,8 @@ def main(argv: Sequence[str] | None = None) -> Checks:
         if first.finished and second.finished and first.directory and second.directory:
             metrics = [comparable_metrics(r.directory / "metrics.json") for r in (first, second)]
             checks.same_metrics = metrics[0] == metrics[1]
+            if not checks.same_metrics:
+                print("  they differ in: " + ", ".join(differences(*metrics)))
             checks.same_model = same_model(
                 first.directory / "model.pt", second.directory / "model.pt"
             )

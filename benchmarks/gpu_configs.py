@@ -41,8 +41,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from fedx.compare.plan import default_methods
 from fedx.registry import comma_list
 
@@ -118,13 +116,10 @@ def run_file(
         path,
         result.methods,
         work / path.stem,
-        app=_gpu.copy_app(work / "app"),
-        env=_gpu.environment(root),
+        arguments,
+        root=root,
         num_supernodes=arguments.num_supernodes or int(setting["min-available-nodes"]),
-        client_cpus=arguments.client_cpus,
-        client_gpus=arguments.client_gpus,
         overrides=overrides_for(arguments, root, setting),
-        timeout=arguments.timeout,
     )
     result.reading = monitor.reading(start, time.monotonic())
     missing = [m for m in result.methods if m not in result.completed]
@@ -188,19 +183,9 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--local-epochs", type=int, default=None, help="default: the file's")
     parser.add_argument("--num-supernodes", type=int, default=None, help="default: the file's")
     parser.add_argument("--clients", type=int, default=None, help="a round (default: the file's)")
-    parser.add_argument("--client-cpus", type=float, default=1.0)
-    parser.add_argument(
-        "--client-gpus",
-        type=float,
-        default=None,
-        help="GPU share of a client (default: 0.1 where torch sees a GPU, else 0)",
-    )
     parser.add_argument("--shard", type=parse_shard, default=(1, 1), help="K/N: every N-th file")
     parser.add_argument("--budget", type=float, default=None, help="seconds to start files in")
-    parser.add_argument("--data-root", type=Path, help="CIFAR files (default: write fake ones)")
-    parser.add_argument("--train-size", type=int, default=50000)
-    parser.add_argument("--test-size", type=int, default=10000)
-    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
+    _gpu.add_simulation_options(parser, timeout=900.0)
     arguments = common.parse_quick(
         parser,
         argv,
@@ -215,9 +200,7 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         test_size=100,
         timeout=600.0,
     )
-    if arguments.client_gpus is None:
-        arguments.client_gpus = 0.1 if torch.cuda.is_available() else 0.0
-    return arguments
+    return _gpu.finish_simulation_options(arguments)
 
 
 def main(argv: Sequence[str] | None = None) -> list[FileResult]:

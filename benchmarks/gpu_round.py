@@ -284,13 +284,10 @@ def time_simulation(arguments: argparse.Namespace, root: Path, work: Path, monit
         SETTING,
         arguments.strategies,
         work / "sim",
-        app=_gpu.copy_app(work / "app"),
-        env=_gpu.environment(root),
+        arguments,
+        root=root,
         num_supernodes=arguments.partitions,
-        client_cpus=arguments.client_cpus,
-        client_gpus=arguments.client_gpus,
         overrides=overrides,
-        timeout=arguments.timeout,
     )
     rows = []
     for method, run in comparison.runs.items():
@@ -343,9 +340,7 @@ def print_row(row: Row) -> None:
 def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = common.benchmark_parser(__doc__)
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
-    parser.add_argument("--data-root", type=Path, help="CIFAR-10 files (default: write fake ones)")
-    parser.add_argument("--train-size", type=int, default=50000, help="fake training images")
-    parser.add_argument("--test-size", type=int, default=10000, help="fake test images")
+    _gpu.add_simulation_options(parser, timeout=900.0)
     parser.add_argument("--model", default="resnet20")
     parser.add_argument("--partitions", type=int, default=100, help="clients (SuperNodes)")
     parser.add_argument("--clients", type=int, default=10, help="clients a round")
@@ -355,14 +350,6 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sim-rounds", type=int, default=5, help="rounds of each simulation")
     parser.add_argument("--strategies", nargs="+", default=["fedavg", "fedmr"])
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    parser.add_argument("--client-cpus", type=float, default=1.0)
-    parser.add_argument(
-        "--client-gpus",
-        type=float,
-        default=None,
-        help="GPU share of a simulated client (default: 0.1 where torch sees a GPU, else 0)",
-    )
-    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per simulated run")
     arguments = common.parse_quick(
         parser,
         argv,
@@ -381,9 +368,7 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     if arguments.rounds < 2 or arguments.sim_rounds < 2:
         parser.error("--rounds and --sim-rounds must be at least 2 (round 1 is the start-up)")
-    if arguments.client_gpus is None:
-        arguments.client_gpus = 0.1 if torch.cuda.is_available() else 0.0
-    return arguments
+    return _gpu.finish_simulation_options(arguments)
 
 
 def main(argv: Sequence[str] | None = None) -> list[Row]:
