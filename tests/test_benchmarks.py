@@ -6,6 +6,7 @@ ratios taken against the baseline of the same run), not how fast anything is.
 """
 
 import importlib.util
+import json
 import math
 import sys
 import time
@@ -249,3 +250,25 @@ def test_gpu_configs_quick(capsys):
     assert gpu_configs.parse_arguments([]).methods == [
         "fedavg", "fedprox", "fedcross", "fedindep", "fedmr", "fedmr-two-stage", "fedmut",
     ]  # fmt: skip
+
+
+def test_gpu_checks_compare_metrics_without_the_wall_clock(tmp_path):
+    gpu_checks = load_script("gpu_checks")
+
+    def written(name, seconds, loss):
+        row = {"round": 2, "accuracy": 0.5, "train-loss": loss, "round-seconds": seconds}
+        metrics = {
+            "config": {"seed": 0, "run-name": name, "output-dir": str(tmp_path / name)},
+            "rounds": [{"round": 0, "accuracy": 0.1}, row],
+            "final": dict(row),
+            "stop-reason": None,
+            "timings": {"total-seconds": 10 * seconds},
+        }
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(metrics))
+        return gpu_checks.comparable_metrics(path)
+
+    first, second = written("a", 1.0, 0.25), written("b", 2.0, 0.25)
+    assert first == second and gpu_checks.differences(first, second) == []
+    other = written("c", 1.0, 0.25000000000000006)  # the last bit
+    assert gpu_checks.differences(first, other) == ["round 2 train-loss", "final"]
