@@ -73,7 +73,7 @@ class Checks:
 
 
 def comparable_metrics(path: Path) -> dict:
-    """``metrics.json`` without what the wall clock decides."""
+    """``metrics.json`` without what the wall clock decides, nor the keys the runs set apart."""
     metrics = json.loads(path.read_text())
     metrics.pop("timings", None)
     metrics["rounds"] = [
@@ -82,7 +82,7 @@ def comparable_metrics(path: Path) -> dict:
     metrics["final"] = {
         k: v for k, v in (metrics.get("final") or {}).items() if not k.endswith("-seconds")
     }
-    for key in ("output-dir", "run-name"):
+    for key in ("output-dir", "run-name", "deterministic"):  # what the runs differ in by design
         metrics["config"].pop(key, None)
     return metrics
 
