@@ -66,6 +66,12 @@ def _partitionings() -> tuple[str, ...]:
     return PARTITIONINGS
 
 
+def _devices() -> tuple[str, ...]:
+    from fedx.training import DEVICES  # pylint: disable=import-outside-toplevel
+
+    return DEVICES
+
+
 def _app(default: Any, allowed: Allowed, help_text: str, argument: str | None = None) -> Any:
     """A field of :class:`RunConfig`: one of the app's own keys."""
     return field(default=default, metadata={"key": (allowed, help_text, argument)})
@@ -91,6 +97,19 @@ class RunConfig:
         "drives node sampling, partitions, the digits test split, model init and every "
         "method's randomness (recombination, mutation, exchanges)",
         "seed",
+    )
+    deterministic: bool = _app(
+        False,
+        Flag(),
+        "deterministic kernels on every client and the server (torch.use_deterministic_algorithms, "
+        "cuDNN benchmark off, CUBLAS_WORKSPACE_CONFIG=:4096:8): a seeded run on a GPU repeats bit "
+        "for bit; CPU runs repeat without it",
+    )
+    device: str = _app(
+        "auto",
+        OneOf(_devices),
+        "where clients train and the server evaluates: `auto` = a GPU where the process sees "
+        "one, else the CPU; `cpu`; `cuda` (a client without a GPU fails its messages)",
     )
     fraction_train: float = _app(
         1.0,

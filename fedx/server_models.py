@@ -58,7 +58,8 @@ class ServerModels:
     batch_size : int, optional
         Unlabeled images per forward pass.
     device : torch.device, optional
-        Where to compute outputs; ``cuda`` when available by default.
+        Where to compute outputs; ``cuda`` when available by default
+        (:meth:`for_run`: the run config's ``device``).
     """
 
     # pylint: disable=too-many-arguments
@@ -88,7 +89,13 @@ class ServerModels:
         that no client gets) is loaded on first use: :func:`load_run_unlabeled`.
         """
         info = dataset_info(cfg.dataset)
-        return cls(info.input_shape, info.num_classes, lambda: load_run_unlabeled(cfg), cfg.seed)
+        return cls(
+            info.input_shape,
+            info.num_classes,
+            lambda: load_run_unlabeled(cfg),
+            cfg.seed,
+            device=get_device(cfg.device),
+        )
 
     @functools.cached_property
     def unlabeled(self) -> torch.Tensor:

@@ -159,8 +159,11 @@ def plain_fedmr_run(superlink, app, tmp_path_factory):
     from tests.simulation import run_app  # pylint: disable=import-outside-toplevel
 
     outputs = tmp_path_factory.mktemp("plain-fedmr")
+    # Deterministic kernels: tests/test_ray_cluster.py compares a cluster's run with this
+    # one to the last bit, which on a GPU only these kernels promise.
     settings = (
         f"num-server-rounds={PLAIN_FEDMR['rounds']} seed={PLAIN_FEDMR['seed']} round-timeout=120.0"
+        " deterministic=true"
     )
     return outputs / "plain", run_app(
         superlink, app, f'{settings} run-name="plain" output-dir="{outputs}"'

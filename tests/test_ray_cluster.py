@@ -97,6 +97,7 @@ def test_two_nodes_train_clients_match_one_node_and_survive_a_lost_worker(
         # A busy machine may take minutes to start the first actors: the first query
         # waits for them (the timeout is not among the settings compared).
         f"num-server-rounds={rounds} seed={PLAIN_FEDMR['seed']} round-timeout=300.0 "
+        "deterministic=true "
         f'run-name="cluster" output-dir="{tmp_path}"',
     )
     head, worker = cluster.hosts.addresses[HEAD], cluster.hosts.addresses[WORKER]

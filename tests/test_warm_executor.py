@@ -248,7 +248,8 @@ def test_fedmr_runs_on_warm_executors_over_tls_with_authentication(warm_federati
     output = run_app(
         federation,
         REPO,
-        f'num-server-rounds=2 local-epochs=1 min-available-nodes=3 run-name="warm" output-dir="{tmp_path}"',
+        f"num-server-rounds=2 local-epochs=1 min-available-nodes=3 deterministic=true "
+        f'run-name="warm" output-dir="{tmp_path}"',
         timeout=480,
     )
     metrics_file = tmp_path / "warm" / "metrics.json"
@@ -264,6 +265,9 @@ def test_fedmr_runs_on_warm_executors_over_tls_with_authentication(warm_federati
         assert f"warm ClientApp interpreter (pid {warm_pid}) ready" in log
         # ...having imported what fedx's ClientApp imports on its first training message.
         assert "imported: torch, fedx.client.handlers, fedx.client_app" in log
+        # Every forked task trained with the deterministic kernels the run config asked for.
+        deterministic = log.count("fedx: deterministic kernels in this process")
+        assert deterministic == received - log.count("Receiving: query"), (index, deterministic)
         assert "Traceback" not in log, log[-3000:]
         # The SuperNode's Runtime API, where the tasks' tokens travel, speaks TLS only.
         context = ssl.create_default_context(cafile=str(spec.tls.ca_cert))

@@ -58,6 +58,8 @@ TARGETS = {
     "flwr.clientapp.client_app": ["ClientApp.__call__"],
     "fedx.client.task": ["ClientTask.training_data", "ClientTask.model", "ClientTask.__init__"],
     "fedx.client_app": ["train", "evaluate"],
+    # CUDA starting in a forked task (a GPU node): torch calls it on the first CUDA work
+    "torch.cuda": ["_lazy_init"],
     # a forked task's process, until os._exit
     "multiprocessing.process": ["BaseProcess._bootstrap"],
 }
