@@ -77,12 +77,27 @@ DOCSTRING_PARTS = ("Why", "Checked against", "Under another Flower")
 
 
 def fingerprint(name: str) -> str:
-    """The first 16 hex digits of the SHA-256 of the source of ``"module:qualified.name"``."""
+    """The first 16 hex digits of the SHA-256 of the source of ``"module:qualified.name"``.
+
+    The source is read from the module's file, not from the live attribute:
+    a test that ran earlier in this process may have put fedx's replacement
+    in its place (``fedx.simulation.install()``).
+    """
     module_name, _, qualname = name.partition(":")
-    code = importlib.import_module(module_name)
+    source = inspect.getsource(importlib.import_module(module_name))
+    body = ast.parse(source).body
+    node = None
     for part in qualname.split("."):
-        code = getattr(code, part)
-    return hashlib.sha256(inspect.getsource(code).encode()).hexdigest()[:16]
+        node = next(
+            n
+            for n in body
+            if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+            and n.name == part
+        )
+        body = node.body
+    first = min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1
+    code = "".join(inspect.getblock(source.splitlines(keepends=True)[first:]))
+    return hashlib.sha256(code.encode()).hexdigest()[:16]
 
 
 def flower_code() -> list[tuple[str, str]]:
@@ -104,7 +119,7 @@ def test_the_flower_code_a_change_relies_on_is_the_code_it_was_checked_against(c
     recorded = changed.FLOWER_CODE[name]
     try:
         now = fingerprint(name)
-    except (ImportError, AttributeError, OSError, TypeError) as err:
+    except (ImportError, AttributeError, OSError, TypeError, StopIteration) as err:
         now = f"gone ({type(err).__name__}: {err})"
     installed = importlib.metadata.version("flwr")
     summary = changed.__doc__.splitlines()[0]
