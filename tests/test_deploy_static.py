@@ -386,11 +386,13 @@ def test_compose_wires_addresses_partitions_and_volumes():
         partitions.add(int(config["partition-id"]))
         assert "/app/data" in {v.split(":")[1] for v in services[executor]["volumes"]}
         assert services[executor]["depends_on"] == [node]
-        # fedx's warm executor, one torch thread per ClientApp unless asked for more.
+        # fedx's warm executor; its ClientApps get a share of the host's cores, as
+        # many as the SuperNodes that share them, unless FEDX_CLIENTAPP_THREADS says.
         assert services[executor]["entrypoint"] == ["fedx-entrypoint", "fedx-superexec"]
-        assert services[executor]["environment"]["OMP_NUM_THREADS"] == (
-            "${FEDX_CLIENTAPP_THREADS:-1}"
-        )
+        environment = services[executor]["environment"]
+        assert environment["FEDX_SUPERNODES_PER_MACHINE"] == str(NUM_NODES)
+        assert environment["FEDX_CLIENTAPP_THREADS"] == "${FEDX_CLIENTAPP_THREADS:-}"
+        assert "OMP_NUM_THREADS" not in environment  # fedx-superexec sets it from the share
     assert partitions == set(range(NUM_NODES))
     server = services["superexec-serverapp"]
     server_volumes = {v.split(":")[1]: v for v in server["volumes"]}
