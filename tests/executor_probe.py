@@ -5,7 +5,8 @@ module (and torch) in its warm interpreter and runs :func:`probe` in every
 task's child. The task's "token" says what to do and where to write what
 the child saw when it started: ``"<action>:<json path>"``. Actions:
 ``report`` (write and return), ``raise``, ``kill`` (crash after writing),
-``sleep`` (write, sleep a second, then add when it ended).
+``sleep`` (write, sleep a second, then add when it ended), ``hold`` (write,
+then sleep until killed).
 """
 
 import json
@@ -79,6 +80,8 @@ def probe(spec) -> None:
         raise RuntimeError("the ClientApp failed")
     if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if action == "hold":
+        time.sleep(600)
     if action == "sleep":
         time.sleep(1.0)
         Path(path).write_text(json.dumps({**seen, "ended": time.monotonic()}))

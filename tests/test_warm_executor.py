@@ -14,6 +14,7 @@ authentication and SuperExec authentication.
 import json
 import logging
 import os
+import signal
 import socket
 import ssl
 import time
@@ -203,14 +204,14 @@ def test_no_more_tasks_run_at_once_than_the_limit_and_all_complete(limited, tmp_
         assert "ended" in seen and seen["torch-threads"] == 1, spec.task_id
     for group in (specs, rush):
         seen = [json.loads(Path(s.token.split(":", 1)[1]).read_text()) for s in group]
-        assert most_at_once([(t["started"], t["ended"]) for t in seen]) == 2
+        assert most_at_once([(t["started"], t["ended"]) for t in seen]) <= 2
     limited.wait_for_capacity(TaskType.CLIENT_APP)  # room now: returns at once
 
 
 def test_a_task_queued_past_its_claim_is_dropped_and_the_queue_goes_on(
     tmp_path, monkeypatch, caplog
 ):
-    monkeypatch.setattr(superexec, "CLAIM_LAPSES", 0.5)
+    monkeypatch.setattr(superexec, "CLAIM_LAPSES", 2.0)
     warm = WarmExecutor(
         preload_app="tests.executor_probe",
         preload=["torch"],
@@ -218,15 +219,18 @@ def test_a_task_queued_past_its_claim_is_dropped_and_the_queue_goes_on(
         cores=ClientAppCores(cores=1, threads=1, max_tasks=1),
     )
     try:
-        warm.launch(spec_for(30, "sleep", tmp_path / "30.json"))  # runs 1 s
+        warm.launch(spec_for(30, "hold", tmp_path / "30.json"))  # runs until killed
         warm.launch(spec_for(31, "report", tmp_path / "31.json"))  # waits past its claim
-        time.sleep(0.7)
+        time.sleep(2.5)
         warm.launch(spec_for(32, "report", tmp_path / "32.json"))  # waits, claim still good
+        assert warm.queued == [31, 32]
+        os.kill(warm.running[30], signal.SIGKILL)
         with caplog.at_level(logging.WARNING, logger="flwr"):
             assert run_as_flowers_superexec(warm, []) == 1
     finally:
         warm.close()
     assert "ClientApp task 31 waited" in caplog.text and "dropped" in caplog.text
+    assert "ClientApp task 32 waited" not in caplog.text
     assert not (tmp_path / "31.json").exists()
     assert json.loads((tmp_path / "32.json").read_text())["tasks-before"] == []
 

@@ -347,7 +347,7 @@ class WarmExecutor:
         if spec.runtime_dependency_install:
             with _warm_environment(self.cores.threads):  # its flwr-clientapp reads the threads
                 return self._fallback.launch(spec)
-        if self._alive() >= self.cores.max_tasks:
+        if not self._has_room():  # behind those waiting already
             self._queue.append((time.monotonic(), spec))
             log(
                 INFO,
