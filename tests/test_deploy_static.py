@@ -558,6 +558,26 @@ def test_entrypoint_refuses_missing_unnamed_foreign_certificates_and_unwritable_
         entrypoint.check("flower-superlink", [f"--database={tmp_path / 'superlink.db'}"])
 
 
+def test_entrypoint_gives_clientapp_superexecs_their_share_of_the_cores(entrypoint, monkeypatch):
+    from fedx.deploy import cores  # pylint: disable=import-outside-toplevel
+
+    monkeypatch.setattr(cores, "usable_cores", lambda: 8)
+    for name in ("FEDX_SUPERNODES_PER_MACHINE", "FEDX_CLIENTAPP_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    assert entrypoint.clientapp_threads("flower-superexec") == {}  # the ServerApp's: untouched
+    monkeypatch.setenv("FEDX_SUPERNODES_PER_MACHINE", "3")  # compose's ClientApp SuperExecs
+    monkeypatch.setenv("FEDX_CLIENTAPP_THREADS", "")
+    expected = dict.fromkeys(("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"), "2")
+    assert entrypoint.clientapp_threads("/opt/venv/bin/flower-superexec") == expected
+    assert entrypoint.clientapp_threads("fedx-superexec") == expected
+    assert entrypoint.clientapp_threads("flower-supernode") == {}
+    monkeypatch.setenv("FEDX_CLIENTAPP_THREADS", "1")
+    assert entrypoint.clientapp_threads("flower-superexec")["OMP_NUM_THREADS"] == "1"
+    monkeypatch.setenv("FEDX_CLIENTAPP_THREADS", "all")
+    with pytest.raises(entrypoint.CheckFailed, match="FEDX_CLIENTAPP_THREADS must be a whole"):
+        entrypoint.clientapp_threads("flower-superexec")
+
+
 def test_entrypoint_checks_the_connection_flwr_run_uses(entrypoint, tmp_path, monkeypatch):
     write_tls_certificates(tmp_path / "certificates", ["localhost"])
     home = tmp_path / "flwr-home"
