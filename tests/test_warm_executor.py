@@ -38,15 +38,16 @@ from tests.test_deploy_static import flags, help_flags
 THREADS = 3
 
 
+def probe_executor(cores: ClientAppCores, **options) -> WarmExecutor:
+    """A warm executor whose interpreter imported torch and whose tasks run the probe."""
+    return WarmExecutor(
+        preload_app="tests.executor_probe", preload=["torch"], task=probe, cores=cores, **options
+    )
+
+
 @pytest.fixture(scope="module")
 def executor():
-    warm = WarmExecutor(
-        preload_app="tests.executor_probe",
-        preload=["torch"],
-        task=probe,
-        object_pull_wait=0.1,
-        cores=ClientAppCores(cores=THREADS, threads=THREADS, max_tasks=1),
-    )
+    warm = probe_executor(ClientAppCores(THREADS, THREADS, max_tasks=1), object_pull_wait=0.1)
     yield warm
     warm.close()
 
@@ -177,12 +178,7 @@ def most_at_once(intervals: list[tuple[float, float]]) -> int:
 @pytest.fixture(scope="module")
 def limited():
     """An executor that runs at most 2 tasks at once, each with one torch thread."""
-    warm = WarmExecutor(
-        preload_app="tests.executor_probe",
-        preload=["torch"],
-        task=probe,
-        cores=ClientAppCores(cores=2, threads=1, max_tasks=2),
-    )
+    warm = probe_executor(ClientAppCores(cores=2, threads=1, max_tasks=2))
     yield warm
     warm.close()
 
@@ -212,12 +208,7 @@ def test_a_task_queued_past_its_claim_is_dropped_and_the_queue_goes_on(
     tmp_path, monkeypatch, caplog
 ):
     monkeypatch.setattr(superexec, "CLAIM_LAPSES", 2.0)
-    warm = WarmExecutor(
-        preload_app="tests.executor_probe",
-        preload=["torch"],
-        task=probe,
-        cores=ClientAppCores(cores=1, threads=1, max_tasks=1),
-    )
+    warm = probe_executor(ClientAppCores(cores=1, threads=1, max_tasks=1))
     try:
         warm.launch(spec_for(30, "hold", tmp_path / "30.json"))  # runs until killed
         warm.launch(spec_for(31, "report", tmp_path / "31.json"))  # waits past its claim
