@@ -3,11 +3,13 @@
 torch (OpenMP, MKL) starts one thread per core it sees for every process.
 Several SuperNodes on one machine (``fedx-deploy up``, a test rig, compose on
 a laptop) then run their ClientApps, and the ServerApp, each with every
-core's threads on the same cores: on the 2-core test machine three digits
-ClientApps trained 6 times slower that way than with one thread each (the
-README's fast setup took 11.4 s a round instead of 1.8 s). Flower's
-simulation avoids it with ``client-resources-num-cpus``; a real deployment
-needs the count in each ClientApp process.
+core's threads on the same cores: on a 2-core machine the README's fast
+setup (3 SuperNodes, digits) took 11.4 s a round that way and 1.8 s with
+one thread each (issue 27). Flower's simulation avoids it with
+``client-resources-num-cpus``; a real deployment needs the count in each
+ClientApp process. The ServerApp keeps every core
+(:func:`serverapp_threads`): it aggregates and evaluates while the
+ClientApps wait for their next message.
 
 The count, for one SuperNode's ClientApps, first that is given:
 
@@ -32,7 +34,12 @@ once, when they are loaded, in every process started with them
 (:func:`thread_environment`: Flower's ``flwr-clientapp`` processes, the warm
 executor's warm interpreter); and ``torch.set_num_threads`` in every task the
 warm executor forks, since a fork keeps the thread count of the interpreter it
-was forked from, whatever its own environment says.
+was forked from, whatever its own environment says. (torch takes no more
+threads from the variables than the machine has cores.)
+
+The same share bounds how many ClientApps the warm executor runs at once:
+``max_tasks`` is the share divided by the threads of each (at least 1), or
+``FEDX_CLIENTAPP_MAX_TASKS``.
 """
 
 import math
