@@ -33,10 +33,12 @@ rounds 2 to R (round 1 pays the start-up). It runs
 
 Every client trains with ``--client-threads`` torch threads (default 1): the
 plain loop sets it, the simulation gives each client that many CPUs
-(``client-resources-num-cpus``), and the SuperNodes' ClientApps get it
-through ``OMP_NUM_THREADS`` (the simulation's actors get Ray's ``num_cpus``
-and with it the same), so that thread contention on a small machine
-does not decide the comparison.
+(``client-resources-num-cpus``), and the SuperNodes' ClientApps and the
+ServerApp get it through ``FederationSpec``'s ``clientapp_threads`` and
+``serverapp_threads`` (the simulation's actors get Ray's ``num_cpus`` and
+with it the same), so that thread contention on a small machine does not
+decide the comparison. ``benchmarks/fast_setup.py`` measures the README's
+fast setup as typed instead, with ``fedx-deploy``'s own thread counts.
 
 The per-round times are the ``round-seconds`` the fedx ServerApp writes to
 ``metrics.json`` (training and checkpoint, central evaluation excluded); the
@@ -127,9 +129,9 @@ class Setup:
         database = "" if self.database == "file" else ", SuperLink in memory"
         return f"real, {executor}, {polls}{database}"
 
-    def environment(self, threads: int) -> dict[str, str]:
+    def environment(self) -> dict[str, str]:
         """What every process of the federation gets in its environment."""
-        environment = {"OMP_NUM_THREADS": str(threads)}
+        environment = {}
         if self.poll is None:  # the ServerApp pulls replies in Flower's steps
             environment[messaging.PULL_INTERVAL_VARIABLE] = f"{FLOWER_REPLY_PULL_INTERVAL:g}"
         return environment
@@ -246,7 +248,9 @@ def federation_of(
         poll_interval=setup.poll,
         superlink_database=setup.database,
         workdir=state_dir,
-        extra_environment={**setup.environment(threads), **(environment or {})},
+        extra_environment={**setup.environment(), **(environment or {})},
+        clientapp_threads=threads,
+        serverapp_threads=threads,
     )
     with LocalFederation(spec) as federation:
         federation.start()

@@ -127,6 +127,27 @@ def test_simulation_overhead_quick(app, capsys, monkeypatch):
     assert "none left running" in out
 
 
+def test_fast_setup_runs_the_readme_command_with_nothing_exported(tmp_path, monkeypatch):
+    """What fast_setup.py runs is fedx-deploy's fast setup, its threads left to fedx-deploy."""
+    from tests.deployment import deploy_up_faked  # pylint: disable=import-outside-toplevel
+
+    fast_setup = load_script("fast_setup")
+    assert fast_setup.FAST_SETUP[:2] == ["fedx-deploy", "up"]
+    code, started = deploy_up_faked(monkeypatch, tmp_path, " ".join(fast_setup.FAST_SETUP[2:]))
+    spec = started["spec"]
+    assert code == 0 and started["command"][2] == "."  # flwr run . (the app's folder)
+    assert (spec.num_supernodes, spec.executor, spec.poll_interval) == (3, "warm", 0.1)
+    assert spec.superlink_database == "memory" and spec.tls is None
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("FEDX_CLIENTAPP_THREADS", "1")
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    env = fast_setup.command_environment(tmp_path)
+    assert "OMP_NUM_THREADS" not in env and "FEDX_CLIENTAPP_THREADS" not in env
+    assert env["PYTHONPATH"].split(":") == [str(tmp_path), "/elsewhere"]
+    base = fast_setup.free_ports(4)
+    assert 20000 <= base < 60000
+
+
 def test_deployment_quick(capsys):
     """The job on real processes (warm executor, short polls), its secure stage and the cold start."""
     deployment = load_script("deployment")

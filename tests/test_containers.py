@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fedx.deploy.cores import usable_cores
 from fedx.deploy.credentials import write_tls_certificates
 from tests.containers import (
     ComposeProject,
@@ -164,9 +165,17 @@ def test_the_default_job_runs_in_containers_and_writes_outputs_on_the_host(feder
     assert len({found[0] for found in addresses.values()}) == len(SERVICES), addresses
     # The ServerApp ran in superexec-serverapp: /app/outputs is that container's mount.
     assert "outputs in /app/outputs/reference" in reference, reference[-4000:]
+    # The three SuperNodes' ClientApps share the host's cores, which every container sees.
+    share = max(1, usable_cores() // len(SUPERNODES))
     for index in (1, 2, 3):  # the ClientApps ran beside their SuperNode, not in it
-        assert federation.count_in_log(f"superexec-clientapp-{index}", CLIENTAPP_FORKED) >= 2
+        executor = f"superexec-clientapp-{index}"
+        forked = federation.count_in_log(executor, CLIENTAPP_FORKED)
+        assert forked >= 2
         assert "ClientApp task" not in federation.logs(f"supernode-{index}")
+        assert f"{share} torch thread(s) per ClientApp" in federation.logs(executor)
+        # One process per message: no task was handed out again because its process
+        # started late (with Flower's executor these tests once saw 23-25 at once).
+        assert forked == federation.count_in_log(f"supernode-{index}", "Receiving: ")
 
 
 def since(moment: datetime) -> str:

@@ -19,8 +19,8 @@ def test_the_tracer_writes_one_line_per_call_of_its_targets_and_nothing_without_
     trace = tmp_path / "trace.txt"
     program = (
         "from fedx.deploy import superexec\n"
-        "superexec._fresh_start(None)\n"
-        "superexec._fresh_start(None)\n"
+        "superexec._fresh_start(None, 1)\n"
+        "superexec._fresh_start(None, 1)\n"
     )
     environment = {**os.environ, "PYTHONPATH": str(REPO / "benchmarks" / "_trace")}
     subprocess.run([sys.executable, "-c", program], env=environment, check=True, timeout=120)
