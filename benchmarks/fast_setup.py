@@ -1,11 +1,9 @@
 """Time the README's fast setup, the command as a user types it, against the same job simulated.
 
-The command (README, "Fast rounds")::
-
-    fedx-deploy up --insecure --supernodes 3 --executor warm --poll-interval 0.1 \\
-        --superlink-database memory --run .
-
-runs in the app's folder as typed, with nothing exported first: this
+The command, read from the README (its one line that starts ``fedx-deploy
+up``; today ``fedx-deploy up --insecure --supernodes 3 --executor warm
+--poll-interval 0.1 --superlink-database memory --run .``), runs in the
+app's folder as typed, with nothing exported first: this
 script's environment goes to it without the thread variables
 (``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``, ``OPENBLAS_NUM_THREADS``,
 ``FEDX_CLIENTAPP_THREADS``, ``FEDX_SERVERAPP_THREADS``,
@@ -61,11 +59,19 @@ overhead = common.load_sibling("simulation_overhead")
 Timing = overhead.Timing
 
 REPOSITORY = Path(__file__).resolve().parents[1]
+
+
+def readme_command(readme: Path = REPOSITORY / "README.md") -> list[str]:
+    """The README's fast-setup command, word for word: its one line that starts ``fedx-deploy up``."""
+    lines = [line.strip() for line in readme.read_text().splitlines()]
+    commands = [line.split() for line in lines if line.startswith("fedx-deploy up ")]
+    if len(commands) != 1:
+        raise RuntimeError(f"{readme} should give one 'fedx-deploy up' line, found {len(commands)}")
+    return commands[0]
+
+
 #: The command of the README's fast setup, word for word.
-FAST_SETUP = (
-    "fedx-deploy up --insecure --supernodes 3 --executor warm --poll-interval 0.1 "
-    "--superlink-database memory --run ."
-).split()
+FAST_SETUP = readme_command()
 CLIENTS = 3
 #: What a user has not exported: the command decides the threads itself.
 THREAD_VARIABLES = (

@@ -146,6 +146,13 @@ def test_fast_setup_runs_the_readme_command_with_nothing_exported(tmp_path, monk
     assert env["PYTHONPATH"].split(":") == [str(tmp_path), "/elsewhere"]
     base = fast_setup.free_ports(4)
     assert 20000 <= base < 60000
+    # The command comes from the README: one line, or a clear error.
+    readme = tmp_path / "README.md"
+    readme.write_text("```bash\nfedx-deploy up --insecure --run .\n```\n")
+    assert fast_setup.readme_command(readme) == ["fedx-deploy", "up", "--insecure", "--run", "."]
+    readme.write_text("fedx-deploy up --insecure\nfedx-deploy up --supernodes 2\n")
+    with pytest.raises(RuntimeError, match="found 2"):
+        fast_setup.readme_command(readme)
 
 
 def test_deployment_quick(capsys):
