@@ -112,6 +112,14 @@ def _parser() -> argparse.ArgumentParser:
         "memory: Flower's default, nothing kept, but each object of a message costs the "
         "SuperLink ~0.1 ms instead of ~20 ms",
     )
+    up.add_argument(
+        "--objects-in-flight",
+        type=int,
+        metavar="N",
+        help="objects of a message each SuperNode pulls or pushes at once (Flower: 2; they "
+        "then run as fedx-supernode): for SuperNodes at distant sites, where each object "
+        "costs a round trip",
+    )
     up.add_argument("--run", metavar="APP", help="run this app with `flwr run`, then stop")
     up.add_argument("--run-config", help="passed to `flwr run --run-config`")
     return parser
@@ -132,6 +140,7 @@ def _spec(args: argparse.Namespace) -> FederationSpec:
         executor=args.executor,
         poll_interval=args.poll_interval,
         superlink_database=args.superlink_database,
+        objects_in_flight=args.objects_in_flight,
     )
 
 
