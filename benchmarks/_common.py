@@ -102,6 +102,25 @@ def option_type(
     return convert
 
 
+def add_list_option(
+    parser: argparse.ArgumentParser,
+    flag: str,
+    parse: Callable[[str], Value],
+    defaults: Sequence[str],
+    what: str,
+    *,
+    nargs: str = "+",
+) -> None:
+    """``flag`` takes values read by ``parse`` (:func:`option_type`); ``defaults`` are written once, as on the command line."""
+    parser.add_argument(
+        flag,
+        nargs=nargs,
+        type=parse,
+        default=[parse(text) for text in defaults],
+        help=f"{what} (default: {' '.join(defaults)})",
+    )
+
+
 def parse_quick(
     parser: argparse.ArgumentParser,
     argv: Sequence[str] | None,

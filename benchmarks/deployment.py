@@ -26,17 +26,19 @@ rounds 2 to R (round 1 pays the start-up). It runs
     (``fedx-supernode --poll-interval``) and so do their SuperExecs
     (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``), and the objects of a message
     that are not there yet are asked for again within POLL to 0.25 s
-    (``fedx.object_pulls``);
+    (``fedx.flower.object_pulls``);
   - the SuperLink keeps its state in a SQLite file (``fedx-deploy``'s
     default), or in memory with ``:memory`` at the end (``warm:0.1:memory``,
     Flower's default: ``FederationSpec.superlink_database``).
 
 Every client trains with ``--client-threads`` torch threads (default 1): the
 plain loop sets it, the simulation gives each client that many CPUs
-(``client-resources-num-cpus``), and the SuperNodes' ClientApps get it
-through ``OMP_NUM_THREADS`` (the simulation's actors get Ray's ``num_cpus``
-and with it the same), so that thread contention on a small machine
-does not decide the comparison.
+(``client-resources-num-cpus``), and the SuperNodes' ClientApps and the
+ServerApp get it through ``FederationSpec``'s ``clientapp_threads`` and
+``serverapp_threads`` (the simulation's actors get Ray's ``num_cpus`` and
+with it the same), so that thread contention on a small machine does not
+decide the comparison. ``benchmarks/fast_setup.py`` measures the README's
+fast setup as typed instead, with ``fedx-deploy``'s own thread counts.
 
 The per-round times are the ``round-seconds`` the fedx ServerApp writes to
 ``metrics.json`` (training and checkpoint, central evaluation excluded); the
@@ -127,9 +129,9 @@ class Setup:
         database = "" if self.database == "file" else ", SuperLink in memory"
         return f"real, {executor}, {polls}{database}"
 
-    def environment(self, threads: int) -> dict[str, str]:
+    def environment(self) -> dict[str, str]:
         """What every process of the federation gets in its environment."""
-        environment = {"OMP_NUM_THREADS": str(threads)}
+        environment = {}
         if self.poll is None:  # the ServerApp pulls replies in Flower's steps
             environment[messaging.PULL_INTERVAL_VARIABLE] = f"{FLOWER_REPLY_PULL_INTERVAL:g}"
         return environment
@@ -246,7 +248,9 @@ def federation_of(
         poll_interval=setup.poll,
         superlink_database=setup.database,
         workdir=state_dir,
-        extra_environment={**setup.environment(threads), **(environment or {})},
+        extra_environment={**setup.environment(), **(environment or {})},
+        clientapp_threads=threads,
+        serverapp_threads=threads,
     )
     with LocalFederation(spec) as federation:
         federation.start()
@@ -482,19 +486,8 @@ parse_setup = common.option_type(
 )
 
 
-def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Command-line options; ``--quick`` changes the defaults."""
-    parser = common.benchmark_parser(__doc__)
-    parser.add_argument(
-        "--setups",
-        nargs="*",
-        type=parse_setup,
-        default=[parse_setup(s) for s in DEFAULT_SETUPS],
-        help=f"real-process runs, EXECUTOR[:POLL] (default: {' '.join(DEFAULT_SETUPS)})",
-    )
-    parser.add_argument("--skip-simulation", action="store_true")
-    parser.add_argument("--skip-plain", action="store_true")
-    parser.add_argument("--skip-secure", action="store_true")
+def add_job_options(parser: argparse.ArgumentParser, rounds: int) -> None:
+    """The job's options (clients, their torch threads, rounds, epochs ...), here and in message_timeline.py."""
     parser.add_argument("--clients", type=int, default=3)
     parser.add_argument(
         "--client-threads",
@@ -502,7 +495,24 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=1,
         help="torch threads of each client, every way of running (default: 1)",
     )
-    common.add_job_options(parser, rounds=5, rounds_help="rounds of the job (at least 2)")
+    common.add_job_options(parser, rounds=rounds, rounds_help="rounds of the job (at least 2)")
+
+
+def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Command-line options; ``--quick`` changes the defaults."""
+    parser = common.benchmark_parser(__doc__)
+    common.add_list_option(
+        parser,
+        "--setups",
+        parse_setup,
+        DEFAULT_SETUPS,
+        "real-process runs, EXECUTOR[:POLL]",
+        nargs="*",
+    )
+    parser.add_argument("--skip-simulation", action="store_true")
+    parser.add_argument("--skip-plain", action="store_true")
+    parser.add_argument("--skip-secure", action="store_true")
+    add_job_options(parser, rounds=5)
     parser.add_argument("--secure-rounds", type=int, default=3)
     parser.add_argument("--cold-samples", type=int, default=3, help="0 skips the cold start")
     parser.add_argument(

@@ -27,7 +27,8 @@ task input          → it has pulled the message, context, run and FAB
 FAB install         → ``install_from_fab`` returned
 app load            → the ClientApp is loaded (the app's modules imported)
 handler             → ``ClientApp.__call__`` returned (of which: data,
-                      model, training)
+                      model, training, and on a GPU node CUDA's start in
+                      the task's process: ``torch.cuda._lazy_init``)
 reply push          → the reply is on the SuperNode (``push_message``)
 node sends          → the SuperNode's push of it to the SuperLink returns
 ServerApp has it    → ``send_and_collect`` returns (slowest node only)
@@ -111,6 +112,9 @@ def _first(calls, name, after, pids=None, ppid=None):
 
 
 HANDLER_PARTS = ("ClientTask.__init__", "ClientTask.training_data", "ClientTask.model", "train")
+#: The handler's first CUDA work starts CUDA in the task's process (a GPU node: every
+#: forked task, as a new process); the step shows what that costs a message.
+CUDA_START = "_lazy_init"
 
 
 def node_spans(
@@ -164,6 +168,9 @@ def node_spans(
         inner = _first(calls, part, child_first.start, child)
         if inner is not None:
             spans[f"  {part}"] = _span(inner)
+    cuda = _first(calls, CUDA_START, child_first.start, child)
+    if cuda is not None:
+        spans["  CUDA starts (torch.cuda._lazy_init)"] = _span(cuda)
     spans["child: push the reply to the SuperNode"] = _span(found["push_message"])
     spans["child: exit (after the reply)"] = (found["flwr_exit"].start, process_end)
     spans["SuperNode sends the reply to the SuperLink"] = (found["push_message"].end, sent.end)
@@ -257,8 +264,6 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--setup", type=deployment.parse_setup, default=deployment.parse_setup("warm:0.1")
     )
-    parser.add_argument("--clients", type=int, default=3)
-    parser.add_argument("--client-threads", type=int, default=1)
     parser.add_argument(
         "--first-exchange",
         type=int,
@@ -276,7 +281,7 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--analyse", type=Path, metavar="TRACE", help="only read a trace kept earlier"
     )
-    common.add_job_options(parser, rounds=4, rounds_help="rounds of the job (at least 2)")
+    deployment.add_job_options(parser, rounds=4)
     arguments = parser.parse_args(argv)
     common.check_job_options(parser, arguments, deployment.APP)
     arguments.idle_seconds = 0

@@ -375,12 +375,8 @@ parse_case = common.option_type(
 def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command-line options; ``--quick`` changes the defaults of cases, rounds and epochs."""
     parser = common.benchmark_parser(__doc__)
-    parser.add_argument(
-        "--cases",
-        nargs="+",
-        type=parse_case,
-        default=[Case(10, 1.0), Case(100, 0.1), Case(100, 1.0)],
-        help="N:fraction per case (default: 10:1.0 100:0.1 100:1.0)",
+    common.add_list_option(
+        parser, "--cases", parse_case, ("10:1.0", "100:0.1", "100:1.0"), "N:fraction per case"
     )
     parser.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=list(STRATEGIES))
     common.add_job_options(parser, rounds=5, rounds_help="rounds per run (at least 2)")

@@ -20,6 +20,16 @@ ARGS after checking, in this order:
    seconds (default 120) for it: ``compose up -d`` returns before the
    SuperLink listens, and the flwr CLI fails at once when it does not.
 
+A SuperExec that runs ClientApps (``$FEDX_SUPERNODES_PER_MACHINE`` or
+``$FEDX_CLIENTAPP_THREADS`` set) starts with ``OMP_NUM_THREADS``,
+``MKL_NUM_THREADS`` and ``OPENBLAS_NUM_THREADS`` set to the ClientApps' share
+of the cores (:mod:`fedx.deploy.cores`; ``$FEDX_CLIENTAPP_THREADS`` changes
+it, as with ``fedx-deploy``, whatever those variables said): Flower's
+``flower-superexec`` starts a ``flwr-clientapp`` per message with this
+environment, and torch reads them as it loads (``fedx-superexec`` applies
+the same share itself). A count that is not a whole number of at least 1
+fails the checks.
+
 A failed check prints one line naming the problem and how to fix it, and
 exits with status 78 (EX_CONFIG), after ``$FEDX_FAILURE_DELAY`` seconds
 (default 0: long-running services set it, so that a restart policy does not
@@ -27,7 +37,8 @@ restart a misconfigured container in a tight loop). Without the checks,
 Flower's processes retry unreachable or untrusted peers for ever, which
 looks like a hang.
 
-Standard library only, plus ``cryptography`` (a Flower dependency).
+Standard library only, plus ``cryptography`` (a Flower dependency), and
+fedx in the SuperExec image.
 """
 
 import datetime
@@ -255,6 +266,27 @@ def check(program: str, args: list[str]) -> None:
         check_writable(str(Path(database).parent), "the SuperLink's database")
 
 
+#: What says that a SuperExec runs ClientApps that share the machine's cores.
+CLIENTAPP_VARIABLES = ("FEDX_SUPERNODES_PER_MACHINE", "FEDX_CLIENTAPP_THREADS")
+SUPEREXECS = ("flower-superexec", "fedx-superexec")
+
+
+def clientapp_threads(program: str) -> dict[str, str]:
+    """The thread variables for a ClientApp SuperExec's share of the cores (none for others)."""
+    if Path(program).name not in SUPEREXECS or not any(
+        os.environ.get(name) for name in CLIENTAPP_VARIABLES
+    ):
+        return {}
+    # pylint: disable=import-outside-toplevel
+    from fedx.deploy.cores import ClientAppCores, thread_environment
+
+    try:
+        threads = ClientAppCores.resolve().threads
+    except ValueError as err:
+        raise CheckFailed(f"{err}; {README}") from None
+    return thread_environment(threads)
+
+
 def main(argv: list[str]) -> int:
     if not argv:
         print("usage: fedx-entrypoint PROGRAM [ARGS...]", file=sys.stderr)
@@ -262,6 +294,7 @@ def main(argv: list[str]) -> int:
     program, args = argv[0], argv[1:]
     try:
         check(program, args)
+        os.environ.update(clientapp_threads(program))
         if Path(program).name == "flwr" and (connection := flwr_superlink(args)) is not None:
             wait_for_superlink(
                 connection["address"], float(os.environ.get("FEDX_SUPERLINK_WAIT", "120"))

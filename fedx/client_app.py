@@ -29,17 +29,17 @@ simulation loads this module and the ServerApp's under one import lock
 second spent importing here (or in :mod:`fedx.server_app`) would hold back
 Ray's start; the engine never runs a handler. Processes kept warm for
 messages import the handlers' module ahead: the simulation's Ray actors when
-they start (:func:`fedx.ray_backend.install`), the warm executor's
+they start (:func:`fedx.simulation.install`), the warm executor's
 interpreter (:mod:`fedx.deploy.superexec`).
 """
 
 import importlib
-import sys
 from types import ModuleType
 
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from fedx import simulation
 from fedx.client.node import node_partition
 from fedx.protocol.common import CLIENT_ID, METRICS
 from fedx.secure.client import register_secure_handlers
@@ -48,12 +48,10 @@ from fedx.secure.client import register_secure_handlers
 HANDLERS_MODULE = "fedx.client.handlers"
 
 # Inside Flower's simulation engine, ClientApps run on fedx's Ray backend: its
-# actor pool follows the nodes of a Ray cluster (fedx/ray_backend.py). Its
+# actor pool follows the nodes of a Ray cluster (fedx/simulation/). Its
 # actors import the handlers' module when they start, not in round 1.
-if "flwr.server.superlink.fleet.vce.vce_api" in sys.modules:
-    from fedx.ray_backend import install as install_ray_backend
-
-    install_ray_backend(actor_preload=(HANDLERS_MODULE,))
+if simulation.in_simulation_engine():
+    simulation.install(actor_preload=(HANDLERS_MODULE,))
 
 app = ClientApp()
 # Secure recombination: the exchange's send, return and upload steps.

@@ -11,10 +11,10 @@ Two kinds of keys:
 * the app's own (data, model, local training, sampling, evaluation, outputs),
   declared below as the fields of :class:`RunConfig` and checked here;
 * a method's own (``<method>-alpha``), declared by the method
-  (:mod:`fedx.registry`). Its value is checked here whichever method runs,
-  and again by the strategy's constructor when the strategy is built
-  (:func:`fedx.server.building.build_strategy`, which turns the
-  constructor's error into the same one-line message).
+  (:mod:`fedx.method`, found by :mod:`fedx.registry`). Its value is checked
+  here whichever method runs, and again by the strategy's constructor when
+  the strategy is built (:func:`fedx.server.building.build_strategy`, which
+  turns the constructor's error into the same one-line message).
 
 Importing this module imports neither torch nor the data sets: the lists of
 models and data sets are read from :mod:`fedx.models` and :mod:`fedx.data`
@@ -40,16 +40,8 @@ from fedx.checks import (
     Rule,
     Text,
 )
-from fedx.registry import (
-    Key,
-    Method,
-    UnknownMethod,
-    all_methods,
-    builtin_methods,
-    comma_list,
-    get_method,
-    method_names,
-)
+from fedx.method import Key, Method, comma_list
+from fedx.registry import UnknownMethod, all_methods, builtin_methods, get_method, method_names
 
 
 class ConfigError(ValueError):
@@ -72,6 +64,12 @@ def _partitionings() -> tuple[str, ...]:
     from fedx.data import PARTITIONINGS  # pylint: disable=import-outside-toplevel
 
     return PARTITIONINGS
+
+
+def _devices() -> tuple[str, ...]:
+    from fedx.training import DEVICES  # pylint: disable=import-outside-toplevel
+
+    return DEVICES
 
 
 def _app(default: Any, allowed: Allowed, help_text: str, argument: str | None = None) -> Any:
@@ -99,6 +97,19 @@ class RunConfig:
         "drives node sampling, partitions, the digits test split, model init and every "
         "method's randomness (recombination, mutation, exchanges)",
         "seed",
+    )
+    deterministic: bool = _app(
+        False,
+        Flag(),
+        "deterministic kernels on every client and the server (torch.use_deterministic_algorithms, "
+        "cuDNN benchmark off, CUBLAS_WORKSPACE_CONFIG=:4096:8): a seeded run on a GPU repeats bit "
+        "for bit; CPU runs repeat without it",
+    )
+    device: str = _app(
+        "auto",
+        OneOf(_devices),
+        "where clients train and the server evaluates: `auto` = a GPU where the process sees "
+        "one, else the CPU; `cpu`; `cuda` (a client without a GPU fails its messages)",
     )
     fraction_train: float = _app(
         1.0,

@@ -29,7 +29,7 @@ order they arrived; ``timeout=None`` waits until every reply is in.
 The objects of a reply that the SuperLink hands out while its node is
 still pushing them are asked for at the same pace as the replies (from
 ``first_interval`` to ``max_interval``), not after 1, 2, 4 ... 10 s as
-Flower asks (:mod:`fedx.object_pulls`). Differences: a message the
+Flower asks (:mod:`fedx.flower.object_pulls`). Differences: a message the
 SuperLink refused at the push (``None`` id) is logged and not waited for
 (``send_and_receive`` would wait for it until the timeout), and the replies
 are pulled at least once, even with ``timeout=0``.
@@ -37,7 +37,7 @@ are pulled at least once, even with ``timeout=0``.
 In Flower's simulation the ServerApp and the engine that runs the
 ClientApps share one process, and the engine stores each reply where the
 Grid pulls from: fedx's Ray backend then calls :data:`REPLIES_STORED`'s
-``notify`` (:func:`fedx.ray_backend.feed_messages`), which ends the pause of
+``notify`` (:func:`fedx.simulation.feeder.feed_messages`), which ends the pause of
 every exchange waiting in the process, so a reply is pulled as soon as it
 is stored. In a deployment the replies land on the SuperLink, another
 process, and the pauses run their course.
@@ -57,7 +57,7 @@ from flwr.common import log
 from flwr.serverapp import Grid
 
 from fedx.flower import objects_in_flight
-from fedx.object_pulls import retry_object_pulls_after
+from fedx.flower.object_pulls import retry_object_pulls_after
 
 #: Seconds before the first pull after a push or a reply, and its growth factor.
 FIRST_PULL_INTERVAL = 0.02
@@ -120,7 +120,7 @@ REPLIES_STORED = ReplySignal()
 
 def _pull_reply_objects_at(first_interval: float, max_interval: float) -> None:
     """Ask again for a reply's objects that its node is still pushing as soon as
-    for the reply itself (:mod:`fedx.object_pulls`); under a Flower whose object
+    for the reply itself (:mod:`fedx.flower.object_pulls`); under a Flower whose object
     pulls cannot be set so (the strategies plug into other Flower versions),
     keep Flower's waits and say so once."""
     global _object_pulls_unset  # pylint: disable=global-statement

@@ -7,9 +7,8 @@ Sec. 4.2 (eqs. 3-7). Deep mutual learning: Zhang et al., CVPR 2018.
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader
 
-from fedx.training import SGD, get_device
+from fedx.training import SGD, Batches, get_device
 
 
 def mutual_losses(
@@ -60,7 +59,7 @@ def mutual_losses(
 def train_mutual(
     personalized: nn.Module,
     exchanged: nn.Module,
-    loader: DataLoader,
+    loader: Batches,
     *,
     epochs: int,
     learning_rate: float,
@@ -80,7 +79,7 @@ def train_mutual(
     personalized, exchanged : nn.Module
         The two models, of any architectures with the same number of
         outputs. They are moved to ``device`` and left there in training mode.
-    loader : DataLoader
+    loader : iterable of (torch.Tensor, torch.Tensor)
         Yields ``(inputs, labels)`` batches of the client's training split.
     epochs : int
         Passes over ``loader``; 0 leaves both models unchanged.
@@ -108,10 +107,11 @@ def train_mutual(
         optimizers.append(
             SGD(model.parameters(), lr=learning_rate, momentum=momentum, weight_decay=weight_decay)
         )
-    sums, num_samples = [0.0, 0.0], 0
+    sums, num_samples = torch.zeros(2, dtype=torch.float64, device=device), 0
     for _ in range(epochs):
-        # Only the last epoch's losses are reported.
-        sums, num_samples = [0.0, 0.0], 0
+        # Only the last epoch's losses are reported. The sums stay on the
+        # device: reading them every batch would make the host wait for a GPU.
+        sums, num_samples = torch.zeros(2, dtype=torch.float64, device=device), 0
         for inputs, labels in loader:
             inputs = inputs.to(device, non_blocking=True)
             labels = labels.to(device, non_blocking=True)
@@ -125,11 +125,12 @@ def train_mutual(
             for optimizer in optimizers:
                 optimizer.step()
             for k, model_logits in enumerate(logits):
-                sums[k] += F.cross_entropy(model_logits.detach(), labels, reduction="sum").item()
+                sums[k] += F.cross_entropy(model_logits.detach(), labels, reduction="sum").double()
             num_samples += len(labels)
     if not num_samples:
         return 0.0, 0.0
-    return sums[0] / num_samples, sums[1] / num_samples
+    personalized_sum, exchanged_sum = sums.tolist()
+    return personalized_sum / num_samples, exchanged_sum / num_samples
 
 
 def prefers_exchanged(personalized_loss: float, exchanged_loss: float) -> bool:

@@ -1,14 +1,18 @@
-"""The run-config reference, written from the declarations into README.md and pyproject.toml.
+"""The run-config reference, derived from the declarations.
 
-README.md's run-config tables and the defaults in pyproject.toml's
-``[tool.flwr.app.config]`` (which Flower reads) are derived from the app's
-keys (:mod:`fedx.config`) and fedx's methods (:mod:`fedx.registry`)::
+The defaults in pyproject.toml's ``[tool.flwr.app.config]`` (which Flower
+reads) and the tables of the documentation's run-config page
+(``docs/run-config.md``) come from the app's keys (:mod:`fedx.config`) and
+fedx's methods (:mod:`fedx.registry`). The page's tables are made when the
+site is built (``docs/_ext/fedx_docs.py`` calls :func:`markdown_reference`);
+pyproject.toml is a file in the repository::
 
-    python -m fedx.reference           # rewrite both
-    python -m fedx.reference --check   # exit 1 if either is out of date
+    python -m fedx.reference             # rewrite pyproject.toml's table
+    python -m fedx.reference --check     # exit 1 if it is out of date
+    python -m fedx.reference --markdown  # print the page's tables
 
-``tests/test_reference.py`` runs the check, so a key declared without
-updating the files fails the suite.
+``tests/test_registry.py`` runs the check, so a key declared without
+updating pyproject.toml fails the suite.
 """
 
 import argparse
@@ -21,15 +25,11 @@ import tomli_w
 from fedx.config import APP_KEYS
 from fedx.registry import Key, Method, builtin_methods
 
-README_BEGIN = (
-    "<!-- run-config reference: written by `python -m fedx.reference` from the declarations -->"
-)
-README_END = "<!-- end of the run-config reference -->"
 PYPROJECT_TABLE = "[tool.flwr.app.config]"
 PYPROJECT_HEADER = (
     "# Every run-config key with its default, written by `python -m fedx.reference` from the\n"
     "# declarations (fedx/config.py, and each method's module in fedx/strategies/): change\n"
-    '# them there. README.md ("Run configuration") says what each key does. Override with\n'
+    "# them there. docs/run-config.md says what each key does. Override with\n"
     '# `flwr run . --run-config configs/<file>.toml` or `--run-config "key=value ..."`.\n'
 )
 REPO = Path(__file__).resolve().parents[1]
@@ -39,8 +39,15 @@ def _toml(value: Any) -> str:
     return tomli_w.dumps({"v": value}).removeprefix("v = ").rstrip("\n")
 
 
+def _escape_html(text: str) -> str:
+    """``text`` with ``<`` outside code spans escaped: Markdown would take ``<name>`` for HTML."""
+    parts = text.split("`")
+    return "`".join(part if i % 2 else part.replace("<", "\\<") for i, part in enumerate(parts))
+
+
 def _row(key: Key) -> str:
-    return f"| `{key.name}` | `{_toml(key.default)}` | {key.allowed.text} | {key.help} |"
+    cells = (f"`{key.name}`", f"`{_toml(key.default)}`", key.allowed.text, key.help)
+    return "| " + " | ".join(map(_escape_html, cells)) + " |"
 
 
 def _table(keys: list[Key]) -> list[str]:
@@ -81,22 +88,32 @@ def _sections(methods: tuple[Method, ...]) -> list[tuple[str, str, list[Key]]]:
     return sections
 
 
-def readme_reference() -> str:
-    """README.md's run-config tables: the app's keys, then the methods'."""
+def markdown_reference() -> str:
+    """The run-config tables in Markdown: the app's keys, then the methods', under headings.
+
+    Each method's heading has the label ``run-config-<method>`` (MyST's
+    ``(label)=``) for links from other pages.
+    """
     lines = [
-        README_BEGIN,
+        "## Every run",
         "",
-        "The run, the data, the model, local training and outputs (every method):",
+        "The run, the data, the model, local training and outputs, whichever method runs:",
         "",
+        *_table(list(APP_KEYS)),
     ]
-    lines += _table(list(APP_KEYS))
     for kind, title, keys in _sections(builtin_methods()):
         if kind == "shared":
-            title = "Shared by " + ", ".join(f"`{name}`" for name in title.split(", ")) + ":"
-        lines += ["", title]
+            names = title.split(", ")
+            label = "shared-" + "-".join(names)
+            heading = "Shared by " + ", ".join(names)
+            text = "Keys that " + ", ".join(f"`{name}`" for name in names) + " declare together."
+        else:
+            name = title.split('"')[1]
+            label, heading, text = name, f"`{name}`", title
+        lines += ["", f"(run-config-{label})=", f"## {heading}", "", _escape_html(text)]
         if keys:
             lines += ["", *_table(keys)]
-    return "\n".join([*lines, "", README_END])
+    return "\n".join(lines) + "\n"
 
 
 def pyproject_reference() -> str:
@@ -110,20 +127,6 @@ def pyproject_reference() -> str:
             lines.append(f"# {label}")
             lines += [f"{key.name} = {_toml(key.default)}" for key in keys]
     return "\n".join(lines) + "\n"
-
-
-def replace_between(text: str, begin: str, end: str, body: str) -> str:
-    """``text`` with the part from the line ``begin`` to the line ``end`` replaced by ``body``.
-
-    Raises
-    ------
-    ValueError
-        When the markers are missing.
-    """
-    start, stop = text.find(begin), text.find(end)
-    if start < 0 or stop < start:
-        raise ValueError(f"the markers {begin!r} ... {end!r} are missing")
-    return text[:start] + body + text[stop + len(end) :]
 
 
 def replace_config_table(text: str, body: str) -> str:
@@ -140,21 +143,24 @@ def replace_config_table(text: str, body: str) -> str:
 
 
 def updated(repo: Path = REPO) -> dict[Path, str]:
-    """README.md and pyproject.toml as the declarations say they should be."""
-    readme, pyproject = repo / "README.md", repo / "pyproject.toml"
-    return {
-        readme: replace_between(readme.read_text(), README_BEGIN, README_END, readme_reference()),
-        pyproject: replace_config_table(pyproject.read_text(), pyproject_reference()),
-    }
+    """pyproject.toml as the declarations say it should be."""
+    pyproject = repo / "pyproject.toml"
+    return {pyproject: replace_config_table(pyproject.read_text(), pyproject_reference())}
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Rewrite (or, with ``--check``, compare) README.md and pyproject.toml."""
+    """Rewrite (or, with ``--check``, compare) pyproject.toml; or print the Markdown tables."""
     parser = argparse.ArgumentParser(
         prog="python -m fedx.reference", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--check", action="store_true", help="exit 1 if a file is out of date")
+    parser.add_argument(
+        "--markdown", action="store_true", help="print the run-config tables of the documentation"
+    )
     args = parser.parse_args(argv)
+    if args.markdown:
+        print(markdown_reference(), end="")
+        return 0
     stale = [path for path, text in updated().items() if path.read_text() != text]
     if args.check:
         for path in stale:

@@ -1,13 +1,12 @@
-"""The method registry: each method declares, where it is defined, what the app needs.
+"""The method registry: every method this process can run, found where it is declared.
 
-A :class:`Method` names the strategy class, the run-config name that selects
-it (``strategy = "<name>"``), its own run-config keys (:class:`Key`: type,
-default, allowed values, the constructor argument each feeds), the app's
-keys its constructor takes, whether it is personalized and how fedx-compare
-runs it. The app derives everything else from these declarations: run-config
-validation (:mod:`fedx.config`), building the strategy
-(:mod:`fedx.server.building`), fedx-compare's method list and the README's
-run-config table (:mod:`fedx.reference`).
+A method declares, next to its strategy, what the app needs to run it: a
+:class:`~fedx.method.Method` with its run-config keys (:mod:`fedx.method`;
+this module hands ``Method``, ``Key`` and ``Variant`` on, for plug-ins). The
+app derives everything else from these declarations: run-config validation
+(:mod:`fedx.config`), building the strategy (:mod:`fedx.server.building`),
+fedx-compare's method list and the documentation's run-config reference
+(:mod:`fedx.reference`).
 
 Where methods come from:
 
@@ -25,173 +24,40 @@ Where methods come from:
   method's module, and for tests).
 
 Pure Python: importing this module imports neither numpy nor Flower; the
-strategy modules are imported when a method is first looked up.
+strategy modules are imported when a method is first looked up. The
+strategies import :mod:`fedx.method`, never this module, so that finding
+them is the one way the two are tied.
 """
 
 import importlib
 import pkgutil
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
 from logging import WARNING, getLogger
-from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
 
-from fedx.checks import Allowed
+# What a method declares lives below the strategies (which declare their
+# methods with it) and the registry (which finds them): fedx.method. A
+# plug-in imports all it needs from here.
+from fedx.method import POOL, SAMPLING, Key, Method, Variant, comma_list
 
-if TYPE_CHECKING:
-    from fedx.config import RunConfig
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "POOL",
+    "SAMPLING",
+    "Key",
+    "Method",
+    "UnknownMethod",
+    "Variant",
+    "all_methods",
+    "builtin_methods",
+    "comma_list",
+    "get_method",
+    "method_names",
+    "register",
+]
 
 ENTRY_POINT_GROUP = "fedx.methods"
 
-#: The app keys (run-config names) whose values Flower's ``FedAvg`` takes:
-#: its sampling arguments.
-SAMPLING = (
-    "fraction-train",
-    "fraction-evaluate",
-    "min-train-nodes",
-    "min-evaluate-nodes",
-    "min-available-nodes",
-)
-#: What a pool strategy (:class:`fedx.strategies.MultiModelStrategy`) takes
-#: besides its own keys: the sampling arguments, the seed and the node wait.
-POOL = (*SAMPLING, "seed", "node-wait-timeout")
-
 _LOG = getLogger("flwr")
-
-
-def comma_list(value: str) -> tuple[str, ...]:
-    """Split a comma-separated run-config value into its stripped, non-empty items."""
-    return tuple(item.strip() for item in value.split(",") if item.strip())
-
-
-@dataclass(frozen=True)
-class Key:
-    """One run-config key.
-
-    Attributes
-    ----------
-    name : str
-        The key, kebab-case (``"<method>-alpha"``).
-    default : Any
-        Its value when the run config does not set it; ``pyproject.toml``
-        lists the same (``python -m fedx.reference`` writes it).
-    allowed : Allowed
-        Its type and allowed values (:mod:`fedx.checks`). A method's
-        constructor checks its own arguments; the app checks its own keys.
-    help : str
-        What it does, one line (the README's run-config table).
-    argument : str, optional
-        The constructor argument the value feeds.
-    parse : callable, optional
-        Turns the run-config value into the argument's value (``"10,15"``
-        into ``(10, 15)``; ``0`` into ``None``).
-    exclusive : bool
-        Setting it away from its default with a method that does not declare
-        it is an error (``secure-recombination = true`` for a method
-        without secure recombination).
-    """
-
-    name: str
-    default: Any
-    allowed: Allowed
-    help: str
-    argument: str | None = None
-    parse: Callable[[Any], Any] | None = None
-    exclusive: bool = False
-
-    def argument_value(self, value: Any) -> Any:
-        """The constructor argument's value for the run-config ``value``."""
-        return self.parse(value) if self.parse is not None else value
-
-
-@dataclass(frozen=True)
-class Variant:
-    """A method as fedx-compare runs it: a name, and keys set on top of a setting.
-
-    Attributes
-    ----------
-    name : str
-        The name in ``--methods`` and in the report (``"<method>-two-stage"``).
-    keys : Mapping[str, Any]
-        Run-config keys it sets besides ``strategy``.
-    requires : callable, optional
-        ``requires(config)`` says what a setting lacks for the variant
-        (``"needs proximal-mu > 0 ..."``), ``None`` when it suits it: FedProx
-        without a proximal term is FedAvg.
-    """
-
-    name: str
-    keys: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
-    requires: "Callable[[RunConfig], str | None] | None" = None
-
-
-@dataclass(frozen=True)
-class Method:
-    """What the app needs to run a strategy, declared next to the strategy.
-
-    Attributes
-    ----------
-    name : str
-        The run-config name (``strategy = "<name>"``).
-    strategy : type
-        The Flower ``Strategy`` class.
-    description : str
-        One line for the README's tables and ``--help``.
-    keys : tuple[Key, ...]
-        The method's own run-config keys, each feeding a constructor
-        argument. A key several methods share is one ``Key`` object.
-    takes : tuple[str, ...]
-        The app keys (run-config names, :data:`POOL` by default) whose values
-        the constructor also takes, by the arguments the app keys name.
-    personalized : bool
-        Evaluated per client on the client's own test split; its clients use
-        the personalized data layout (train, validation and test per client).
-    model_key : str
-        The key that names the models a run builds, comma-separated
-        (``model``, or a key of the method's that lists several architectures).
-    components : callable, optional
-        ``components(config) -> {argument: value}``: constructor arguments
-        the app builds for the run (torch callables for a method that runs
-        models on the server). Imports what it
-        needs when called; reads no data.
-    prepare : callable, optional
-        ``prepare(config)``: what the ServerApp loads before round 1 so that
-        missing data stops the run at its start, not in a later round
-        (an unlabeled set held by the server).
-    checks_arguments : bool
-        Whether the constructor checks the values of ``keys`` (fedx's
-        strategies do). Flower's own strategies do not: for them the app
-        checks each key against its ``allowed``.
-    client_train : str, optional
-        ``"module:function"`` that answers the method's training messages in
-        fedx's ClientApp, when they are not the usual one model
-        (``function(task) -> Message``, given a :class:`fedx.client.task.ClientTask`).
-    variants : tuple[Variant, ...]
-        How fedx-compare runs it; by default one variant named as the method.
-    """
-
-    name: str
-    strategy: type
-    description: str
-    keys: tuple[Key, ...] = ()
-    takes: tuple[str, ...] = POOL
-    personalized: bool = False
-    model_key: str = "model"
-    components: "Callable[[RunConfig], dict[str, Any]] | None" = None
-    prepare: "Callable[[RunConfig], Any] | None" = None
-    checks_arguments: bool = True
-    client_train: str | None = None
-    variants: tuple[Variant, ...] = ()
-
-    @property
-    def comparison_variants(self) -> tuple[Variant, ...]:
-        """The variants fedx-compare offers (the method itself when none are declared)."""
-        return self.variants or (Variant(self.name),)
-
-    def key(self, argument: str) -> Key | None:
-        """The method's key that feeds ``argument``, if any."""
-        return next((key for key in self.keys if key.argument == argument), None)
 
 
 class UnknownMethod(LookupError):

@@ -11,17 +11,18 @@ here would hold Ray's start back (1.6-2.3 s on 2 cores), where importing it
 in ``main`` runs alongside it.
 """
 
-import sys
-
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
+from fedx import simulation
+
 # In Flower's simulation this module is loaded first; the engine then loads
-# fedx's ClientApp module, which imports Ray (fedx/ray_backend.py), and starts
-# Ray. Importing it here, before main() imports torch on this thread, keeps
-# the two imports from sharing the interpreter (0.2-0.4 s sooner to ray.init).
-if "flwr.server.superlink.fleet.vce.vce_api" in sys.modules:
-    import fedx.ray_backend  # noqa: F401  pylint: disable=unused-import
+# fedx's ClientApp module, which imports Ray (fedx/simulation/backend.py), and
+# starts Ray. Importing it here, before main() imports torch on this thread,
+# keeps the two imports from sharing the interpreter (0.2-0.4 s sooner to
+# ray.init).
+if simulation.in_simulation_engine():
+    import fedx.simulation.backend  # noqa: F401  pylint: disable=unused-import
 
 app = ServerApp()
 

@@ -9,7 +9,7 @@ for every client's model.
 
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -58,7 +58,8 @@ class ServerModels:
     batch_size : int, optional
         Unlabeled images per forward pass.
     device : torch.device, optional
-        Where to compute outputs; ``cuda`` when available by default.
+        Where to compute outputs; ``cuda`` when available by default
+        (:meth:`for_run`: the run config's ``device``).
     """
 
     # pylint: disable=too-many-arguments
@@ -88,7 +89,13 @@ class ServerModels:
         that no client gets) is loaded on first use: :func:`load_run_unlabeled`.
         """
         info = dataset_info(cfg.dataset)
-        return cls(info.input_shape, info.num_classes, lambda: load_run_unlabeled(cfg), cfg.seed)
+        return cls(
+            info.input_shape,
+            info.num_classes,
+            lambda: load_run_unlabeled(cfg),
+            cfg.seed,
+            device=get_device(cfg.device),
+        )
 
     @functools.cached_property
     def unlabeled(self) -> torch.Tensor:
@@ -121,3 +128,9 @@ class ServerModels:
             module, self.unlabeled, batch_size=self.batch_size, device=self.device
         )
         return outputs.numpy()
+
+
+def server_model_functions(cfg: "RunConfig") -> dict[str, Callable[..., Any]]:
+    """A run's ``initial_model_fn`` and ``predict_fn``: the ``components`` of a method that runs clients' models here."""
+    models = ServerModels.for_run(cfg)
+    return {"initial_model_fn": models.initial_model, "predict_fn": models.probabilities}

@@ -1,16 +1,134 @@
-"""Local training and evaluation of torch models on a client or the server."""
+"""Local training and evaluation of torch models on a client or the server.
 
-from collections.abc import Iterable
+Where they run is the run config's ``device`` (:func:`get_device`); with its
+``deterministic`` key every kernel is one of torch's deterministic ones
+(:func:`deterministic_kernels`), so that a seeded run on a GPU repeats bit
+for bit. Training and evaluation read their running sums from the device
+once per call, not once per batch: a GPU then queues batch after batch
+without waiting for the host.
+"""
+
+import contextlib
+import os
+from collections.abc import Iterable, Iterator
+from logging import INFO, WARNING, getLogger
 
 import torch
 from torch import nn
 from torch.optim.sgd import sgd
-from torch.utils.data import DataLoader
+
+#: What the run config's ``device`` key may say: ``auto`` (a GPU when this
+#: process sees one), ``cpu``, or ``cuda`` (an error where no GPU is visible).
+DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
+#: The cuBLAS setting deterministic kernels need (CUDA 10.2 and later): fixed
+#: workspaces, so that a matrix product takes the same path every time.
+CUBLAS_WORKSPACE_ENV = "CUBLAS_WORKSPACE_CONFIG"
+CUBLAS_DETERMINISTIC = (":4096:8", ":16:8")
+
+#: ``(inputs, labels)`` batches: a ``DataLoader``, or :class:`fedx.data.DeviceBatches`.
+Batches = Iterable[tuple[torch.Tensor, torch.Tensor]]
+
+_LOG = getLogger("flwr")
+_logged: set[str] = set()
 
 
-def get_device() -> torch.device:
-    """Return ``cuda`` when a GPU is visible to this process, else ``cpu``."""
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+def get_device(preference: str = "auto") -> torch.device:
+    """The device the run config's ``device`` key names.
+
+    Parameters
+    ----------
+    preference : {"auto", "cpu", "cuda"}
+        ``auto``: ``cuda`` when a GPU is visible to this process, else
+        ``cpu``. In Flower's simulation each ClientApp actor sees the GPU
+        Ray gave it (``client-resources-num-gpus``).
+
+    Raises
+    ------
+    ValueError
+        For another name.
+    RuntimeError
+        For ``cuda`` where torch sees no GPU.
+    """
+    if preference not in DEVICES:
+        raise ValueError(f"device={preference!r} is not one of {DEVICES}")
+    if preference == "cpu":
+        return torch.device("cpu")
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if preference == "cuda":
+        raise RuntimeError(
+            "device='cuda' but torch sees no GPU in this process "
+            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}, torch "
+            f"{torch.__version__} built for CUDA {torch.version.cuda}); in a simulation, give "
+            "each client a GPU share (client-resources-num-gpus)"
+        )
+    return torch.device("cpu")
+
+
+@contextlib.contextmanager
+def deterministic_kernels(enabled: bool) -> Iterator[None]:
+    """Run the block with torch's deterministic kernels, or as torch is set, when not ``enabled``.
+
+    On: ``torch.use_deterministic_algorithms(True)`` (an operation that has
+    no deterministic kernel raises instead of running), cuDNN's benchmark
+    off (it times candidate algorithms and may pick another each run) and
+    ``CUBLAS_WORKSPACE_CONFIG=:4096:8``, which cuBLAS reads when this
+    process first uses it: the variable is set here, before the block's
+    first GPU work, unless it holds one of the deterministic values already.
+    A process whose CUDA started before (it served a run without the
+    setting) logs a warning: set the variable where the process starts
+    (the simulation's or the SuperNode's environment). The first block of a
+    process logs that it runs deterministic kernels. Settings go back to what
+    they were when the block ends; the variable stays.
+
+    On a CPU fedx's runs repeat bit for bit either way. On a GPU the
+    deterministic kernels may be slower (``docs/gpu.md`` keeps the figures).
+    """
+    if not enabled:
+        yield
+        return
+    if os.environ.get(CUBLAS_WORKSPACE_ENV) not in CUBLAS_DETERMINISTIC:
+        if torch.cuda.is_initialized():
+            _log_once(
+                "cublas",
+                WARNING,
+                "fedx: deterministic=true, but CUDA started in this process (pid %d) before "
+                "%s was set: matrix products may still differ from run to run; set "
+                "%s=%s in the environment that starts the ClientApps and the ServerApp",
+                os.getpid(),
+                CUBLAS_WORKSPACE_ENV,
+                CUBLAS_WORKSPACE_ENV,
+                CUBLAS_DETERMINISTIC[0],
+            )
+        os.environ[CUBLAS_WORKSPACE_ENV] = CUBLAS_DETERMINISTIC[0]
+    _log_once(
+        "deterministic",
+        INFO,
+        "fedx: deterministic kernels in this process (pid %d): torch.use_deterministic_"
+        "algorithms(True), cuDNN benchmark off, %s=%s",
+        os.getpid(),
+        CUBLAS_WORKSPACE_ENV,
+        os.environ[CUBLAS_WORKSPACE_ENV],
+    )
+    saved = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.backends.cudnn.benchmark,
+    )
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+        torch.backends.cudnn.benchmark = saved[2]
+
+
+def _log_once(topic: str, level: int, message: str, *args: object) -> None:
+    """Log ``message`` the first time this process meets ``topic``."""
+    if topic not in _logged:
+        _logged.add(topic)
+        _LOG.log(level, message, *args)
 
 
 class SGD:
@@ -79,7 +197,7 @@ class SGD:
 
 def train(
     model: nn.Module,
-    loader: DataLoader,
+    loader: Batches,
     *,
     epochs: int,
     learning_rate: float,
@@ -94,9 +212,11 @@ def train(
     ----------
     model : nn.Module
         The model; it is moved to ``device`` and left there, in training mode.
-    loader : DataLoader
-        Yields ``(inputs, labels)`` batches with integer labels. Inputs keep
-        their dtype (float images, int64 token ids for an embedding).
+    loader : iterable of (torch.Tensor, torch.Tensor)
+        Yields ``(inputs, labels)`` batches with integer labels (a
+        ``DataLoader``, or :class:`fedx.data.DeviceBatches` already on the
+        device). Inputs keep their dtype (float images, int64 token ids for
+        an embedding).
     epochs : int
         Number of passes over ``loader``; 0 leaves the model unchanged.
     learning_rate, momentum, weight_decay : float
@@ -129,10 +249,10 @@ def train(
     criterion = nn.CrossEntropyLoss()
     start = [p.detach().clone() for p in trainable] if proximal_mu > 0 else []
 
-    loss_sum, num_samples = 0.0, 0
+    loss_sum, num_samples = _zero(device), 0
     for _ in range(epochs):
         # Only the last epoch's loss is reported.
-        loss_sum, num_samples = 0.0, 0
+        loss_sum, num_samples = _zero(device), 0
         for inputs, labels in loader:
             inputs = inputs.to(device, non_blocking=True)
             labels = labels.to(device, non_blocking=True)
@@ -143,13 +263,20 @@ def train(
                 loss = loss + proximal_mu / 2 * _squared_distance(trainable, start)
             loss.backward()
             optimizer.step()
-            loss_sum += data_loss.item() * len(labels)
+            # The sum stays on the device (float64, as Python's float was):
+            # reading it every batch would make the host wait for the GPU.
+            loss_sum += data_loss.detach().double() * len(labels)
             num_samples += len(labels)
-    return loss_sum / num_samples if num_samples else 0.0
+    return loss_sum.item() / num_samples if num_samples else 0.0
+
+
+def _zero(device: torch.device) -> torch.Tensor:
+    """A float64 running sum on ``device``."""
+    return torch.zeros((), dtype=torch.float64, device=device)
 
 
 def evaluate(
-    model: nn.Module, loader: DataLoader, device: torch.device | None = None
+    model: nn.Module, loader: Batches, device: torch.device | None = None
 ) -> tuple[float, float]:
     """Compute a classifier's mean cross-entropy and accuracy.
 
@@ -157,7 +284,7 @@ def evaluate(
     ----------
     model : nn.Module
         The model; it is moved to ``device`` and put in evaluation mode.
-    loader : DataLoader
+    loader : iterable of (torch.Tensor, torch.Tensor)
         Yields ``(inputs, labels)`` batches with integer labels.
     device : torch.device, optional
         Where to evaluate; :func:`get_device` by default.
@@ -173,18 +300,19 @@ def evaluate(
     model.to(device)
     model.eval()
     criterion = nn.CrossEntropyLoss(reduction="sum")
-    loss_sum, correct, num_samples = 0.0, 0, 0
+    loss_sum, num_samples = _zero(device), 0
+    correct = torch.zeros((), dtype=torch.int64, device=device)
     with torch.no_grad():
         for inputs, labels in loader:
             inputs = inputs.to(device, non_blocking=True)
             labels = labels.to(device, non_blocking=True)
             logits = model(inputs)
-            loss_sum += criterion(logits, labels).item()
-            correct += (logits.argmax(dim=1) == labels).sum().item()
+            loss_sum += criterion(logits, labels).double()
+            correct += (logits.argmax(dim=1) == labels).sum()
             num_samples += len(labels)
     if num_samples == 0:
         return 0.0, 0.0
-    return loss_sum / num_samples, correct / num_samples
+    return loss_sum.item() / num_samples, correct.item() / num_samples
 
 
 def _squared_distance(params: list[torch.Tensor], reference: list[torch.Tensor]) -> torch.Tensor:
@@ -224,7 +352,7 @@ def predict_probabilities(
     with torch.no_grad():
         for start in range(0, len(inputs), batch_size):
             batch = inputs[start : start + batch_size].to(device, non_blocking=True)
-            batches.append(torch.softmax(model(batch), dim=1).float().cpu())
+            batches.append(torch.softmax(model(batch), dim=1).float())
     if not batches:
         return torch.empty(0, 0)
-    return torch.cat(batches)
+    return torch.cat(batches).cpu()  # one copy to the host, after the last batch

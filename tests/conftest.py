@@ -1,4 +1,4 @@
-"""Shared fixtures: small models made of real arrays, the app's defaults, a simulation SuperLink."""
+"""Shared fixtures: small models made of real arrays, the app's defaults, a simulation SuperLink, a simulation's state."""
 
 import os
 from typing import Any
@@ -29,6 +29,7 @@ SLOW_MODULES = (
     "test_secure_e2e.py",
     "test_example_method.py",
     "test_plugin_app.py",
+    "test_docs.py",
 )
 
 
@@ -90,6 +91,41 @@ def server_task_identity():
 
 
 @pytest.fixture
+def simulation_state():
+    """Flower's in-memory state with a run and three simulated nodes, as the engine sets it up.
+
+    Yields the state, an ``InMemoryGrid`` on it, the node ids and their mapping.
+    """
+    # pylint: disable=import-outside-toplevel
+    from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.proto.task_pb2 import Task  # pylint: disable=no-name-in-module
+    from flwr.server.superlink.fleet.vce import vce_api
+    from flwr.server.superlink.linkstate import LinkStateFactory
+    from flwr.server.superlink.linkstate.in_memory_linkstate import RunRecord
+    from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME, NOOP_FEDERATION_ID
+    from flwr.supercore.object_store import ObjectStoreFactory
+    from flwr.supercore.run import Run
+    from flwr.superlink.federation import NoOpFederationManager
+    from flwr.superlink.grid import InMemoryGrid
+
+    factory = LinkStateFactory(
+        FLWR_IN_MEMORY_DB_NAME, NoOpFederationManager(), ObjectStoreFactory()
+    )
+    state = factory.state()
+    run = Run.create_empty(run_id=1)
+    run.primary_task_id, run.federation_id = 2, NOOP_FEDERATION_ID
+    state.run_ids[1] = RunRecord(run=run)
+    state.task_store[2] = Task(task_id=2, run_id=1)
+    nodes = vce_api._register_nodes(3, factory)  # pylint: disable=protected-access
+    grid = InMemoryGrid(factory)
+    grid.set_run(run)
+    saved = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, SUPERLINK_NODE_ID, 2
+    yield state, grid, list(nodes), nodes
+    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
+
+
+@pytest.fixture
 def initial() -> Model:
     """The model a run starts from."""
     return make_model(np.random.default_rng(0))
@@ -124,8 +160,11 @@ def plain_fedmr_run(superlink, app, tmp_path_factory):
     from tests.simulation import run_app  # pylint: disable=import-outside-toplevel
 
     outputs = tmp_path_factory.mktemp("plain-fedmr")
+    # Deterministic kernels: tests/test_ray_cluster.py compares a cluster's run with this
+    # one to the last bit, which on a GPU only these kernels promise.
     settings = (
         f"num-server-rounds={PLAIN_FEDMR['rounds']} seed={PLAIN_FEDMR['seed']} round-timeout=120.0"
+        " deterministic=true"
     )
     return outputs / "plain", run_app(
         superlink, app, f'{settings} run-name="plain" output-dir="{outputs}"'

@@ -85,15 +85,45 @@ def engine_problem() -> str | None:
     if not podman_compose():
         return "podman-compose is not installed (pip install -e '.[dev]')"
     done = subprocess.run(
-        ["podman", "info", "--format", "{{.Host.OCIRuntime.Name}}"],
+        ["podman", "info", "--format", "{{.Host.OCIRuntime.Name}} {{.Host.OCIRuntime.Path}}"],
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
     )
     if done.returncode != 0:
+        # A missing OCI runtime (runc, which .ci/run configures) is reported here.
         return f"podman cannot run here: {(done.stderr.strip().splitlines() or ['podman info failed'])[-1]}"
+    name, _, path = done.stdout.strip().partition(" ")
+    if path and not Path(path).exists():
+        return f"podman's OCI runtime {name} is not installed ({path} is missing)"
     return None
+
+
+def base_image_problem(environment: dict[str, str]) -> str | None:
+    """Why the images' base image cannot be had here (one line), or None.
+
+    A base image already in podman's store is used as it is. One named
+    ``localhost/...`` is made from Debian packages by
+    docker/build-local-base.sh, which needs root and debootstrap; any other
+    name is pulled by the build, which this check does not try.
+    """
+    base = environment["FEDX_BASE_IMAGE"]
+    if not base.startswith("localhost/") or _image_id(base) is not None:
+        return None
+    if shutil.which("debootstrap") is None:
+        return (
+            f"the base image {base} is not in podman's store, and debootstrap, with which "
+            "docker/build-local-base.sh makes it, is not installed"
+        )
+    if os.geteuid() != 0:
+        return f"the base image {base} is not in podman's store, and docker/build-local-base.sh needs root to make it"
+    return None
+
+
+def container_problem() -> str | None:
+    """What this machine lacks to run fedx's containers (one line), or None."""
+    return engine_problem() or base_image_problem(build_environment())
 
 
 def build_environment() -> dict[str, str]:
@@ -143,20 +173,35 @@ def inputs_key(environment: dict[str, str]) -> str:
     return digest.hexdigest()
 
 
+def make_local_base(environment: dict[str, str], timeout: float = 1800) -> str | None:
+    """Make the ``localhost/...`` base image if it is missing; why it could not be made, or None.
+
+    docker/build-local-base.sh takes a few minutes and needs Debian's mirror.
+    """
+    base = environment["FEDX_BASE_IMAGE"]
+    if not base.startswith("localhost/") or _image_id(base) is not None:
+        return None
+    done = subprocess.run(
+        [str(REPO / "docker" / "build-local-base.sh")],
+        env={**os.environ, **environment},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        return f"the base image {base} could not be made: {last}"
+    return None
+
+
 def ensure_images(project: "ComposeProject", timeout: float = 3600) -> str:
     """Build the images unless the ones built last from the same inputs still exist.
 
-    Returns what happened ("cached", or "built in N s"). The local base image
-    is made first when it is missing (a few minutes; Debian's mirror needed).
+    Returns what happened ("cached", or "built in N s"). The base image must
+    be there already (:func:`make_local_base`).
     """
     environment = build_environment()
-    if environment["FEDX_BASE_IMAGE"] == LOCAL_BASE and _image_id(LOCAL_BASE) is None:
-        subprocess.run(
-            [str(REPO / "docker" / "build-local-base.sh")],
-            check=True,
-            timeout=timeout,
-            capture_output=True,
-        )
     key = inputs_key(environment)
     try:
         stamp = json.loads(STAMP.read_text())

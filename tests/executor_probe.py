@@ -3,7 +3,10 @@
 ``WarmExecutor(preload_app="tests.executor_probe", task=probe)`` imports this
 module (and torch) in its warm interpreter and runs :func:`probe` in every
 task's child. The task's "token" says what to do and where to write what
-the child saw when it started: ``"<action>:<json path>"``.
+the child saw when it started: ``"<action>:<json path>"``. Actions:
+``report`` (write and return), ``raise``, ``kill`` (crash after writing),
+``sleep`` (write, sleep a second, then add when it ended), ``hold`` (write,
+then sleep until killed).
 """
 
 import json
@@ -11,6 +14,7 @@ import os
 import random
 import signal
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +49,7 @@ def probe(spec) -> None:
     import tests.executor_probe as module  # pylint: disable=import-outside-toplevel
 
     seen = {
+        "started": time.monotonic(),
         "pid": os.getpid(),
         "ppid": os.getppid(),
         "torch-loaded-at-start": torch_loaded,
@@ -61,6 +66,10 @@ def probe(spec) -> None:
         "numpy": float(np.random.random()),
         "torch-seed": torch.initial_seed(),
         "torch": float(torch.rand(1).item()),
+        "torch-threads": torch.get_num_threads(),
+        "thread-variables": {
+            name: os.environ.get(name) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+        },
     }
     Path(path).write_text(json.dumps(seen))
     # State a careless ClientApp leaves behind: the next task must not see it.
@@ -71,3 +80,8 @@ def probe(spec) -> None:
         raise RuntimeError("the ClientApp failed")
     if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if action == "hold":
+        time.sleep(600)
+    if action == "sleep":
+        time.sleep(1.0)
+        Path(path).write_text(json.dumps({**seen, "ended": time.monotonic()}))

@@ -1,14 +1,16 @@
 """What several test modules share (fixtures are in conftest.py): the app's defaults, models, runs."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
+import pytest
 
 from fedx.ops import Model
 
@@ -21,6 +23,23 @@ DEFAULTS: dict[str, Any] = tomllib.loads((REPO / "pyproject.toml").read_text())[
 # The tests that go through `flwr run` share one simulation SuperLink and one
 # plain FedMR run: each Flower simulation costs a Ray start-up.
 PLAIN_FEDMR = {"rounds": 3, "seed": 3}
+
+
+def in_ci() -> bool:
+    """Whether the suite runs in CI (``CI=true``), where .ci/run has installed the system tools."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def skip_unless_ci(reason: str) -> NoReturn:
+    """Skip the test for a system tool this machine lacks, naming what is missing.
+
+    Under CI that is a failure: .ci/run installs podman, runc, debootstrap,
+    iproute2 and chromium, so a missing one there is a broken CI script, not
+    a machine that cannot run the test.
+    """
+    if in_ci():
+        pytest.fail(f"{reason} (CI=true: .ci/run should have installed it)", pytrace=False)
+    pytest.skip(reason)
 
 
 def copy_app(folder: Path) -> Path:

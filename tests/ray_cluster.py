@@ -277,7 +277,7 @@ def start_local_superlink(
 
 
 class FlwrRun:
-    """``flwr run . --stream`` on the head, attached to the cluster, as the README says.
+    """``flwr run . --stream`` on the head, attached to the cluster, as docs/simulation.md says.
 
     ``env`` comes from :func:`start_local_superlink`: ``RAY_ADDRESS`` and
     ``FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1`` were in the

@@ -6,8 +6,10 @@ ratios taken against the baseline of the same run), not how fast anything is.
 """
 
 import importlib.util
+import json
 import math
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -125,6 +127,27 @@ def test_simulation_overhead_quick(app, capsys, monkeypatch):
     assert "none left running" in out
 
 
+def test_fast_setup_runs_the_readme_command_with_nothing_exported(tmp_path, monkeypatch):
+    """What fast_setup.py runs is fedx-deploy's fast setup, its threads left to fedx-deploy."""
+    from tests.deployment import deploy_up_faked  # pylint: disable=import-outside-toplevel
+
+    fast_setup = load_script("fast_setup")
+    assert fast_setup.FAST_SETUP[:2] == ["fedx-deploy", "up"]
+    code, started = deploy_up_faked(monkeypatch, tmp_path, " ".join(fast_setup.FAST_SETUP[2:]))
+    spec = started["spec"]
+    assert code == 0 and started["command"][2] == "."  # flwr run . (the app's folder)
+    assert (spec.num_supernodes, spec.executor, spec.poll_interval) == (3, "warm", 0.1)
+    assert spec.superlink_database == "memory" and spec.tls is None
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("FEDX_CLIENTAPP_THREADS", "1")
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    env = fast_setup.command_environment(tmp_path)
+    assert "OMP_NUM_THREADS" not in env and "FEDX_CLIENTAPP_THREADS" not in env
+    assert env["PYTHONPATH"].split(":") == [str(tmp_path), "/elsewhere"]
+    base = fast_setup.free_ports(4)
+    assert 20000 <= base < 60000
+
+
 def test_deployment_quick(capsys):
     """The job on real processes (warm executor, short polls), its secure stage and the cold start."""
     deployment = load_script("deployment")
@@ -148,3 +171,125 @@ def test_deployment_quick(capsys):
     out = capsys.readouterr().out
     assert f"{real.timing.per_round / plain.per_round:.2f}" in out
     assert f"ratio {cold.ratio:.2f}" in out and "secure stage" in out
+
+
+def test_gpu_round_quick(capsys):
+    """The plain loops of the round on tiny CIFAR-shaped data: every variant times its rounds."""
+    gpu_round = load_script("gpu_round")
+    rows = gpu_round.main(["--quick"])
+    assert [row.variant for row in rows] == ["loader", "device", "device-det", "vmap"]
+    for row in rows:
+        assert row.error is None, row.error
+        assert len(row.round_seconds) == 2 and min(row.round_seconds) > 0
+        assert row.per_round == row.round_seconds[1]
+        assert row.reading.samples == 0 or row.reading.busy is not None  # n/a without a GPU
+    out = capsys.readouterr().out
+    assert "x target" in out and "target 0.6 s a round" in out
+    assert f"{rows[0].per_round / gpu_round.TARGET_SECONDS:.2f}" in out
+
+
+@pytest.mark.parametrize(("architecture", "epochs", "batches"), [("cnn", 2, 4), ("resnet20", 1, 2)])
+def test_the_vmap_lever_trains_each_client_as_train_does(architecture, epochs, batches):
+    """Clients trained together: each one's weights and BatchNorm statistics are train()'s."""
+    # pylint: disable=import-outside-toplevel  (torch only for the tests that need it)
+    import numpy as np
+    import torch
+
+    from fedx.data import DeviceBatches, DeviceImages, ImageTransform
+    from fedx.models import build_model
+    from fedx.training import train
+
+    gpu_round = load_script("gpu_round")
+
+    cpu = torch.device("cpu")
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, size=(64, 32, 32, 3), dtype=np.uint8)
+    images = DeviceImages(
+        pixels, rng.integers(0, 10, 64), ImageTransform((0.5,) * 3, (0.25,) * 3), cpu
+    )
+    torch.manual_seed(0)
+    model = build_model(architecture, (3, 32, 32), 10)
+    start = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+    shares = [torch.arange(0, 8 * batches), torch.arange(32, 32 + 8 * batches)]  # other samples
+    settings = {"epochs": epochs, "learning_rate": 0.05, "momentum": 0.9, "device": cpu}
+
+    def batches_of(share):
+        return DeviceBatches(images, share, 8, shuffle=False, augment=False)
+
+    together = gpu_round.train_together(
+        model, [start, start], [batches_of(s) for s in shares], **settings
+    )
+    for share, mine in zip(shares, together, strict=True):
+        alone = build_model(architecture, (3, 32, 32), 10)
+        alone.load_state_dict({k: torch.from_numpy(v) for k, v in start.items()})
+        train(alone, batches_of(share), **settings)
+        for name, tensor in alone.state_dict().items():
+            # Batched convolutions add in another order: 1.2e-7 at most here,
+            # against weights that moved by 0.07 and more.
+            np.testing.assert_allclose(mine[name], tensor.numpy(), rtol=0, atol=1e-6, err_msg=name)
+    assert any(not np.array_equal(together[0][k], together[1][k]) for k in start)
+
+
+def test_gpu_monitor_summarises_the_samples_of_a_stretch():
+    gpu = load_script("_gpu")
+    # A stand-in for nvidia-smi: its samples come a tenth of a second apart.
+    lines = ["50, 1000", "100, 3000", "0, 2000", "not a sample"]
+    script = (
+        f"import time\nfor line in {lines!r}:\n    print(line, flush=True)\n    time.sleep(0.1)"
+    )
+    with gpu.GpuMonitor((sys.executable, "-c", script)) as monitor:
+        deadline = time.monotonic() + 30
+        while len(monitor.samples) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert [(u, m) for _, u, m in monitor.samples] == [(0.5, 1000.0), (1.0, 3000.0), (0.0, 2000.0)]
+    whole = monitor.reading()
+    assert whole.samples == 3 and whole.busy == pytest.approx(0.5) and whole.peak_mib == 3000
+    last = monitor.reading(start=monitor.samples[2][0])
+    assert (last.samples, last.busy, last.peak_mib) == (1, 0.0, 2000.0)
+    assert gpu.Reading().text() == "busy n/a"
+    with gpu.GpuMonitor(("no-such-nvidia-smi",)) as absent:
+        assert not absent.available
+    assert absent.reading().samples == 0
+
+
+def test_gpu_configs_quick(capsys):
+    """A paper config's methods on fake CIFAR files, in a simulation whose processes accept them."""
+    gpu_configs = load_script("gpu_configs")
+    (result,) = gpu_configs.main(["--quick"])
+    assert result.path.name == "cifar10-cnn-iid.toml" and result.dataset == "cifar10"
+    assert result.error is None, result.error
+    assert result.completed == ["fedmr"]
+    assert result.comparison is not None and result.comparison.returncode == 0
+    run = result.comparison.runs["fedmr"]
+    assert len(run.round_seconds) == 2 and len(run.rounds_at) == 2
+    assert result.later_round_seconds == run.round_seconds[1] > 0
+    assert "1 of 1 runs completed their rounds" in capsys.readouterr().out
+    # The whole matrix: every CIFAR file, every method fedx-compare runs by default.
+    files = gpu_configs.setting_files(gpu_configs.DEFAULT_FILES, (1, 1))
+    assert len(files) == 24 and all(f.name.startswith("cifar") for f in files)
+    assert len(gpu_configs.setting_files(gpu_configs.DEFAULT_FILES, (2, 4))) == 6
+    assert gpu_configs.parse_arguments([]).methods == [
+        "fedavg", "fedprox", "fedcross", "fedindep", "fedmr", "fedmr-two-stage", "fedmut",
+    ]  # fmt: skip
+
+
+def test_gpu_checks_compare_metrics_without_the_wall_clock(tmp_path):
+    gpu_checks = load_script("gpu_checks")
+
+    def written(name, seconds, loss):
+        row = {"round": 2, "accuracy": 0.5, "train-loss": loss, "round-seconds": seconds}
+        metrics = {
+            "config": {"seed": 0, "run-name": name, "output-dir": str(tmp_path / name)},
+            "rounds": [{"round": 0, "accuracy": 0.1}, row],
+            "final": dict(row),
+            "stop-reason": None,
+            "timings": {"total-seconds": 10 * seconds},
+        }
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(metrics))
+        return gpu_checks.comparable_metrics(path)
+
+    first, second = written("a", 1.0, 0.25), written("b", 2.0, 0.25)
+    assert first == second and gpu_checks.differences(first, second) == []
+    other = written("c", 1.0, 0.25000000000000006)  # the last bit
+    assert gpu_checks.differences(first, other) == ["round 2 train-loss", "final"]

@@ -1,7 +1,9 @@
 """What a ClientApp process reuses between messages: model skeletons and gathered batches.
 
 A reused skeleton must give the reply a fresh one gives, bit for bit, and
-the caches must stay within their bounds.
+the caches must stay within their bounds. The runs ask for deterministic
+kernels: on a GPU, training the same model twice gives the same bits only
+with them (on a CPU always).
 """
 
 import numpy as np
@@ -42,7 +44,7 @@ def train_message(record: ArrayRecord, server_round: int = 3) -> Message:
 
 
 def context(**config) -> Context:
-    run_config = {**DEFAULTS, "local-epochs": 1, **config}
+    run_config = {**DEFAULTS, "local-epochs": 1, "deterministic": True, **config}
     return Context(1, NODE, {"partition-id": 1, "num-partitions": 10}, RecordDict(), run_config)
 
 

@@ -386,11 +386,13 @@ def test_compose_wires_addresses_partitions_and_volumes():
         partitions.add(int(config["partition-id"]))
         assert "/app/data" in {v.split(":")[1] for v in services[executor]["volumes"]}
         assert services[executor]["depends_on"] == [node]
-        # fedx's warm executor, one torch thread per ClientApp unless asked for more.
+        # fedx's warm executor; its ClientApps get a share of the host's cores, as
+        # many as the SuperNodes that share them, unless FEDX_CLIENTAPP_THREADS says.
         assert services[executor]["entrypoint"] == ["fedx-entrypoint", "fedx-superexec"]
-        assert services[executor]["environment"]["OMP_NUM_THREADS"] == (
-            "${FEDX_CLIENTAPP_THREADS:-1}"
-        )
+        environment = services[executor]["environment"]
+        assert environment["FEDX_SUPERNODES_PER_MACHINE"] == str(NUM_NODES)
+        assert environment["FEDX_CLIENTAPP_THREADS"] == "${FEDX_CLIENTAPP_THREADS:-}"
+        assert "OMP_NUM_THREADS" not in environment  # fedx-superexec sets it from the share
     assert partitions == set(range(NUM_NODES))
     server = services["superexec-serverapp"]
     server_volumes = {v.split(":")[1]: v for v in server["volumes"]}
@@ -554,6 +556,26 @@ def test_entrypoint_refuses_missing_unnamed_foreign_certificates_and_unwritable_
         match=r"\(the SuperLink's database\) is not writable by uid \d+ \(Permission denied\)",
     ):
         entrypoint.check("flower-superlink", [f"--database={tmp_path / 'superlink.db'}"])
+
+
+def test_entrypoint_gives_clientapp_superexecs_their_share_of_the_cores(entrypoint, monkeypatch):
+    from fedx.deploy import cores  # pylint: disable=import-outside-toplevel
+
+    monkeypatch.setattr(cores, "usable_cores", lambda: 8)
+    for name in ("FEDX_SUPERNODES_PER_MACHINE", "FEDX_CLIENTAPP_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    assert entrypoint.clientapp_threads("flower-superexec") == {}  # the ServerApp's: untouched
+    monkeypatch.setenv("FEDX_SUPERNODES_PER_MACHINE", "3")  # compose's ClientApp SuperExecs
+    monkeypatch.setenv("FEDX_CLIENTAPP_THREADS", "")
+    expected = dict.fromkeys(("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"), "2")
+    assert entrypoint.clientapp_threads("/opt/venv/bin/flower-superexec") == expected
+    assert entrypoint.clientapp_threads("fedx-superexec") == expected
+    assert entrypoint.clientapp_threads("flower-supernode") == {}
+    monkeypatch.setenv("FEDX_CLIENTAPP_THREADS", "1")
+    assert entrypoint.clientapp_threads("flower-superexec")["OMP_NUM_THREADS"] == "1"
+    monkeypatch.setenv("FEDX_CLIENTAPP_THREADS", "all")
+    with pytest.raises(entrypoint.CheckFailed, match="FEDX_CLIENTAPP_THREADS must be a whole"):
+        entrypoint.clientapp_threads("flower-superexec")
 
 
 def test_entrypoint_checks_the_connection_flwr_run_uses(entrypoint, tmp_path, monkeypatch):

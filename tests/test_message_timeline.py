@@ -19,8 +19,8 @@ def test_the_tracer_writes_one_line_per_call_of_its_targets_and_nothing_without_
     trace = tmp_path / "trace.txt"
     program = (
         "from fedx.deploy import superexec\n"
-        "superexec._fresh_start(None)\n"
-        "superexec._fresh_start(None)\n"
+        "superexec._fresh_start(None, 1)\n"
+        "superexec._fresh_start(None, 1)\n"
     )
     environment = {**os.environ, "PYTHONPATH": str(REPO / "benchmarks" / "_trace")}
     subprocess.run([sys.executable, "-c", program], env=environment, check=True, timeout=120)
@@ -31,6 +31,9 @@ def test_the_tracer_writes_one_line_per_call_of_its_targets_and_nothing_without_
     assert [line[5:] for line in lines] == [["_fresh_start", "NoneType"]] * 2
     start, seconds, pid = float(lines[0][0]), float(lines[0][1]), int(lines[0][2])
     assert seconds >= 0 and pid != os.getpid() and float(lines[1][0]) >= start
+    # What starts CUDA in a process is traced too (it is what a GPU node's task pays).
+    check = "import torch\nassert torch.cuda._lazy_init.__fedx_traced__\n"
+    subprocess.run([sys.executable, "-c", check], env=environment, check=True, timeout=120)
 
 
 def test_one_nodes_steps_are_read_from_the_processes_calls(timeline):
@@ -53,6 +56,8 @@ def test_one_nodes_steps_are_read_from_the_processes_calls(timeline):
             call(10.6, 10.65, child, "get_load_client_app_fn()", ppid=warm),
             call(10.65, 11.2, child, "ClientApp.__call__", ppid=warm),
             call(10.7, 11.15, child, "train", ppid=warm),
+            call(10.71, 10.91, child, "_lazy_init", ppid=warm),  # a GPU node: CUDA starts
+            call(10.95, 10.95, child, "_lazy_init", ppid=warm),  # started already
             call(11.2, 11.3, child, "push_message", ppid=warm),
             call(11.3, 11.4, child, "flwr_exit", ppid=warm),
             call(10.5, 11.6, supernode, "_push_messages"),
@@ -65,6 +70,7 @@ def test_one_nodes_steps_are_read_from_the_processes_calls(timeline):
     assert took["fork: launch to the child's first line"] == 0.01
     assert took["child: pull task input (waits for the objects)"] == 0.45
     assert took["child: ClientApp handler"] == 0.55 and took["  train"] == 0.45
+    assert took["  CUDA starts (torch.cuda._lazy_init)"] == 0.2
     assert took["SuperNode sends the reply to the SuperLink"] == 0.3
     assert took["child: exit (after the reply)"] == 0.2
     assert spans["child: install FAB"] == pytest.approx((0.55, 0.6))

@@ -1,4 +1,4 @@
-"""fedx's Ray backend (fedx/ray_backend.py) on this machine's own Ray: the pool's rules.
+"""fedx's Ray backend (fedx/simulation/) on this machine's own Ray: the pool's rules.
 
 The cluster cases (a node lost and back, two hosts) are in tests/test_ray_cluster.py.
 """
@@ -18,32 +18,15 @@ import ray
 from flwr.app import ArrayRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.clientapp.client_app import ClientAppException, LoadClientAppError
-from flwr.common.constant import SUPERLINK_NODE_ID
-from flwr.proto.task_pb2 import Task  # pylint: disable=no-name-in-module
-from flwr.server.superlink.fleet.vce import vce_api
-from flwr.server.superlink.linkstate import LinkStateFactory
-from flwr.server.superlink.linkstate.in_memory_linkstate import RunRecord
-from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME, NOOP_FEDERATION_ID
-from flwr.supercore.object_store import ObjectStoreFactory
-from flwr.supercore.run import Run
-from flwr.supercore.task_identity import TaskIdentity
-from flwr.superlink.federation import NoOpFederationManager
-from flwr.superlink.grid import InMemoryGrid
 
 from fedx.deploy.local import free_port
+from fedx.flower.ray_backend import FlowerRayBackend
 from fedx.messaging import REPLIES_STORED
-from fedx.ray_actor import ClientAppActor
-from fedx.ray_backend import (
-    INLINE_OBJECT_BYTES,
-    MESSAGES_PER_ACTOR,
-    ActorPool,
-    ClusterRayBackend,
-    FlowerRayBackend,
-    actors_per_node,
-    check_cluster_address,
-    feed_messages,
-    starts_own_ray,
-)
+from fedx.simulation.actor import ClientAppActor
+from fedx.simulation.backend import INLINE_OBJECT_BYTES, ClusterRayBackend
+from fedx.simulation.feeder import feed_messages
+from fedx.simulation.pool import MESSAGES_PER_ACTOR, ActorPool
+from fedx.simulation.ray_cluster import actors_per_node, check_cluster_address, starts_own_ray
 
 
 def test_actors_per_node_is_flowers_rule():
@@ -91,7 +74,7 @@ def test_a_ray_started_here_passes_models_inline_a_running_cluster_keeps_its_set
     monkeypatch.setattr(ray, "init", lambda **kwargs: seen.append(kwargs))
     monkeypatch.setenv("PYTHONPATH", "/elsewhere")
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.setattr("fedx.ray_backend.starts_own_ray", lambda address: True)
+    monkeypatch.setattr("fedx.simulation.backend.starts_own_ray", lambda address: True)
     ClusterRayBackend({"client_resources": {"num_cpus": 1}, "init_args": {"num_cpus": 2}})
     ClusterRayBackend(
         {"client_resources": {"num_cpus": 1}, "init_args": {"_system_config": {"a": 1}}}
@@ -99,7 +82,7 @@ def test_a_ray_started_here_passes_models_inline_a_running_cluster_keeps_its_set
     # A Ray started here inherits the app's path from the environment: no runtime env.
     assert os.environ["PYTHONPATH"].split(os.pathsep)[: len(sys.path)] == sys.path
     assert os.environ["PYTHONPATH"].endswith(f"{os.pathsep}/elsewhere")
-    monkeypatch.setattr("fedx.ray_backend.starts_own_ray", lambda address: False)
+    monkeypatch.setattr("fedx.simulation.backend.starts_own_ray", lambda address: False)
     ClusterRayBackend({"client_resources": {"num_cpus": 1}, "init_args": {"num_cpus": 2}})
     inline = {"max_direct_call_object_size": INLINE_OBJECT_BYTES}
     assert seen == [
@@ -115,26 +98,6 @@ def test_a_ray_started_here_passes_models_inline_a_running_cluster_keeps_its_set
 # ----------------------------------------------------------------------
 # The message feeder, on Flower's in-memory state of a simulation
 # ----------------------------------------------------------------------
-
-
-@pytest.fixture
-def simulation_state():
-    """Flower's in-memory state with a run and three simulated nodes, as the engine sets it up."""
-    factory = LinkStateFactory(
-        FLWR_IN_MEMORY_DB_NAME, NoOpFederationManager(), ObjectStoreFactory()
-    )
-    state = factory.state()
-    run = Run.create_empty(run_id=1)
-    run.primary_task_id, run.federation_id = 2, NOOP_FEDERATION_ID
-    state.run_ids[1] = RunRecord(run=run)
-    state.task_store[2] = Task(task_id=2, run_id=1)
-    nodes = vce_api._register_nodes(3, factory)  # pylint: disable=protected-access
-    grid = InMemoryGrid(factory)
-    grid.set_run(run)
-    saved = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, SUPERLINK_NODE_ID, 2
-    yield state, grid, list(nodes), nodes
-    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
 
 
 def message_to(node_id: int, value: float) -> Message:
@@ -161,8 +124,8 @@ def take(queue: Queue, count: int, timeout: float = 10.0) -> list[Message]:
 def test_the_feeder_hands_over_messages_when_they_are_pushed(simulation_state, monkeypatch):
     """Pushes wake it: with the passes minutes apart, pushed messages still come at once."""
     state, grid, nodes, mapping = simulation_state
-    monkeypatch.setattr("fedx.ray_backend.FEED_INTERVAL", 300.0)
-    monkeypatch.setattr("fedx.ray_backend.FEED_SWEEP_INTERVAL", 300.0)
+    monkeypatch.setattr("fedx.simulation.feeder.FEED_INTERVAL", 300.0)
+    monkeypatch.setattr("fedx.simulation.feeder.FEED_SWEEP_INTERVAL", 300.0)
     queue, stop, thread = feeding(state, mapping)
     try:
         time.sleep(0.2)  # the feeder waits for pushes
@@ -190,8 +153,8 @@ def test_the_feeder_gives_a_node_one_message_a_pass_and_finds_what_its_hook_miss
     simulation_state, monkeypatch
 ):
     state, grid, nodes, mapping = simulation_state
-    monkeypatch.setattr("fedx.ray_backend.FEED_INTERVAL", 0.05)
-    monkeypatch.setattr("fedx.ray_backend.FEED_SWEEP_INTERVAL", 0.5)
+    monkeypatch.setattr("fedx.simulation.feeder.FEED_INTERVAL", 0.05)
+    monkeypatch.setattr("fedx.simulation.feeder.FEED_SWEEP_INTERVAL", 0.5)
     queue, stop, thread = feeding(state, mapping)
     try:
         grid.push_messages([message_to(nodes[1], 1.0), message_to(nodes[1], 1.5)])
@@ -236,7 +199,7 @@ def local_ray():
 def test_fedx_clientapp_actor_passes_the_apps_errors_on_as_flowers_does(
     local_ray, server_task_identity
 ):
-    """fedx/ray_actor.py's actor in place of Flower's: the same errors reach the engine."""
+    """fedx/simulation/actor.py's actor in place of Flower's: the same errors reach the engine."""
     app = ClientApp()
 
     @app.query()
@@ -331,8 +294,8 @@ def test_a_busy_actor_gets_a_message_queued_only_while_more_wait_than_there_are_
 
 def test_messages_wait_for_actors_that_start_slowly(local_ray, monkeypatch, caplog):
     """A busy machine may take minutes to start actors: that is no reason to fail messages."""
-    monkeypatch.setattr("fedx.ray_backend.NO_ACTOR_TIMEOUT", 0.5)
-    monkeypatch.setattr("fedx.ray_backend.SLOW_START", 1.0)
+    monkeypatch.setattr("fedx.simulation.pool.NO_ACTOR_TIMEOUT", 0.5)
+    monkeypatch.setattr("fedx.simulation.pool.SLOW_START", 1.0)
     caplog.set_level(logging.INFO, logger="flwr")
     pool = ActorPool(
         {"num_cpus": 1}, Worker.remote, app_fn=lambda: time.sleep(3), watch_interval=0.2

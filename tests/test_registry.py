@@ -71,18 +71,29 @@ def test_a_broken_plugin_names_itself_and_stops_no_other_method(tmp_path, monkey
 def test_the_run_config_reference_is_up_to_date(tmp_path):
     assert reference.main(["--check"]) == 0, "run python -m fedx.reference"
     # The check can fail: a default that differs from the declaration is found.
-    for name in ("README.md", "pyproject.toml"):
-        (tmp_path / name).write_text((REPO / name).read_text())
     pyproject = tmp_path / "pyproject.toml"
-    pyproject.write_text(pyproject.read_text().replace("fedmut-alpha = 1.0", "fedmut-alpha = 2.0"))
-    readme = tmp_path / "README.md"
-    readme.write_text(
-        readme.read_text().replace("| `fedmut-beta0` | `0.3` |", "| `fedmut-beta0` | `0.5` |")
+    pyproject.write_text(
+        (REPO / "pyproject.toml").read_text().replace("fedmut-alpha = 1.0", "fedmut-alpha = 2.0")
     )
     stale = {
         path.name for path, text in reference.updated(tmp_path).items() if path.read_text() != text
     }
-    assert stale == {"README.md", "pyproject.toml"}
+    assert stale == {"pyproject.toml"}
+
+
+def test_the_documentation_tables_hold_every_key_with_its_default():
+    """The tables docs/run-config.md gets at build time (tests/test_docs.py builds the page)."""
+    tables = reference.markdown_reference()
+    rows = {
+        line.split(" | ")[0].strip("| `"): line for line in tables.splitlines() if "| `" in line
+    }
+    keys = [*APP_KEYS, *(key for method in builtin_methods() for key in method.keys)]
+    assert {key.name for key in keys} == set(rows)
+    assert "| `fedmut-beta0` | `0.3` | a number in [0, 1] |" in rows["fedmut-beta0"]
+    for method in builtin_methods():
+        assert f"(run-config-{method.name})=\n## `{method.name}`" in tables
+    # A placeholder such as fixed:<name> is text, not an HTML tag.
+    assert "fixed:\\<name>" in rows["fedme-initial-architecture"]
 
 
 # What may name a method: its own modules (strategy, protocol, client side),
@@ -91,7 +102,13 @@ def test_the_run_config_reference_is_up_to_date(tmp_path):
 OWN_FILES = {
     "fedcross": {"strategies/fedcross.py"},
     "fedmut": {"strategies/fedmut.py"},
-    "fedme": {"strategies/fedme.py", "protocol/fedme.py", "client/fedme.py", "mutual.py"},
+    "fedme": {
+        "strategies/fedme.py",
+        "strategies/fedme_clients.py",
+        "protocol/fedme.py",
+        "client/fedme.py",
+        "mutual.py",
+    },
 }
 
 

@@ -85,7 +85,10 @@ def test_run_directory_is_absolute_and_named():
 @pytest.mark.usefixtures("server_task_identity")
 @pytest.mark.parametrize("strategy", ["fedmr", "fedavg"])
 def test_same_seed_same_run_whatever_the_node_ids(tmp_path, strategy):
-    """Simulated nodes get random ids each run; the results must not depend on them."""
+    """Simulated nodes get random ids each run; the results must not depend on them.
+
+    Deterministic kernels: on a GPU two runs of one seed are equal only with them.
+    """
     torch_threads = torch.get_num_threads()
     torch.set_num_threads(1)
     runs = []
@@ -98,6 +101,7 @@ def test_same_seed_same_run_whatever_the_node_ids(tmp_path, strategy):
                 "num-server-rounds": 2,
                 "local-epochs": 1,
                 "fraction-train": 0.5,
+                "deterministic": True,
                 "run-name": f"run{attempt}",
                 "output-dir": str(tmp_path),
             }

@@ -32,6 +32,8 @@ def run_config(tmp_path, **overrides) -> dict:
         "min-available-nodes": 3,
         "node-wait-timeout": 5.0,
         "output-dir": str(tmp_path),
+        # A resumed run ends as the whole one to the last bit: on a GPU, with these kernels.
+        "deterministic": True,
         **overrides,
     }
 
@@ -126,6 +128,22 @@ def test_a_checkpoint_older_than_a_run_config_key_resumes_with_this_runs_value(t
         run_main(CrashingGrid(NODE_IDS, None), {**DEFAULTS, "resume-from": str(tmp_path / "old")})
     assert "the checkpoint predates run-config keys leaf-users=0, leaf-min-samples=0" in caplog.text
     assert load_checkpoint(tmp_path / "old").server_round == NUM_ROUNDS
+
+
+def test_a_resumed_run_goes_on_where_its_own_run_config_says(tmp_path, caplog):
+    """``device`` says where the run goes on (a GPU run resumed on a CPU machine), not what it is."""
+    with pytest.raises(RuntimeError, match="died"):
+        run_main(
+            CrashingGrid(NODE_IDS, 2),
+            run_config(tmp_path, **{"run-name": "moved", "device": "auto"}),
+        )
+    settings = {"resume-from": str(tmp_path / "moved"), "device": "cpu"}
+    with caplog.at_level(logging.INFO):
+        run_main(overriding(CrashingGrid(NODE_IDS, None), **settings), {**DEFAULTS, **settings})
+    assert "ignoring" not in caplog.text
+    metrics = json.loads((tmp_path / "moved" / "metrics.json").read_text())
+    assert metrics["config"]["device"] == "cpu"
+    assert load_checkpoint(tmp_path / "moved").server_round == NUM_ROUNDS
 
 
 def overriding(grid, **keys):

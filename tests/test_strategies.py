@@ -8,6 +8,7 @@ from flwr.app import Array, ConfigRecord, Error, Message, MetricRecord
 from flwr.serverapp.strategy import FedAvg
 
 from fedx.strategies import FedIndep, FedMR, to_arrayrecord, to_model
+from tests.helpers import make_model
 from tests.standin_grid import (
     NODE_IDS,
     StandInGrid,
@@ -244,3 +245,26 @@ def test_start_runs_rounds_and_reports_the_mean(initial):
 def test_bad_arguments_are_rejected(kwargs, message):
     with pytest.raises(ValueError, match=message):
         FedMR(**kwargs)
+
+
+def test_the_clients_metrics_do_not_depend_on_the_order_their_replies_came_in():
+    """A simulation's replies come in any order; the round's metrics add them up by slot."""
+    losses = dict(zip(NODE_IDS, [1e8, 0.1, -1e8, 0.3, 0.7], strict=True))  # sums that see order
+
+    def reply(message):
+        answer = trained_reply(message)
+        answer.content["metrics"]["train-loss"] = losses[message.metadata.dst_node_id]
+        return answer
+
+    class ReversedGrid(StandInGrid):
+        def send_and_receive(self, messages, *, timeout=None):
+            return list(reversed(super().send_and_receive(messages, timeout=timeout)))
+
+    metrics = []
+    for grid in (StandInGrid(NODE_IDS, reply), ReversedGrid(NODE_IDS, reply)):
+        strategy = FedMR(seed=3, min_available_nodes=1)
+        _, _, (_, round_metrics) = run_round(
+            strategy, grid, 1, make_model(np.random.default_rng(0))
+        )
+        metrics.append(round_metrics["train-loss"])
+    assert metrics[0] == metrics[1]  # bit for bit

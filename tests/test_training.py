@@ -1,6 +1,8 @@
 """Tests for fedx.training: local SGD training, the proximal term, evaluation."""
 
+import logging
 import math
+import os
 
 import numpy as np
 import pytest
@@ -10,7 +12,13 @@ from torch.utils.data import DataLoader, Subset, TensorDataset
 
 from fedx.data import load_split
 from fedx.models import build_model
-from fedx.training import evaluate, get_device, train
+from fedx.training import (
+    CUBLAS_WORKSPACE_ENV,
+    deterministic_kernels,
+    evaluate,
+    get_device,
+    train,
+)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -32,7 +40,77 @@ def _flat_parameters(model: nn.Module) -> torch.Tensor:
 
 def test_get_device_prefers_cuda() -> None:
     expected = "cuda" if torch.cuda.is_available() else "cpu"
-    assert get_device() == torch.device(expected)
+    assert get_device() == get_device("auto") == torch.device(expected)
+
+
+def test_a_device_can_be_pinned_and_cuda_without_a_gpu_says_so(monkeypatch) -> None:
+    assert get_device("cpu") == CPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert get_device("auto") == CPU
+    with pytest.raises(RuntimeError, match="device='cuda' but torch sees no GPU"):
+        get_device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert get_device("cuda") == get_device("auto") == torch.device("cuda")
+    with pytest.raises(ValueError, match="'gpu' is not one of"):
+        get_device("gpu")
+
+
+def test_deterministic_kernels_hold_for_the_block_only(monkeypatch) -> None:
+    monkeypatch.setenv(CUBLAS_WORKSPACE_ENV, "")  # restored after the test, as it was
+    monkeypatch.delenv(CUBLAS_WORKSPACE_ENV)
+    torch.backends.cudnn.benchmark = True
+    try:
+        with deterministic_kernels(False):
+            assert not torch.are_deterministic_algorithms_enabled()
+        assert CUBLAS_WORKSPACE_ENV not in os.environ
+        with deterministic_kernels(True):
+            assert torch.are_deterministic_algorithms_enabled()
+            assert not torch.backends.cudnn.benchmark
+            # cuBLAS reads it when the process first uses it: set before any GPU work.
+            assert os.environ[CUBLAS_WORKSPACE_ENV] == ":4096:8"
+        assert not torch.are_deterministic_algorithms_enabled()
+        assert torch.backends.cudnn.benchmark
+        with pytest.raises(KeyError), deterministic_kernels(True):
+            raise KeyError("a failing block")
+        assert not torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.backends.cudnn.benchmark = False
+
+
+def test_deterministic_kernels_warn_where_cuda_started_without_the_cublas_setting(
+    monkeypatch, caplog
+) -> None:
+    monkeypatch.setenv(CUBLAS_WORKSPACE_ENV, ":16:8")  # a deterministic value of the user's: kept
+    with deterministic_kernels(True):
+        assert os.environ[CUBLAS_WORKSPACE_ENV] == ":16:8"
+    monkeypatch.delenv(CUBLAS_WORKSPACE_ENV)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr("fedx.training._logged", set())
+    with caplog.at_level(logging.WARNING, logger="flwr"), deterministic_kernels(True):
+        pass
+    assert "CUDA started in this process" in caplog.text
+    assert "CUBLAS_WORKSPACE_CONFIG=:4096:8" in caplog.text
+
+
+def test_training_reads_its_running_sums_from_the_device_once_per_call(monkeypatch) -> None:
+    """No host synchronisation per batch: a GPU queues batch after batch."""
+    torch.manual_seed(0)
+    model = build_model("cnn", (1, 8, 8), 10)
+    # The batches as a list: a DataLoader reads a seed for each pass (on the CPU).
+    loader = list(DataLoader(Subset(load_split("digits", "train"), np.arange(200)), batch_size=20))
+    reads = []
+    item = torch.Tensor.item
+
+    def counted(tensor: torch.Tensor):
+        reads.append(tensor.shape)
+        return item(tensor)
+
+    monkeypatch.setattr(torch.Tensor, "item", counted)
+    loss = train(model, loader, epochs=3, learning_rate=0.05, device=CPU)
+    assert len(reads) == 1 and loss > 0  # 30 batches, one read
+    reads.clear()
+    evaluate(model, loader, device=CPU)
+    assert len(reads) == 2  # the loss and the count of correct predictions
 
 
 def test_training_on_digits_learns() -> None:

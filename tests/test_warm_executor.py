@@ -2,7 +2,9 @@
 
 The first tests run the executor itself, with a stand-in task
 (tests/executor_probe.py) forked from a real warm interpreter that has
-imported torch: every task starts clean, a crashing task loses only itself.
+imported torch: every task starts clean with the torch threads it was
+given, a crashing task loses only itself, no more tasks run at once than
+the limit and the others wait their turn.
 Then the commands fedx-deploy builds (fedx-superexec, fedx-supernode with a
 shorter idle poll). The last test runs fedx's app on a SuperLink and 3 SuperNodes whose
 ClientApps come from fedx-superexec, with TLS on every link, SuperNode
@@ -12,6 +14,7 @@ authentication and SuperExec authentication.
 import json
 import logging
 import os
+import signal
 import socket
 import ssl
 import time
@@ -21,22 +24,30 @@ import pytest
 from flwr.supercore.constant import TaskType
 from flwr.supercore.superexec.executor import ExecutionSpec, LaunchResult
 
-from fedx.deploy import superexec, supernode
+from fedx.deploy import superexec
+from fedx.deploy.cores import ClientAppCores
 from fedx.deploy.credentials import write_supernode_keys, write_tls_certificates
 from fedx.deploy.local import FederationSpec, LocalFederation
 from fedx.deploy.superexec import WarmExecutor
-from fedx.object_pulls import PULL_FUNCTIONS, RETRY_KEYWORDS
 from tests.deployment import deploy_up_faked, run_app, spec_on_free_ports
 from tests.executor_probe import probe
 from tests.helpers import REPO
 from tests.test_deploy_static import flags, help_flags
 
+#: Threads of the module's executor's tasks: not a machine's core count, so not torch's default.
+THREADS = 3
+
+
+def probe_executor(cores: ClientAppCores, **options) -> WarmExecutor:
+    """A warm executor whose interpreter imported torch and whose tasks run the probe."""
+    return WarmExecutor(
+        preload_app="tests.executor_probe", preload=["torch"], task=probe, cores=cores, **options
+    )
+
 
 @pytest.fixture(scope="module")
 def executor():
-    warm = WarmExecutor(
-        preload_app="tests.executor_probe", preload=["torch"], task=probe, object_pull_wait=0.1
-    )
+    warm = probe_executor(ClientAppCores(THREADS, THREADS, max_tasks=1), object_pull_wait=0.1)
     yield warm
     warm.close()
 
@@ -90,6 +101,11 @@ def test_every_task_starts_clean_from_the_warm_interpreter(executor, tmp_path):
         assert not seen["app-module-at-start"] and seen["imported-in-this-process"]
         assert seen["tasks-before"] == []
         assert seen["sockets"] == 0  # nothing of the warm interpreter's socket, no connection
+        # The share of the cores it was given, in torch and for what it starts.
+        assert seen["torch-threads"] == THREADS
+        assert seen["thread-variables"] == dict.fromkeys(
+            ("OMP_NUM_THREADS", "MKL_NUM_THREADS"), "3"
+        )
     assert first["pid"] != second["pid"]
     # Task 1 reseeded torch and numpy on its way out; task 2 did not notice.
     # torch, numpy and random start from fresh entropy, as in new interpreters.
@@ -129,34 +145,118 @@ def test_stopping_stops_the_running_tasks(tmp_path):
     )
 
 
+def run_as_flowers_superexec(
+    executor: WarmExecutor, pending: list[ExecutionSpec], timeout: float = 120
+) -> int:
+    """Flower's SuperExec loop (``run_superexec``) until every task has ended.
+
+    Each pass reconciles, asks for capacity and claims the oldest pending
+    task of a type it may start. Returns the most task processes seen alive
+    at once.
+    """
+    most, deadline = 0, time.monotonic() + timeout
+    while (pending or executor.running or executor.queued) and time.monotonic() < deadline:
+        executor.reconcile()
+        eligible, _ = executor.get_eligible_capacity({TaskType.CLIENT_APP, TaskType.SERVER_APP})
+        if pending and pending[0].task_type in eligible:
+            assert executor.launch(pending.pop(0)) == LaunchResult.accepted()
+        most = max(most, len(executor.running))
+        time.sleep(0.02)
+    return most
+
+
+def most_at_once(intervals: list[tuple[float, float]]) -> int:
+    """The most intervals that overlap at one moment."""
+    events = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
+    running = most = 0
+    for _, change in events:
+        running += change
+        most = max(most, running)
+    return most
+
+
+@pytest.fixture(scope="module")
+def limited():
+    """An executor that runs at most 2 tasks at once, each with one torch thread."""
+    warm = probe_executor(ClientAppCores(cores=2, threads=1, max_tasks=2))
+    yield warm
+    warm.close()
+
+
+def test_no_more_tasks_run_at_once_than_the_limit_and_all_complete(limited, tmp_path):
+    # As Flower's SuperExec drives it: it claims a task only while there is room.
+    specs = [spec_for(10 + i, "sleep", tmp_path / f"gated-{i}.json") for i in range(5)]
+    assert run_as_flowers_superexec(limited, list(specs)) <= 2
+    # Launched all at once (a caller that does not ask first): 2 run, 3 wait here.
+    rush = [spec_for(20 + i, "sleep", tmp_path / f"rush-{i}.json") for i in range(5)]
+    for spec in rush:
+        assert limited.launch(spec) == LaunchResult.accepted()
+    assert len(limited.running) == 2 and limited.queued == [22, 23, 24]
+    eligible, _ = limited.get_eligible_capacity({TaskType.CLIENT_APP, TaskType.SERVER_APP})
+    assert eligible == {TaskType.SERVER_APP}  # no ClientApp claimed while tasks wait
+    assert run_as_flowers_superexec(limited, []) <= 2
+    for spec in specs + rush:  # every task ran, to its end, as the tasks themselves saw it
+        seen = json.loads(Path(spec.token.split(":", 1)[1]).read_text())
+        assert "ended" in seen and seen["torch-threads"] == 1, spec.task_id
+    for group in (specs, rush):
+        seen = [json.loads(Path(s.token.split(":", 1)[1]).read_text()) for s in group]
+        assert most_at_once([(t["started"], t["ended"]) for t in seen]) <= 2
+    limited.wait_for_capacity(TaskType.CLIENT_APP)  # room now: returns at once
+
+
+def test_a_task_queued_past_its_claim_is_dropped_and_the_queue_goes_on(
+    tmp_path, monkeypatch, caplog
+):
+    monkeypatch.setattr(superexec, "CLAIM_LAPSES", 2.0)
+    warm = probe_executor(ClientAppCores(cores=1, threads=1, max_tasks=1))
+    try:
+        warm.launch(spec_for(30, "hold", tmp_path / "30.json"))  # runs until killed
+        warm.launch(spec_for(31, "report", tmp_path / "31.json"))  # waits past its claim
+        time.sleep(2.5)
+        warm.launch(spec_for(32, "report", tmp_path / "32.json"))  # waits, claim still good
+        assert warm.queued == [31, 32]
+        os.kill(warm.running[30], signal.SIGKILL)
+        with caplog.at_level(logging.WARNING, logger="flwr"):
+            assert run_as_flowers_superexec(warm, []) == 1
+    finally:
+        warm.close()
+    assert "ClientApp task 31 waited" in caplog.text and "dropped" in caplog.text
+    assert "ClientApp task 32 waited" not in caplog.text
+    assert not (tmp_path / "31.json").exists()
+    assert json.loads((tmp_path / "32.json").read_text())["tasks-before"] == []
+
+
+def test_task_limits_follow_the_options_the_environment_and_the_cores(monkeypatch):
+    monkeypatch.delenv("FEDX_CLIENTAPP_THREADS", raising=False)
+    monkeypatch.delenv("FEDX_CLIENTAPP_MAX_TASKS", raising=False)
+    monkeypatch.delenv("FEDX_SUPERNODES_PER_MACHINE", raising=False)
+    resolve = ClientAppCores.resolve
+    # A SuperNode alone on its machine: every core for one task at a time.
+    assert resolve(cores=8) == ClientAppCores(cores=8, threads=8, max_tasks=1)
+    # Three on 8 cores: 2 each (8 // 3); one thread each lets 2 run at once.
+    assert resolve(cores=8, supernodes=3) == ClientAppCores(cores=2, threads=2, max_tasks=1)
+    assert resolve(cores=8, supernodes=3, threads=1).max_tasks == 2
+    assert resolve(cores=2, supernodes=3) == ClientAppCores(cores=1, threads=1, max_tasks=1)
+    monkeypatch.setenv("FEDX_SUPERNODES_PER_MACHINE", "4")
+    monkeypatch.setenv("FEDX_CLIENTAPP_THREADS", "")  # compose's empty default: unset
+    assert resolve(cores=8).threads == 2
+    monkeypatch.setenv("FEDX_CLIENTAPP_THREADS", "1")
+    monkeypatch.setenv("FEDX_CLIENTAPP_MAX_TASKS", "3")
+    assert resolve(cores=8) == ClientAppCores(cores=2, threads=1, max_tasks=3)
+    assert resolve(cores=8, threads=2, max_tasks=1) == ClientAppCores(2, 2, 1)  # options first
+    monkeypatch.setenv("FEDX_CLIENTAPP_THREADS", "many")
+    with pytest.raises(ValueError, match="FEDX_CLIENTAPP_THREADS must be a whole number"):
+        resolve(cores=8)
+    with pytest.raises(ValueError, match="max tasks must be"):
+        resolve(cores=8, threads=1, max_tasks=0)
+    with pytest.raises(SystemExit, match="fedx-superexec: clientapp threads must be"):
+        superexec.main(["--clientapp-threads", "0", "--insecure"])
+
+
 def probe_sleeping(spec) -> None:
     """A task that takes a long time."""
     del spec
     time.sleep(300)
-
-
-def test_a_fab_is_unpacked_once_then_found_where_flower_installed_it(tmp_path, monkeypatch):
-    from flwr.cli import install  # pylint: disable=import-outside-toplevel
-    from flwr.cli.build import build_fab_from_files  # pylint: disable=import-outside-toplevel
-
-    monkeypatch.setenv("FLWR_HOME", str(tmp_path))
-    pyproject = (REPO / "pyproject.toml").read_bytes()
-    fab, _ = build_fab_from_files({"pyproject.toml": pyproject, "fedx/__init__.py": b""})
-    unpacked = []
-    flowers = install.install_from_fab
-    monkeypatch.setattr(
-        install, "install_from_fab", lambda *a, **k: unpacked.append(a) or flowers(*a, **k)
-    )
-    assert superexec.installed_fab_path(fab) is None
-    first = superexec.install_fab_once(fab, skip_prompt=True)
-    assert first == flowers(fab, skip_prompt=True)  # Flower's own path...
-    assert (first / "fedx" / "__init__.py").is_file() and len(unpacked) == 1
-    assert superexec.install_fab_once(fab, skip_prompt=True) == first
-    assert len(unpacked) == 1  # ...found again without unpacking
-    other, _ = build_fab_from_files({"pyproject.toml": pyproject, "fedx/__init__.py": b"x = 1"})
-    assert superexec.install_fab_once(other, skip_prompt=True) != first  # another hash
-    assert len(unpacked) == 2
-    assert superexec.installed_fab_path(b"not a zip") is None  # Flower's function says why
 
 
 def test_other_tasks_and_dependency_installation_go_to_flowers_executor(executor, tmp_path):
@@ -229,36 +329,6 @@ def test_warm_and_fast_poll_commands_use_only_flags_flower_has(tmp_path):
         FederationSpec(2, tmp_path, insecure=True, poll_interval=5.0)
 
 
-def test_fedx_supernode_shortens_exactly_the_idle_and_reply_waits(monkeypatch):
-    slept = []
-    monkeypatch.setattr(supernode.time, "sleep", slept.append)
-    waits = supernode.ShortWaits(0.2)
-    for seconds in (3, 0.5, 1.0):
-        waits.sleep(seconds)
-    assert slept == [0.2, 0.2, 1.0]
-    assert waits.monotonic is supernode.time.monotonic  # the rest is the time module's
-    monkeypatch.setattr(
-        supernode.inspect, "getsource", lambda module: "time.sleep(5)"
-    )  # another Flower
-    with pytest.raises(RuntimeError, match="no time.sleep"):
-        supernode.shorten_waits(0.2)
-
-
-def test_fedx_supernode_patches_flowers_loop(monkeypatch):
-    loop = supernode.supernode_loop
-    monkeypatch.setattr(loop, "time", loop.time)  # put back after the test
-    for function in PULL_FUNCTIONS:  # put back after the test
-        for keyword in RETRY_KEYWORDS:
-            monkeypatch.setitem(function.__kwdefaults__, keyword, function.__kwdefaults__[keyword])
-    supernode.shorten_waits(0.2)
-    assert isinstance(loop.time, supernode.ShortWaits) and loop.time.interval == 0.2
-    # The objects of a message are asked for again after 0.2 s (Flower: 1 s).
-    assert loop.pull_objects.__kwdefaults__["initial_backoff"] == 0.2
-    for interval in (0, 5):
-        with pytest.raises(ValueError, match="poll interval must be in"):
-            supernode.shorten_waits(interval)
-
-
 def test_deploy_up_starts_warm_supernodes_with_short_polls(tmp_path, monkeypatch, capsys):
     code, started = deploy_up_faked(
         monkeypatch,
@@ -304,7 +374,8 @@ def test_fedmr_runs_on_warm_executors_over_tls_with_authentication(warm_federati
     output = run_app(
         federation,
         REPO,
-        f'num-server-rounds=2 local-epochs=1 min-available-nodes=3 run-name="warm" output-dir="{tmp_path}"',
+        f"num-server-rounds=2 local-epochs=1 min-available-nodes=3 deterministic=true "
+        f'run-name="warm" output-dir="{tmp_path}"',
         timeout=480,
     )
     metrics_file = tmp_path / "warm" / "metrics.json"
@@ -320,6 +391,9 @@ def test_fedmr_runs_on_warm_executors_over_tls_with_authentication(warm_federati
         assert f"warm ClientApp interpreter (pid {warm_pid}) ready" in log
         # ...having imported what fedx's ClientApp imports on its first training message.
         assert "imported: torch, fedx.client.handlers, fedx.client_app" in log
+        # Every forked task trained with the deterministic kernels the run config asked for.
+        deterministic = log.count("fedx: deterministic kernels in this process")
+        assert deterministic == received - log.count("Receiving: query"), (index, deterministic)
         assert "Traceback" not in log, log[-3000:]
         # The SuperNode's Runtime API, where the tasks' tokens travel, speaks TLS only.
         context = ssl.create_default_context(cafile=str(spec.tls.ca_cert))

@@ -40,12 +40,8 @@ TARGETS = {
         "push_task_output",
     ],
     # SuperExec and the forked task
-    "fedx.deploy.superexec": [
-        "WarmExecutor.launch",
-        "install_fab_once",
-        "_task_child",
-        "_fresh_start",
-    ],
+    "fedx.deploy.superexec": ["WarmExecutor.launch", "_task_child", "_fresh_start"],
+    "fedx.flower.clientapp_task": ["install_fab_once"],
     "flwr.supernode.runtime.run_clientapp": [
         "run_clientapp",
         "pull_task_input",
@@ -62,6 +58,8 @@ TARGETS = {
     "flwr.clientapp.client_app": ["ClientApp.__call__"],
     "fedx.client.task": ["ClientTask.training_data", "ClientTask.model", "ClientTask.__init__"],
     "fedx.client_app": ["train", "evaluate"],
+    # CUDA starting in a forked task (a GPU node): torch calls it on the first CUDA work
+    "torch.cuda": ["_lazy_init"],
     # a forked task's process, until os._exit
     "multiprocessing.process": ["BaseProcess._bootstrap"],
 }

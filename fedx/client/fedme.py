@@ -8,7 +8,6 @@ from dataclasses import dataclass
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from torch import nn
-from torch.utils.data import DataLoader
 
 from fedx.client.task import ClientTask
 from fedx.data import dataset_info
@@ -16,7 +15,7 @@ from fedx.models import build_seeded_model, client_model_seed
 from fedx.mutual import prefers_exchanged, train_mutual
 from fedx.protocol import fedme as protocol
 from fedx.protocol.common import CLIENT_ID, METRICS, NUM_EXAMPLES
-from fedx.training import evaluate
+from fedx.training import Batches, evaluate
 from fedx.training import train as train_model
 
 
@@ -86,8 +85,8 @@ class CandidateResult:
 def try_architectures(
     candidates: Sequence[str],
     build: Callable[[str], nn.Module],
-    train_loader: DataLoader,
-    validation_loader: DataLoader,
+    train_loader: Batches,
+    validation_loader: Batches,
     *,
     epochs: int,
     seed: int,
@@ -107,7 +106,7 @@ def try_architectures(
         Architecture names, in the order the results come back.
     build : callable
         ``build(architecture)``: the untrained model the candidate starts from.
-    train_loader, validation_loader : DataLoader
+    train_loader, validation_loader : iterable of (torch.Tensor, torch.Tensor)
         The client's train and validation splits.
     epochs : int
         Local epochs per candidate.

@@ -7,12 +7,12 @@ actors when they start, the warm executor's interpreter.
 """
 
 import functools
-import importlib
 from collections.abc import Callable
 
 from flwr.app import ArrayRecord, Context, Message, MetricRecord
 
 from fedx.client.task import ClientTask
+from fedx.method import resolve
 from fedx.protocol.common import (
     ARRAYS,
     CLIENT_ID,
@@ -31,8 +31,7 @@ from fedx.training import evaluate, train
 @functools.cache
 def _handler(path: str) -> Callable[[ClientTask], Message]:
     """The function a method's ``client_train`` names (``"module:function"``)."""
-    module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)
+    return resolve(path)
 
 
 def train_model(msg: Message, context: Context) -> Message:

@@ -12,6 +12,7 @@ loaded into (:mod:`fedx.client.skeletons`), which a task borrows and gives
 back when its handler is done (``with ClientTask(...) as task:``).
 """
 
+import contextlib
 import functools
 from collections.abc import Mapping
 from types import TracebackType
@@ -20,7 +21,7 @@ from typing import Any
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from fedx.arrays import to_numpy_dict
 from fedx.client.node import node_partition
@@ -30,12 +31,13 @@ from fedx.data import (
     LocalSplits,
     batch_loader,
     dataset_info,
+    device_batches,
     load_local_splits,
     load_partition,
     load_test_share,
 )
 from fedx.protocol.common import CONFIG, SERVER_ROUND, TrainingSettings
-from fedx.training import get_device
+from fedx.training import Batches, deterministic_kernels, get_device
 
 #: Batch size of evaluation passes.
 EVALUATION_BATCH = 256
@@ -74,6 +76,10 @@ class ClientTask:
         The round the message belongs to (0 when the server did not say).
     training : TrainingSettings
         The local-training hyperparameters: the message's, else the run config's.
+    device : torch.device
+        Where this node trains and evaluates (the run config's ``device``).
+        While the task is open (``with``), torch runs its deterministic
+        kernels if the run config's ``deterministic`` says so.
     """
 
     def __init__(self, message: Message, context: Context) -> None:
@@ -84,10 +90,14 @@ class ClientTask:
         self.round_config = message.content.config_records.get(CONFIG, ConfigRecord())
         self.server_round = int(self.round_config.get(SERVER_ROUND, 0))
         self.training = TrainingSettings.read(self.round_config, self.config)
-        self.device = get_device()
+        self.device = get_device(self.config.device)
         self._borrowed: list[tuple[nn.Module, str]] = []
+        self._kernels = contextlib.ExitStack()
 
     def __enter__(self) -> "ClientTask":
+        # The run config says so, message by message: a process that answers
+        # several runs' messages (a warm executor's, a Ray actor) follows each.
+        self._kernels.enter_context(deterministic_kernels(self.config.deterministic))
         return self
 
     def __exit__(
@@ -96,6 +106,7 @@ class ClientTask:
         error: BaseException | None,
         trace: TracebackType | None,
     ) -> None:
+        self._kernels.close()
         borrowed, self._borrowed = self._borrowed, []
         if kind is not None:
             return  # a call that failed may have left its models half-way: they are not kept
@@ -137,14 +148,20 @@ class ClientTask:
             **self.config.data_settings(),
         )
 
-    def train_loader(self, dataset: Dataset) -> DataLoader:
-        """Shuffled batches of ``batch-size`` (:func:`fedx.data.batch_loader`)."""
-        return batch_loader(dataset, self.training.batch_size, shuffle=True)
+    def train_loader(self, dataset: Dataset) -> Batches:
+        """Shuffled batches of ``batch-size``, made on the device where the dataset allows.
 
-    @staticmethod
-    def test_loader(dataset: Dataset) -> DataLoader:
-        """Batches for evaluation, in order."""
-        return batch_loader(dataset, EVALUATION_BATCH)
+        :func:`fedx.data.device_batches` serves in-memory images (CIFAR) on
+        the task's device; :func:`fedx.data.batch_loader` the other datasets.
+        """
+        size = self.training.batch_size
+        on_device = device_batches(dataset, size, self.device, shuffle=True)
+        return on_device if on_device is not None else batch_loader(dataset, size, shuffle=True)
+
+    def test_loader(self, dataset: Dataset) -> Batches:
+        """Batches for evaluation, in order (made on the device where the dataset allows)."""
+        on_device = device_batches(dataset, EVALUATION_BATCH, self.device)
+        return on_device if on_device is not None else batch_loader(dataset, EVALUATION_BATCH)
 
     # ------------------------------------------------------------------
     # Models and training

@@ -19,6 +19,7 @@ from fedx.data.datasets import (
     dataset_info,
     load_split,
 )
+from fedx.data.device import DeviceBatches, DeviceImages, ImageTransform, device_batches
 from fedx.data.leaf import LEAF_DATASETS, LeafDataset, decode_text, encode_text
 from fedx.data.loaders import batch_gatherer, batch_loader
 from fedx.data.partitioning import (
@@ -45,8 +46,11 @@ __all__ = [
     "PARTITIONINGS",
     "SPLITS",
     "DatasetInfo",
+    "DeviceBatches",
+    "DeviceImages",
     "DigitsDataset",
     "LeafDataset",
+    "ImageTransform",
     "LocalSplits",
     "Partition",
     "SplitSettings",
@@ -57,6 +61,7 @@ __all__ = [
     "dataset_info",
     "dataset_labels",
     "decode_text",
+    "device_batches",
     "dirichlet_sizes",
     "encode_text",
     "load_local_splits",

@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import Dataset
 
 from fedx.data.cache import array_digest, cached_indices, code_identity
+from fedx.data.device import ImageTransform
 from fedx.data.leaf import (
     FEMNIST_CLASSES,
     FEMNIST_SIDE,
@@ -337,9 +338,6 @@ def _digits() -> tuple[np.ndarray, np.ndarray]:
 
 @functools.lru_cache(maxsize=4)
 def _load_cifar(name: str, train: bool, root: str, download: bool, augment: bool) -> "CIFAR10":
-    # pylint: disable=import-outside-toplevel  (torchvision only for the datasets that need it)
-    from torchvision import transforms
-
     spec = _CIFAR[name]
     folder = os.path.join(root, spec.dataset_class.base_folder)
     if not download:
@@ -349,20 +347,12 @@ def _load_cifar(name: str, train: bool, root: str, download: bool, augment: bool
                 f"{spec.title} not found: {folder} lacks {', '.join(missing)}; "
                 f"set download=true (run-config key) to fetch it into {root}"
             )
-    normalize = transforms.Normalize(spec.mean, spec.std)
-    if augment:
-        transform = transforms.Compose(
-            [
-                transforms.RandomCrop(32, padding=4),
-                transforms.RandomHorizontalFlip(),
-                transforms.ToTensor(),
-                normalize,
-            ]
-        )
-    else:
-        transform = transforms.Compose([transforms.ToTensor(), normalize])
+    # Random 32x32 crops of the image padded by 4, flipped half the time (training only).
+    transform = ImageTransform(spec.mean, spec.std, crop_padding=4 * augment, flip=augment)
     try:
-        return spec.dataset_class(root, train=train, transform=transform, download=download)
+        dataset = spec.dataset_class(
+            root, train=train, transform=transform.torchvision(32), download=download
+        )
     except RuntimeError as err:
         # torchvision reports missing and corrupted files alike; by now the
         # files exist, so their md5 sums did not match.
@@ -370,6 +360,10 @@ def _load_cifar(name: str, train: bool, root: str, download: bool, augment: bool
             f"{spec.title} files in {folder} failed torchvision's md5 check; "
             f"delete the folder and set download=true to fetch them again"
         ) from err
+    # The same transform for the GPU's data path (fedx.data.device), which
+    # batches the uint8 images of `dataset.data` on the device.
+    dataset.image_transform = transform
+    return dataset
 
 
 def _missing_cifar_files(dataset_class: "type[CIFAR10]", folder: str) -> list[str]:

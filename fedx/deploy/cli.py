@@ -21,6 +21,12 @@ The same, running the app once against them and stopping afterwards::
 
     fedx-deploy up --supernodes 3 --certificates certificates --run . \\
         --run-config 'num-server-rounds=5'
+
+The SuperNodes share this machine's cores: each one's ClientApps get
+``cores / N`` torch threads (at least 1), the ServerApp all of them;
+``--clientapp-threads`` (else ``FEDX_CLIENTAPP_THREADS``) and
+``--serverapp-threads`` (else ``FEDX_SERVERAPP_THREADS``) set them
+(:mod:`fedx.deploy.cores`).
 """
 
 import argparse
@@ -120,6 +126,19 @@ def _parser() -> argparse.ArgumentParser:
         "then run as fedx-supernode): for SuperNodes at distant sites, where each object "
         "costs a round trip",
     )
+    up.add_argument(
+        "--clientapp-threads",
+        type=int,
+        metavar="N",
+        help="torch threads of each SuperNode's ClientApps (default: $FEDX_CLIENTAPP_THREADS, "
+        "else this machine's cores divided by the SuperNodes, at least 1)",
+    )
+    up.add_argument(
+        "--serverapp-threads",
+        type=int,
+        metavar="N",
+        help="torch threads of the ServerApp (default: $FEDX_SERVERAPP_THREADS, else every core)",
+    )
     up.add_argument("--run", metavar="APP", help="run this app with `flwr run`, then stop")
     up.add_argument("--run-config", help="passed to `flwr run --run-config`")
     return parser
@@ -141,6 +160,8 @@ def _spec(args: argparse.Namespace) -> FederationSpec:
         poll_interval=args.poll_interval,
         superlink_database=args.superlink_database,
         objects_in_flight=args.objects_in_flight,
+        clientapp_threads=args.clientapp_threads,
+        serverapp_threads=args.serverapp_threads,
     )
 
 
@@ -156,7 +177,8 @@ def _up(args: argparse.Namespace) -> int:
             f"SuperLink on {spec.control_address} ({'TLS' if spec.tls else 'insecure'}"
             f"{', SuperNode authentication' if spec.auth_keys else ''}"
             f"{', warm ClientApp executor' if spec.executor == 'warm' else ''}); "
-            f"SuperNodes {node_ids}; logs in {spec.log_dir}"
+            f"SuperNodes {node_ids}, {spec.clientapp_threads} torch thread(s) per ClientApp, "
+            f"{spec.serverapp_threads} for the ServerApp; logs in {spec.log_dir}"
         )
         if args.run:
             command = [str(spec.bin_dir / "flwr"), "run", args.run, spec.connection, "--stream"]

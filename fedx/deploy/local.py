@@ -13,6 +13,13 @@ the SuperLink through ``$FLWR_HOME/config.toml``.
 
 Every process starts in its own process group, so stopping it also stops
 the SuperExec and app processes it started.
+
+The SuperNodes share this machine's cores: each one's ClientApps get
+``cores / N`` torch threads (at least 1) and the ServerApp every core
+(:mod:`fedx.deploy.cores`: ``clientapp_threads``, else
+``FEDX_CLIENTAPP_THREADS``, else the share); without it torch gives every
+ClientApp process one thread per core, and N of them fight over the same
+cores.
 """
 
 import contextlib
@@ -30,6 +37,13 @@ from typing import IO, Literal
 
 import psutil
 
+from fedx.deploy.cores import (
+    SUPERNODES_VARIABLE,
+    THREADS_VARIABLE,
+    ClientAppCores,
+    serverapp_threads,
+    thread_environment,
+)
 from fedx.deploy.credentials import TlsFiles, supernode_key_paths
 from fedx.flower import objects_in_flight
 
@@ -163,6 +177,21 @@ class FederationSpec:
         costs about objects / 2 round trips; more in flight overlap them,
         and cost the SuperLink more requests at once
         (``benchmarks/links.py``).
+    clientapp_threads : int, optional
+        Torch threads of each SuperNode's ClientApps. ``None``: the
+        environment's ``FEDX_CLIENTAPP_THREADS``, else the SuperNode's share
+        of this machine's usable cores, ``cores // num_supernodes`` (at least
+        1; :class:`fedx.deploy.cores.ClientAppCores`). Set in ``__post_init__``
+        to the count the SuperNodes get, which they receive as
+        ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` (Flower's ClientApp
+        processes) and ``FEDX_CLIENTAPP_THREADS`` (``fedx-superexec``), with
+        ``FEDX_SUPERNODES_PER_MACHINE`` = ``num_supernodes``.
+    serverapp_threads : int, optional
+        Torch threads of the ServerApp (the SuperLink's environment). ``None``:
+        ``FEDX_SERVERAPP_THREADS``, else every usable core: it aggregates and
+        evaluates while the ClientApps wait. A simulation SuperLink gets
+        neither: its ClientApps' threads are the federation's
+        ``client-resources-num-cpus``.
     """
 
     num_supernodes: int
@@ -186,6 +215,8 @@ class FederationSpec:
     extra_environment: dict[str, str] = field(default_factory=dict)
     superlink_database: Database = "file"
     objects_in_flight: int | None = None
+    clientapp_threads: int | None = None
+    serverapp_threads: int | None = None
 
     def __post_init__(self) -> None:
         if self.simulation and self.num_supernodes != 0:
@@ -218,6 +249,11 @@ class FederationSpec:
             if self.transport != "http":
                 raise ValueError('objects_in_flight needs Flower 1.41 (transport="http")')
             objects_in_flight.check_count(self.objects_in_flight)
+        if not self.simulation:  # the option, else the environment, else the share of the cores
+            self.clientapp_threads = ClientAppCores.resolve(
+                threads=self.clientapp_threads, supernodes=self.num_supernodes
+            ).threads
+            self.serverapp_threads = serverapp_threads(self.serverapp_threads)
 
     # ------------------------------------------------------------------
     # Addresses and files
@@ -272,6 +308,22 @@ class FederationSpec:
             env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
         if self.poll_interval is not None:
             env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = str(self.poll_interval)
+        return env
+
+    def supernode_environment(self) -> dict[str, str]:
+        """Environment of a SuperNode and its SuperExec: their ClientApps' share of the cores."""
+        env = self.environment()
+        if self.clientapp_threads is not None:
+            env.update(thread_environment(self.clientapp_threads))
+            env[THREADS_VARIABLE] = str(self.clientapp_threads)
+            env[SUPERNODES_VARIABLE] = str(self.num_supernodes)
+        return env
+
+    def superlink_environment(self) -> dict[str, str]:
+        """Environment of the SuperLink, which starts the ServerApp: the ServerApp's threads."""
+        env = self.environment()
+        if self.serverapp_threads is not None:
+            env.update(thread_environment(self.serverapp_threads))
         return env
 
     # ------------------------------------------------------------------
@@ -399,14 +451,14 @@ class LocalFederation:
 
     # ------------------------------------------------------------------
 
-    def _spawn(self, command: list[str], log_name: str) -> subprocess.Popen:
+    def _spawn(self, command: list[str], log_name: str, env: dict[str, str]) -> subprocess.Popen:
         self.spec.log_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.spec.log_dir / log_name, "a", encoding="utf-8")  # pylint: disable=consider-using-with
         self._logs.append(log)
         return subprocess.Popen(  # pylint: disable=consider-using-with
             command,
             cwd=self.spec.workdir or self.spec.state_dir,
-            env=self.spec.environment(),
+            env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # own process group: stopping it stops its children
@@ -426,7 +478,9 @@ class LocalFederation:
         self.spec.state_dir.mkdir(parents=True, exist_ok=True)
         self.spec.flwr_home.mkdir(parents=True, exist_ok=True)
         (self.spec.flwr_home / "config.toml").write_text(self.spec.config_toml())
-        self.superlink = self._spawn(self.spec.superlink_command(), "superlink.log")
+        self.superlink = self._spawn(
+            self.spec.superlink_command(), "superlink.log", self.spec.superlink_environment()
+        )
         host, port = self.spec.control_address.rsplit(":", 1)
         try:
             wait_for_port(host, int(port), timeout)
@@ -469,11 +523,12 @@ class LocalFederation:
                 secret.write_bytes(secrets.token_bytes(32))
                 secret.chmod(0o600)
         log_name = self._supernode_log(index).name
-        process = self._spawn(self.spec.supernode_command(index), log_name)
+        env = self.spec.supernode_environment()
+        process = self._spawn(self.spec.supernode_command(index), log_name, env)
         self.supernodes[index] = process
         if self.spec.executor == "warm":
             self.superexecs[index] = self._spawn(
-                self.spec.superexec_command(index, process.pid), log_name
+                self.spec.superexec_command(index, process.pid), log_name, env
             )
         return process
 

@@ -45,10 +45,10 @@ interpreter has also imported this module and Flower's ``run_clientapp``
 task asks its SuperNode for an object of its message that the SuperNode is
 still pulling from the SuperLink again after the SuperExec's task poll
 interval (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, Flower's 1 s by default)
-instead of after 1, 2, 4 ... s (:mod:`fedx.object_pulls`): a task starts
+instead of after 1, 2, 4 ... s (:mod:`fedx.flower.object_pulls`): a task starts
 before its message's objects are all there, and used to wait a second for
 them; and a FAB installed already is not unpacked and hashed again
-(:func:`install_fab_once`).
+(:func:`fedx.flower.clientapp_task.install_fab_once`).
 
 The warm interpreter is the ``forkserver`` of Python's ``multiprocessing``:
 a process started fresh (not forked from the SuperExec, which holds
@@ -62,6 +62,31 @@ memory without a thread of its own) and ``PYTORCH_NVML_BASED_CUDA_CHECK=1``
 forked child could then not use), unless those are set already. If it dies,
 the next task starts a new one.
 
+Each task gets the SuperNode's share of the machine's cores
+(:class:`fedx.deploy.cores.ClientAppCores`: ``--clientapp-threads``, else
+``FEDX_CLIENTAPP_THREADS``, else the usable cores divided by
+``FEDX_SUPERNODES_PER_MACHINE``, 1 by default): the warm interpreter starts
+with ``OMP_NUM_THREADS`` and ``MKL_NUM_THREADS`` set to it, and every task
+calls ``torch.set_num_threads`` with it before it runs (a forked child keeps
+the thread count of the interpreter it was forked from, and Python's
+forkserver is one per process, started with the environment of the first
+executor that used it).
+
+At most ``max_tasks`` tasks run at once (``--max-tasks``, else
+``FEDX_CLIENTAPP_MAX_TASKS``, else the share of the cores divided by the
+threads per task, at least 1). The executor says so to Flower's SuperExec
+through the protocol's capacity check: while that many run, the SuperExec
+claims no ClientApp task, which waits, pending, in the SuperNode until one
+ends. That is where a waiting task belongs: a claimed task whose process has
+not reported to the SuperNode within 30 s (Flower's task heartbeat) is taken
+back and handed out again, which is how Flower's executor ends up starting
+process after process for one message on a busy machine. A task launched
+while the limit is reached all the same (by a caller that does not ask
+first) waits in a queue here and starts when a running one ends; one that
+waited longer than those 30 s is dropped with a log line instead (its claim
+has lapsed, and the SuperNode hands the task out again), so it never holds
+up the tasks behind it.
+
 A task whose process crashes loses only its own reply: the warm interpreter
 and the other tasks go on, and the SuperNode answers the message with
 Flower's "ClientApp stopped responding" error once the task's heartbeat has
@@ -73,32 +98,41 @@ environment of its own, which a warm interpreter cannot be), go to Flower's
 
 import argparse
 import contextlib
-import hashlib
-import io
 import multiprocessing
 import os
 import sys
 import time
-import tomllib
-import zipfile
+from collections import deque
 from collections.abc import Callable, Sequence
 from logging import INFO, WARNING
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from pathlib import Path
 
-import flwr.supercore.superexec.run_superexec as flower_run_superexec
-from flwr.supercore import log
-from flwr.supercore.constant import ExecutorType, TaskType
-from flwr.supercore.superexec.executor import (
+from flwr.common import log
+from flwr.common.constant import HEARTBEAT_DEFAULT_INTERVAL
+
+from fedx.deploy.cores import (
+    MAX_TASKS_VARIABLE,
+    SUPERNODES_VARIABLE,
+    THREADS_VARIABLE,
+    ClientAppCores,
+    thread_environment,
+)
+from fedx.flower import clientapp_task
+from fedx.flower.clientapp_task import run_clientapp_task
+from fedx.flower.object_pulls import FLOWER_INITIAL_BACKOFF, retry_object_pulls_after
+from fedx.flower.superexec_executor import (
     ExecutionSpec,
+    ExecutorConfig,
+    ExecutorType,
     LaunchResult,
     SubprocessExecutor,
+    TaskType,
     get_executor,
+    run_flower_superexec,
+    task_poll_interval,
+    use_executor_factory,
 )
-from flwr.supercore.superexec.executor.config import ExecutorConfig
-
-from fedx.object_pulls import FLOWER_INITIAL_BACKOFF, retry_object_pulls_after
 
 DEFAULT_PRELOAD_APP = "fedx.client_app"
 #: torch, and what fedx's ClientApp imports on its first training or evaluation
@@ -111,82 +145,33 @@ WARM_ENVIRONMENT = {
     "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
 }
 #: What every task's process runs besides the app: this module (whose
-#: functions the task's process is given) and Flower's ``run_clientapp``.
-TASK_MODULES = (__name__, "flwr.supernode.runtime.run_clientapp")
+#: functions the task's process is given), and Flower's ``run_clientapp`` with
+#: fedx's change to it.
+TASK_MODULES = (__name__, *clientapp_task.TASK_MODULES)
 #: Seconds a running task gets to stop on SIGTERM when the SuperExec stops.
 STOP_GRACE = 10.0
+#: Seconds a claimed task may take to report to its SuperNode before the
+#: SuperNode takes it back and hands it out again: a task queued here longer
+#: than that is dropped.
+CLAIM_LAPSES = float(HEARTBEAT_DEFAULT_INTERVAL)
+#: How often :meth:`WarmExecutor.wait_for_capacity` looks for an ended task.
+CAPACITY_POLL = 0.05
 
 
-def _fresh_start(app_package: str | None) -> None:
-    """In a task's child: forget the app's own modules, reseed torch and numpy."""
+def _fresh_start(app_package: str | None, threads: int) -> None:
+    """In a task's child: forget the app's own modules, reseed torch and numpy, set its threads."""
     if app_package:
         for name in [n for n in sys.modules if n == app_package or n.startswith(app_package + ".")]:
             del sys.modules[name]
+    # The thread variables of this process's environment reach a torch imported
+    # from now on; one the warm interpreter imported keeps the count it read.
+    os.environ.update(thread_environment(threads))
     # From the OS, as in a new interpreter (the forked child has the warm one's state).
     if (torch := sys.modules.get("torch")) is not None:
+        torch.set_num_threads(threads)
         torch.seed()
     if (numpy := sys.modules.get("numpy")) is not None:
         numpy.random.seed()
-
-
-def installed_fab_path(fab: bytes) -> Path | None:
-    """Where Flower installed this FAB, if it did; ``None`` when it is not installed.
-
-    The path is ``install_from_fab``'s own, ``FLWR_HOME/apps/<publisher>.<name>.
-    <version>.<hash prefix>``, from the FAB's ``pyproject.toml`` and its SHA-256.
-    """
-    # pylint: disable=import-outside-toplevel
-    from flwr.common.config import get_metadata_from_config
-    from flwr.common.constant import APP_DIR, FAB_HASH_TRUNCATION
-    from flwr.supercore.utils import get_flwr_home
-
-    try:
-        with zipfile.ZipFile(io.BytesIO(fab)) as archive:
-            config = tomllib.loads(archive.read("pyproject.toml").decode())
-        fab_id, version = get_metadata_from_config(config)
-    except (zipfile.BadZipFile, KeyError, UnicodeDecodeError, tomllib.TOMLDecodeError):
-        return None  # Flower's install_from_fab says what is wrong with it
-    publisher, project = fab_id.split("/")
-    digest = hashlib.sha256(fab).hexdigest()[:FAB_HASH_TRUNCATION]
-    path = get_flwr_home() / APP_DIR / f"{publisher}.{project}.{version}.{digest}"
-    return path if path.is_dir() else None
-
-
-def install_fab_once(fab_file: Path | bytes, install_dir: Path | None = None, skip_prompt=False):
-    """Flower's ``install_from_fab``, without unpacking a FAB that is installed already.
-
-    Flower's unpacks the FAB into a temporary folder and hashes every file
-    before it finds the app installed and returns its path; for fedx's FAB
-    (1.1 MB) that is 0.05 s on an idle machine and 0.2-0.5 s when four tasks
-    start at once on two cores, in every task. This returns that same path
-    at once; a FAB not installed yet goes through Flower's function.
-    """
-    # pylint: disable=import-outside-toplevel
-    from flwr.cli.install import install_from_fab
-
-    if isinstance(fab_file, bytes) and install_dir is None and skip_prompt:
-        if (installed := installed_fab_path(fab_file)) is not None:
-            return installed
-    return install_from_fab(fab_file, install_dir, skip_prompt)
-
-
-def run_clientapp_task(spec: ExecutionSpec) -> None:
-    """Flower's ``run_clientapp`` for one task, as ``flwr-clientapp`` calls it."""
-    # pylint: disable=import-outside-toplevel
-    from flwr.supercore.tls import validate_and_resolve_root_certificates
-    from flwr.supernode.runtime import run_clientapp as flower_task
-
-    flower_task.install_from_fab = install_fab_once  # in this task's process only
-    flower_task.run_clientapp(
-        runtime_api_address=spec.runtime_api_address,
-        token=spec.token,
-        insecure=spec.insecure,
-        certificates=validate_and_resolve_root_certificates(
-            spec.root_certificates_path, spec.insecure
-        ),
-        parent_pid=spec.parent_pid,
-        runtime_dependency_install=False,
-    )
 
 
 def _task_child(
@@ -194,24 +179,34 @@ def _task_child(
     spec: ExecutionSpec,
     app_package: str | None,
     object_pull_wait: float,
+    threads: int,
 ) -> None:
     """What a task's forked child runs."""
-    _fresh_start(app_package)
+    _fresh_start(app_package, threads)
     # Asking its own SuperNode costs little: at a steady pace, not doubling.
     retry_object_pulls_after(object_pull_wait, object_pull_wait)
     task(spec)
 
 
 @contextlib.contextmanager
-def _warm_environment():
-    """:data:`WARM_ENVIRONMENT` in this process's environment, which a new warm interpreter gets."""
+def _warm_environment(threads: int):
+    """The environment a new warm interpreter (or Flower's ClientApp process) gets, while it starts.
+
+    :data:`WARM_ENVIRONMENT` where not set already, and the thread variables
+    for ``threads`` whatever they were.
+    """
     added = {k: v for k, v in WARM_ENVIRONMENT.items() if k not in os.environ}
+    added.update(thread_environment(threads))
+    saved = {key: os.environ.get(key) for key in added}
     os.environ.update(added)
     try:
         yield
     finally:
-        for key in added:
-            del os.environ[key]
+        for key, value in saved.items():
+            if value is None:
+                del os.environ[key]
+            else:
+                os.environ[key] = value
 
 
 def _report_preloaded(modules: Sequence[str], connection: Connection) -> None:
@@ -242,8 +237,11 @@ class WarmExecutor:
     object_pull_wait : float
         How long the task waits before it asks its SuperNode again for an
         object of its message that the SuperNode is still pulling (Flower:
-        1 s, then doubling up to 10 s; :mod:`fedx.object_pulls`).
+        1 s, then doubling up to 10 s; :mod:`fedx.flower.object_pulls`).
         ``fedx-superexec`` makes it its task poll interval.
+    cores : ClientAppCores, optional
+        Torch threads of each task and how many tasks run at once (default:
+        :meth:`ClientAppCores.resolve` from the environment and the machine).
     """
 
     def __init__(
@@ -252,9 +250,11 @@ class WarmExecutor:
         preload: Sequence[str] = DEFAULT_PRELOAD,
         task: Callable[[ExecutionSpec], None] = run_clientapp_task,
         object_pull_wait: float = FLOWER_INITIAL_BACKOFF,
+        cores: ClientAppCores | None = None,
     ) -> None:
         self.task = task
         self.object_pull_wait = object_pull_wait
+        self.cores = ClientAppCores.resolve() if cores is None else cores
         self.app_package = preload_app.split(".")[0] if preload_app else None
         self.modules = [*preload, *([preload_app] if preload_app else [])]
         self._context = multiprocessing.get_context("forkserver")
@@ -262,6 +262,8 @@ class WarmExecutor:
         self._context.set_forkserver_preload([*self.modules, *TASK_MODULES])
         self._fallback = SubprocessExecutor()
         self._tasks: dict[int, BaseProcess] = {}
+        #: Tasks launched beyond the limit: (when, spec), oldest first.
+        self._queue: deque[tuple[float, ExecutionSpec]] = deque()
         self.warm_pid, self.preloaded = self._warm_up()
 
     def _warm_up(self) -> tuple[int, list[str]]:
@@ -271,7 +273,7 @@ class WarmExecutor:
         probe = self._context.Process(
             target=_report_preloaded, args=(self.modules, sender), name="fedx-warm-up"
         )
-        with _warm_environment():
+        with _warm_environment(self.cores.threads):
             probe.start()  # starts the warm interpreter, which forks it once its imports are done
         sender.close()
         preloaded, warm_pid = receiver.recv()
@@ -280,10 +282,14 @@ class WarmExecutor:
         probe.close()
         log(
             INFO,
-            "fedx: warm ClientApp interpreter (pid %d) ready in %.1fs, imported: %s",
+            "fedx: warm ClientApp interpreter (pid %d) ready in %.1fs, imported: %s; "
+            "%d torch thread(s) per ClientApp, at most %d at once (%d core(s))",
             warm_pid,
             time.monotonic() - started,
             ", ".join(preloaded) or "nothing",
+            self.cores.threads,
+            self.cores.max_tasks,
+            self.cores.cores,
         )
         if missing := [m for m in self.modules if m not in preloaded]:
             log(
@@ -303,9 +309,15 @@ class WarmExecutor:
         insecure: bool = False,
         root_certificates_path: str | None = None,
     ) -> tuple[set[TaskType], set[str]]:
-        """Every task type can start at once (no capacity limit)."""
+        """Every task type, but ClientApps only while fewer than ``max_tasks`` run or wait here.
+
+        Flower's SuperExec asks before every claim: a ClientApp task it does
+        not claim waits in the SuperNode, where its claim cannot lapse.
+        """
         del insecure, root_certificates_path
-        return supported_task_types, set()
+        if self._has_room():
+            return supported_task_types, set()
+        return supported_task_types - {TaskType.CLIENT_APP}, set()
 
     def wait_for_capacity(
         self,
@@ -315,20 +327,47 @@ class WarmExecutor:
         insecure: bool = False,
         root_certificates_path: str | None = None,
     ) -> None:
-        """Return at once: there is no capacity limit."""
-        del task_type, fab_hash, insecure, root_certificates_path
+        """Return once a ClientApp task can start (other tasks: at once)."""
+        del fab_hash, insecure, root_certificates_path
+        if task_type not in (None, TaskType.CLIENT_APP):
+            return
+        self.reconcile()
+        while not self._has_room():
+            time.sleep(CAPACITY_POLL)
+            self.reconcile()
 
     def launch(self, spec: ExecutionSpec) -> LaunchResult:
-        """Fork a ClientApp task from the warm interpreter; other tasks go to Flower's executor."""
-        if spec.task_type != TaskType.CLIENT_APP or spec.runtime_dependency_install:
+        """Fork a ClientApp task from the warm interpreter, or queue it while ``max_tasks`` run.
+
+        Other tasks, and ClientApps when runtime dependency installation is
+        on, go to Flower's executor.
+        """
+        if spec.task_type != TaskType.CLIENT_APP:
             return self._fallback.launch(spec)
+        if spec.runtime_dependency_install:
+            with _warm_environment(self.cores.threads):  # its flwr-clientapp reads the threads
+                return self._fallback.launch(spec)
+        if not self._has_room():  # behind those waiting already
+            self._queue.append((time.monotonic(), spec))
+            log(
+                INFO,
+                "fedx: ClientApp task %d waits: %d task(s) running, at most %d at once",
+                spec.task_id,
+                self._alive(),
+                self.cores.max_tasks,
+            )
+            return LaunchResult.accepted()
+        return self._fork(spec)
+
+    def _fork(self, spec: ExecutionSpec) -> LaunchResult:
+        """Fork ``spec``'s task from the warm interpreter."""
         process = self._context.Process(
             target=_task_child,
-            args=(self.task, spec, self.app_package, self.object_pull_wait),
+            args=(self.task, spec, self.app_package, self.object_pull_wait, self.cores.threads),
             name=f"clientapp-task-{spec.task_id}",
         )
         try:
-            with _warm_environment():
+            with _warm_environment(self.cores.threads):
                 process.start()  # restarts the warm interpreter if it died
         except OSError as err:
             return LaunchResult.failed(f"could not fork the task from the warm interpreter: {err}")
@@ -341,8 +380,16 @@ class WarmExecutor:
         self._tasks[spec.task_id] = process
         return LaunchResult.accepted()
 
+    def _alive(self) -> int:
+        """How many tasks' processes run."""
+        return sum(process.exitcode is None for process in self._tasks.values())
+
+    def _has_room(self) -> bool:
+        """Whether one more ClientApp task may start now (none waits here, fewer than the limit run)."""
+        return not self._queue and self._alive() < self.cores.max_tasks
+
     def reconcile(self) -> None:
-        """Collect finished tasks; log those that failed or crashed."""
+        """Collect finished tasks (log those that failed or crashed); start queued ones."""
         for task_id, process in list(self._tasks.items()):
             code = process.exitcode
             if code is None:
@@ -367,9 +414,25 @@ class WarmExecutor:
                 )
             process.close()
             del self._tasks[task_id]
+        while self._queue and self._alive() < self.cores.max_tasks:
+            queued_at, spec = self._queue.popleft()
+            waited = time.monotonic() - queued_at
+            if waited > CLAIM_LAPSES:
+                log(
+                    WARNING,
+                    "fedx: ClientApp task %d waited %.0fs for a free slot, longer than its "
+                    "SuperNode holds a claim: dropped (the SuperNode hands it out again)",
+                    spec.task_id,
+                    waited,
+                )
+                continue
+            result = self._fork(spec)
+            if result != LaunchResult.accepted():
+                log(WARNING, "fedx: ClientApp task %d: %s", spec.task_id, result.message)
 
     def close(self) -> None:
-        """Stop the running tasks (SIGTERM, then SIGKILL), as the SuperExec stops."""
+        """Stop the running tasks (SIGTERM, then SIGKILL), as the SuperExec stops; drop queued ones."""
+        self._queue.clear()
         for process in self._tasks.values():
             if process.exitcode is None:
                 process.terminate()
@@ -386,6 +449,11 @@ class WarmExecutor:
     def running(self) -> dict[int, int]:
         """``{task id: pid}`` of the tasks still running."""
         return {t: p.pid for t, p in self._tasks.items() if p.exitcode is None and p.pid}
+
+    @property
+    def queued(self) -> list[int]:
+        """Ids of the tasks waiting for a free slot, oldest first."""
+        return [spec.task_id for _, spec in self._queue]
 
 
 # ----------------------------------------------------------------------
@@ -414,26 +482,35 @@ def _parser() -> argparse.ArgumentParser:
         help="a module the warm interpreter imports too (repeatable; "
         f"default: {', '.join(DEFAULT_PRELOAD)})",
     )
+    parser.add_argument(
+        "--clientapp-threads",
+        type=int,
+        metavar="N",
+        help=f"torch threads of each ClientApp (default: ${THREADS_VARIABLE}, else this "
+        f"machine's usable cores divided by ${SUPERNODES_VARIABLE}, 1 if unset)",
+    )
+    parser.add_argument(
+        "--max-tasks",
+        type=int,
+        metavar="N",
+        help=f"ClientApps running at once; more wait in the SuperNode (default: "
+        f"${MAX_TASKS_VARIABLE}, else the cores divided by the threads of each, at least 1)",
+    )
     return parser
-
-
-def _task_poll_interval() -> float:
-    """How often Flower's SuperExec asks for tasks (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, 1 s)."""
-    read = getattr(flower_run_superexec, "_get_task_poll_interval", None)
-    return float(read()) if callable(read) else FLOWER_INITIAL_BACKOFF
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of ``fedx-superexec``: Flower's SuperExec, with the warm executor."""
-    # pylint: disable=import-outside-toplevel
-    from flwr.supercore.cli import flower_superexec
-
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:
         _parser().print_help()
         print()
     ours, flower_args = _parser().parse_known_args(argv)
     preload = DEFAULT_PRELOAD if ours.preload is None else [m for m in ours.preload if m]
+    try:  # the options, else the environment, else this machine's cores
+        cores = ClientAppCores.resolve(threads=ours.clientapp_threads, max_tasks=ours.max_tasks)
+    except ValueError as err:
+        raise SystemExit(f"fedx-superexec: {err}") from None
 
     def executor_factory(
         executor_type: ExecutorType,
@@ -444,7 +521,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     ):
         if executor_type == ExecutorType.SUBPROCESS:  # flower-superexec's default
             return WarmExecutor(
-                ours.preload_app or None, preload, object_pull_wait=_task_poll_interval()
+                ours.preload_app or None,
+                preload,
+                object_pull_wait=task_poll_interval(),
+                cores=cores,
             )
         return get_executor(
             executor_type,
@@ -453,17 +533,14 @@ def main(argv: Sequence[str] | None = None) -> None:
             root_certificates_path=root_certificates_path,
         )
 
-    # Flower's SuperExec builds its executor with this module-level function,
-    # called once at start: everything else (polling, TLS, authentication,
-    # plugins, signals) stays Flower's own.
-    if not callable(getattr(flower_run_superexec, "get_executor", None)):
-        raise SystemExit(
-            "fedx-superexec: this Flower's SuperExec has no get_executor to "
-            "replace (fedx needs flwr 1.41)"
-        )
-    flower_run_superexec.get_executor = executor_factory
-    sys.argv = [sys.argv[0], *flower_args]
-    flower_superexec()
+    # Flower's SuperExec builds its executor with this factory, called once at
+    # start: everything else (polling, TLS, authentication, plugins, signals)
+    # stays Flower's own.
+    try:
+        use_executor_factory(executor_factory)
+    except RuntimeError as err:
+        raise SystemExit(f"fedx-superexec: {err}") from None
+    run_flower_superexec(flower_args)
 
 
 if __name__ == "__main__":

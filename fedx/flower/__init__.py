@@ -1,0 +1,100 @@
+"""Every change fedx makes to Flower's internals, one module each.
+
+fedx is faster and sturdier than Flower 1.41 in places only by changing code
+of Flower's that Flower offers no setting for. Each change is made at run
+time, in fedx's own processes (Flower's installed files are not touched), by
+one module of this package, and only by it: the rest of fedx calls these
+modules and imports Flower's public API alone (``flwr.app``,
+``flwr.clientapp``, ``flwr.serverapp`` with its strategies, ``flwr.common``'s
+records, logger and constants).
+
+Each module says what it changes, why (the cost it removes, as measured),
+the Flower version it was checked against (:data:`CHECKED_FLWR`) and what
+fedx does under another Flower; its ``FLOWER_CODE`` names the Flower code it
+relies on, with a fingerprint of that code's source, and
+``tests/test_flower_changes.py`` fails when that code is not the code the
+change was checked against.
+
+The changes:
+
+- :mod:`~fedx.flower.ray_backend`: Flower's ``RayBackend`` class is replaced
+  by fedx's (:class:`fedx.simulation.backend.ClusterRayBackend`).
+- :mod:`~fedx.flower.clientapp_actor`: the simulation's ClientApp actors are
+  fedx's class, not Flower's ``ClientAppActor``.
+- :mod:`~fedx.flower.engine_threads`: the simulation engine's
+  ``ThreadPoolExecutor`` runs one thread per worker the backend asks for.
+- :mod:`~fedx.flower.message_feeder`: the engine's ``add_messages_to_queue``
+  is replaced by fedx's feeder (:func:`fedx.simulation.feeder.feed_messages`).
+- :mod:`~fedx.flower.linkstate_stores`: the run state's ``store_message_ins``
+  and ``store_message_res`` are wrapped while fedx's feeder runs.
+- :mod:`~fedx.flower.object_pulls`: the retry keywords of Flower's object
+  pulls (``pull_objects``) are shortened.
+- :mod:`~fedx.flower.objects_in_flight`: how many objects of a message
+  Flower's pulls and pushes move at once (``fedx-supernode
+  --objects-in-flight``, ``FEDX_OBJECTS_IN_FLIGHT``), past Flower's cap at
+  the process's cores.
+- :mod:`~fedx.flower.supernode_waits`: the SuperNode loop's 3 s and 0.5 s
+  waits become ``fedx-supernode --poll-interval``.
+- :mod:`~fedx.flower.superexec_executor`: the SuperExec's ``get_executor``
+  returns fedx's warm executor (``fedx-superexec``).
+- :mod:`~fedx.flower.clientapp_task`: a warm ClientApp task runs
+  ``run_clientapp`` with an ``install_from_fab`` that finds an installed FAB
+  without unpacking it.
+
+And one use of Flower's internals that changes nothing:
+
+- :mod:`~fedx.flower.wire`: Flower's serialization of a ``RecordDict``, for
+  the in-process loopback grid (:mod:`fedx.secure.loopback`).
+
+Importing this package imports no module of Flower's: the ClientApp module
+asks :func:`in_simulation_engine` in every process that loads it.
+"""
+
+import sys
+from logging import WARNING
+from types import ModuleType
+from typing import Any
+
+#: The Flower release every change here was checked against.
+CHECKED_FLWR = "1.41.0"
+
+#: Flower's simulation engine (``vce_api``): loaded in a process that runs
+#: simulated ClientApps (``flwr-simulation``, or ``run_simulation`` in process).
+SIMULATION_ENGINE = "flwr.server.superlink.fleet.vce.vce_api"
+
+
+def in_simulation_engine() -> bool:
+    """Whether Flower's simulation engine is loaded in this process."""
+    return SIMULATION_ENGINE in sys.modules
+
+
+def replace(
+    module: ModuleType, name: str, replacement: Any, flowers: Any, *, fits: bool = True
+) -> bool:
+    """Set ``module.name`` to ``replacement`` where it is still Flower's own ``flowers``.
+
+    Where it is something else (another Flower, or another package replaced
+    it), or ``fits`` is false (Flower's has changed), nothing is replaced and
+    a warning says so. Idempotent.
+
+    Returns
+    -------
+    bool
+        Whether ``module.name`` is ``replacement`` now.
+    """
+    current = getattr(module, name, None)
+    if current is replacement:
+        return True
+    if current is not flowers or not fits:
+        from flwr.common import log  # pylint: disable=import-outside-toplevel
+
+        log(
+            WARNING,
+            "fedx: %s.%s is not the one fedx's replacement was written for (flwr %s); kept it",
+            module.__name__,
+            name,
+            CHECKED_FLWR,
+        )
+        return False
+    setattr(module, name, replacement)
+    return True

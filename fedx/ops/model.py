@@ -4,7 +4,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-#: A model as the server sees it: state-dict names mapped to arrays, in the
+#: A model as the server sees it, state-dict names mapped to arrays in the
 #: order of the model's state dict. Operations never modify these arrays.
 Model = dict[str, np.ndarray]
 

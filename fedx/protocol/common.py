@@ -9,12 +9,9 @@ A ``query`` message asks a node which client it is; the reply's
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from flwr.app import ConfigRecord
-
-if TYPE_CHECKING:
-    from fedx.config import RunConfig
 
 #: Record names (Flower's strategies' ``arrayrecord_key``/``configrecord_key`` defaults).
 ARRAYS = "arrays"
@@ -54,8 +51,8 @@ class TrainingSettings:
         return field_name.replace("_", "-")
 
     @classmethod
-    def from_run_config(cls, config: "RunConfig") -> "TrainingSettings":
-        """The run config's values (its keys have the same names)."""
+    def from_run_config(cls, config: Any) -> "TrainingSettings":
+        """The values of a run config (:class:`fedx.config.RunConfig`): its attributes of the same names."""
         return cls(**{f.name: getattr(config, f.name) for f in fields(cls)})
 
     def to_record(self) -> ConfigRecord:
@@ -63,7 +60,7 @@ class TrainingSettings:
         return ConfigRecord({self.config_key(f.name): getattr(self, f.name) for f in fields(self)})
 
     @classmethod
-    def read(cls, record: Mapping[str, Any], fallback: "RunConfig") -> "TrainingSettings":
+    def read(cls, record: Mapping[str, Any], fallback: Any) -> "TrainingSettings":
         """The message's values, the run config's where the message has none."""
         defaults = cls.from_run_config(fallback)
         values = {}

@@ -4,9 +4,10 @@
 synchronous ``send_and_receive``) and delivers every message to a handler
 with the node's own :class:`~flwr.app.Context`, whose ``state`` persists
 across messages as on a real SuperNode. Message contents go through Flower's
-protobuf serialization both ways, so whatever does not survive the wire does
-not survive here either. A ``lose`` hook drops chosen requests or replies,
-which is how the tests make clients drop out mid-exchange.
+protobuf serialization both ways (:mod:`fedx.flower.wire`), so whatever does
+not survive the wire does not survive here either. A ``lose`` hook drops
+chosen requests or replies, which is how the tests make clients drop out
+mid-exchange.
 
 Messages are created with Flower's task identity; outside a ServerApp set
 ``flwr.supercore.task_identity.TaskIdentity.run_id``, ``node_id`` and
@@ -19,8 +20,8 @@ from collections.abc import Callable, Iterable
 from typing import Literal
 
 from flwr.app import Context, Message, RecordDict
-from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 
+from fedx.flower.wire import over_the_wire
 from fedx.secure.client import HANDLERS, make_handlers
 
 Handler = Callable[[Message, Context], Message]
@@ -28,12 +29,6 @@ Handler = Callable[[Message, Context], Message]
 #: ("request"), or handled by the client but its reply lost ("reply").
 Loss = Literal["request", "reply"] | None
 LoseHook = Callable[[Message], Loss]
-
-
-def _over_the_wire(content: RecordDict) -> tuple[RecordDict, int]:
-    """A copy of ``content`` that went through Flower's serialization, and its size."""
-    proto = recorddict_to_proto(content)
-    return recorddict_from_proto(proto), proto.ByteSize()
 
 
 class LoopbackGrid:
@@ -104,7 +99,7 @@ class LoopbackGrid:
             if loss == "request":
                 continue
             delivered = copy.copy(message)
-            delivered.content, size = _over_the_wire(message.content)
+            delivered.content, size = over_the_wire(message.content)
             sent_bytes += size
             node = message.metadata.dst_node_id
             reply = self.handlers[message.metadata.message_type](delivered, self.contexts[node])
@@ -112,7 +107,7 @@ class LoopbackGrid:
                 self.lost_replies.append(reply)
                 continue
             if not reply.has_error():
-                reply.content, size = _over_the_wire(reply.content)
+                reply.content, size = over_the_wire(reply.content)
                 received_bytes += size
             replies.append(reply)
         self.replies.append(replies)

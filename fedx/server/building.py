@@ -19,6 +19,7 @@ from fedx.config import APP_BY_NAME, ConfigError, RunConfig, invalid
 from fedx.data import LEAF_DATASETS, dataset_info, load_split
 from fedx.data.personalized import MIN_LOCAL_SAMPLES
 from fedx.messaging import wait_for_nodes
+from fedx.method import resolve
 from fedx.models import build_model
 
 
@@ -48,7 +49,7 @@ def build_strategy(cfg: RunConfig) -> Strategy:
                 raise invalid(key, cfg[key.name])
     arguments = cfg.arguments(method)
     try:
-        components = method.components(cfg) if method.components is not None else {}
+        components = resolve(method.components)(cfg) if method.components is not None else {}
         return method.strategy(**arguments, **components)
     except ArgumentError as err:
         key = cfg.key_for(err.argument, method)
@@ -72,7 +73,7 @@ def prepare_data(cfg: RunConfig) -> None:
     if prepare is None:
         return
     try:
-        prepare(cfg)
+        resolve(prepare)(cfg)
     except (OSError, ValueError) as err:
         raise ConfigError(f"dataset={cfg.dataset!r}: {err}") from None
 

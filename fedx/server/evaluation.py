@@ -5,11 +5,11 @@ from flwr.app import ArrayRecord, MetricRecord
 
 from fedx.arrays import to_numpy_dict
 from fedx.config import RunConfig
-from fedx.data import batch_loader, load_split
+from fedx.data import batch_loader, device_batches, load_split
 from fedx.outputs import RunRecorder
 from fedx.strategies.capabilities import EvaluatesPerClient
 from fedx.strategies.personalized import summarize
-from fedx.training import evaluate, get_device
+from fedx.training import Batches, evaluate, get_device
 
 
 class RoundEvaluation:
@@ -31,12 +31,13 @@ class RoundEvaluation:
         self.model = model
         self.recorder = recorder
         self.per_client = strategy.evaluations if isinstance(strategy, EvaluatesPerClient) else {}
-        self.device = get_device()
-        self.loader = None
+        self.device = get_device(cfg.device)
+        self.loader: Batches | None = None
         if model is not None:
             # LEAF: the union of the selected users' test samples.
             test_set = load_split(cfg.dataset, "test", **cfg.data_settings())
-            self.loader = batch_loader(test_set, 256)
+            on_device = device_batches(test_set, 256, self.device)
+            self.loader = on_device if on_device is not None else batch_loader(test_set, 256)
 
     def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
         """Record the round; return the central metrics when they were computed."""

@@ -11,6 +11,7 @@ diverges stops early (see :class:`~fedx.strategies.DivergenceGuard`, the
 ``divergence-*`` keys).
 """
 
+import contextlib
 import random
 from logging import ERROR, INFO
 from typing import Any
@@ -33,15 +34,23 @@ from fedx.server.saving import log_final, save_models
 from fedx.strategies import DivergenceGuard, run_rounds
 from fedx.strategies.capabilities import KeepsPersonalizedModels
 from fedx.strategies.client_identity import ClientOrderedGrid, query_client_ids
+from fedx.training import deterministic_kernels
 
 
 def run_experiment(grid: Grid, context: Context) -> None:
     """Run one fedx experiment as the run config describes (the ServerApp's main)."""
+    with contextlib.ExitStack() as kernels:
+        _run_experiment(grid, context, kernels)
+
+
+def _run_experiment(grid: Grid, context: Context, kernels: contextlib.ExitStack) -> None:
     try:
         checkpointer = Checkpointer.open(
             RunConfig.from_mapping(context.run_config), overridden_keys(grid)
         )
         cfg = checkpointer.config
+        # Before anything here runs on a GPU (the ClientApps set their own).
+        kernels.enter_context(deterministic_kernels(cfg.deterministic))
         strategy = build_strategy(cfg)
         prepare_data(cfg)
         random.seed(cfg.seed)  # Flower's own strategies sample nodes with `random`

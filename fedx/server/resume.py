@@ -47,6 +47,9 @@ def run_directory(cfg: RunConfig) -> Path:
 
 #: What a resumed run may take from its own run config instead of the checkpoint's.
 EXTENDABLE = "num-server-rounds"
+#: Where a run goes on, not what it computes: a resumed run takes these from its
+#: own run config when it sets them (a run begun on a GPU machine goes on on a CPU).
+WHERE = ("device",)
 #: Keys that say which run a checkpoint belongs to: set to another value, they
 #: ask for another run, which the checkpoint cannot continue.
 IDENTITY = ("strategy", "dataset", "model")
@@ -97,7 +100,7 @@ class Checkpointer:
 
         A resumed run takes its settings from the checkpoint and writes into
         the checkpoint's directory. Only ``resume-from`` comes from the new
-        run config, and ``num-server-rounds`` when the new run sets it
+        run config, and ``num-server-rounds`` and ``device`` when the new run sets them
         (``overridden``, see :func:`overridden_keys`): a finished or
         interrupted run then continues to the new length. Other settings of
         the new run config that differ are logged as ignored; keys the
@@ -125,8 +128,9 @@ class Checkpointer:
                 raise TypeError("it is not a table of keys")
             added = {key: value for key, value in cfg.to_dict().items() if key not in stored}
             taken: dict[str, Any] = {}
-            if overridden is not None and EXTENDABLE in overridden:
-                taken[EXTENDABLE] = cfg[EXTENDABLE]
+            for key in (EXTENDABLE, *WHERE):
+                if overridden is not None and key in overridden:
+                    taken[key] = cfg[key]
             resumed = RunConfig.from_mapping(
                 {**added, **stored, **taken, "resume-from": cfg.resume_from}
             )

@@ -9,7 +9,8 @@ messages hold), and it also uses scikit-learn's KMeans. They run on Flower
 later; ``OLDEST_FLWR`` is the oldest release they are tested with.
 
 Every module here may declare methods for the fedx app (``Method`` objects,
-:mod:`fedx.registry`); a new method is a new module.
+:mod:`fedx.method`), which :mod:`fedx.registry` finds; a new method is a new
+module.
 """
 
 # First: on a too old Flower, fail with a message that says so.

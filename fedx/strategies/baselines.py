@@ -9,7 +9,7 @@ checks these keys for them (``checks_arguments=False``).
 from flwr.serverapp.strategy import FedAvg, FedProx
 
 from fedx.checks import NON_NEGATIVE
-from fedx.registry import SAMPLING, Key, Method, Variant
+from fedx.method import SAMPLING, Key, Method, Variant
 
 FEDAVG = Method(
     name="fedavg",

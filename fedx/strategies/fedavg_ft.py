@@ -15,9 +15,9 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 from fedx.checks import Integer, check
+from fedx.method import Method
 from fedx.ops import Model, average
 from fedx.protocol.personalized import FINETUNE_EPOCHS
-from fedx.registry import Method
 from fedx.strategies.base import (
     FedxStrategy,
     RoundInFlight,

@@ -7,8 +7,8 @@ Cross-Aggregation", ICDE 2024.
 from typing import Any
 
 from fedx.checks import Integer, Number, OneOf, check
+from fedx.method import Key, Method
 from fedx.ops import SELECTIONS, SIMILARITY_MEASURES, Model, average, cross_aggregate
-from fedx.registry import Key, Method
 from fedx.strategies.keys import POOL_MEAN_KEY
 from fedx.strategies.multi_model import MultiModelStrategy, PoolRound
 

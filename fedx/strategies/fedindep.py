@@ -1,7 +1,7 @@
 """FedIndep: K independently trained models, shuffled among nodes."""
 
+from fedx.method import Method
 from fedx.ops import Model, recombine
-from fedx.registry import Method
 from fedx.strategies.keys import POOL_MEAN_KEY
 from fedx.strategies.multi_model import MultiModelStrategy, PoolRound
 

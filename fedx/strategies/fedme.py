@@ -12,26 +12,30 @@ from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
 from fedx.checks import FRACTION, ArgumentError, Flag, Integer, Rule, check
 from fedx.messaging import send_and_collect
+from fedx.method import Key, Method, comma_list
 from fedx.ops import Model, assign_exchanges, cluster_count, fedme_aggregate
 from fedx.protocol import fedme as protocol
-from fedx.protocol.common import CLIENT_ID, CONFIG, METRICS, SERVER_ROUND
-from fedx.protocol.personalized import FINETUNE_EPOCHS
-from fedx.registry import Key, Method, comma_list
 from fedx.strategies.base import (
     FedxStrategy,
     RoundInFlight,
-    read_model,
-    read_weight,
-    to_arrayrecord,
 )
 from fedx.strategies.client_identity import query_client_ids
+from fedx.strategies.fedme_clients import (
+    ClientState,
+    TrainReply,
+    choice_message,
+    evaluate_message,
+    parse_choice,
+    parse_train_reply,
+    train_message,
+)
 from fedx.strategies.keys import FINETUNE_EPOCHS_KEY
 from fedx.strategies.personalized import ClientEvaluation, PerClientEvaluation
 
@@ -52,25 +56,6 @@ def _initial_architecture_form(value: Any) -> bool:
     )
 
 
-@dataclass
-class ClientState:
-    """What the server keeps for one client between rounds.
-
-    Attributes
-    ----------
-    node_id : int
-        The Flower node the client was last seen on.
-    architecture : str
-        Architecture name of the personalized model.
-    model : Model
-        The personalized model.
-    """
-
-    node_id: int
-    architecture: str
-    model: Model
-
-
 @dataclass(frozen=True)
 class _ExchangeRound:
     """The training round in flight: who got what."""
@@ -79,22 +64,6 @@ class _ExchangeRound:
     partners: tuple[int, ...]  # positions in `clients`: whose model each one received
     in_flight: RoundInFlight[int]  # node id -> position
     info: dict[str, float]  # cluster count and clustering time, for the round's metrics
-
-
-@dataclass(frozen=True)
-class _Choice:
-    """A client's valid answer to the architecture choice."""
-
-    architecture: str
-    accuracies: dict[str, float]  # validation accuracy by candidate, as reported
-
-
-@dataclass(frozen=True)
-class _TrainReply:
-    personalized: Model
-    exchanged: Model
-    chose_exchanged: bool
-    content: RecordDict
 
 
 # pylint: disable=too-many-instance-attributes
@@ -378,7 +347,15 @@ class FedMe(PerClientEvaluation, FedxStrategy[_ExchangeRound]):
             {cid: clients[p] for cid, p in zip(clients, partners, strict=True)},
         )
         messages = [
-            self._train_message(server_round, config, cid, clients[partner])
+            train_message(
+                server_round,
+                config,
+                cid,
+                clients[partner],
+                self.clients,
+                model_tuning=self.model_tuning,
+                mutual_learning=self.mutual_learning,
+            )
             for cid, partner in zip(clients, partners, strict=True)
         ]
         in_flight = RoundInFlight(
@@ -445,22 +422,8 @@ class FedMe(PerClientEvaluation, FedxStrategy[_ExchangeRound]):
         for cid, client in sorted(self.clients.items()):
             if client.node_id not in connected:
                 continue
-            content = ConfigRecord(
-                {
-                    **dict(config.items()),
-                    SERVER_ROUND: server_round,
-                    CLIENT_ID: cid,
-                    protocol.PERSONALIZED_ARCHITECTURE: client.architecture,
-                    FINETUNE_EPOCHS: self.finetune_epochs,
-                }
-            )
-            records = RecordDict(
-                {protocol.PERSONALIZED: to_arrayrecord(client.model), CONFIG: content}
-            )
             messages.append(
-                Message(
-                    content=records, message_type=MessageType.EVALUATE, dst_node_id=client.node_id
-                )
+                evaluate_message(server_round, config, cid, client, self.finetune_epochs)
             )
             targets[client.node_id] = cid
         self.evaluating = RoundInFlight(
@@ -513,23 +476,7 @@ class FedMe(PerClientEvaluation, FedxStrategy[_ExchangeRound]):
         """
         candidates = list(self.candidate_architectures)
         messages = [
-            Message(
-                content=RecordDict(
-                    {
-                        CONFIG: ConfigRecord(
-                            {
-                                **dict(config.items()),
-                                SERVER_ROUND: server_round,
-                                CLIENT_ID: client_id,
-                                protocol.CANDIDATE_ARCHITECTURES: candidates,
-                                protocol.CHOICE_EPOCHS: self.choice_epochs,
-                            }
-                        )
-                    }
-                ),
-                message_type=MessageType.TRAIN,
-                dst_node_id=node_id,
-            )
+            choice_message(server_round, config, node_id, client_id, candidates, self.choice_epochs)
             for node_id, client_id in new.items()
         ]
         in_flight = RoundInFlight(
@@ -541,7 +488,7 @@ class FedMe(PerClientEvaluation, FedxStrategy[_ExchangeRound]):
         )
         choices: dict[int, str] = {}
         for answer in in_flight.match(send_and_collect(grid, messages, self.round_timeout)):
-            choice = _parse_choice(answer.message, candidates)
+            choice = parse_choice(answer.message, candidates)
             if isinstance(choice, str):
                 in_flight.dropped(answer, choice)
                 continue
@@ -627,43 +574,23 @@ class FedMe(PerClientEvaluation, FedxStrategy[_ExchangeRound]):
             labels = kmeans.fit_predict(outputs)
         return labels, num_clusters, time.perf_counter() - start
 
-    def _train_message(
-        self, server_round: int, config: ConfigRecord, client_id: int, partner_id: int
-    ) -> Message:
-        client, partner = self.clients[client_id], self.clients[partner_id]
-        content = ConfigRecord(
-            {
-                **dict(config.items()),
-                SERVER_ROUND: server_round,
-                CLIENT_ID: client_id,
-                protocol.PERSONALIZED_ARCHITECTURE: client.architecture,
-                protocol.EXCHANGED_ARCHITECTURE: partner.architecture,
-                protocol.EXCHANGED_FROM: partner_id,
-                protocol.MODEL_TUNING: self.model_tuning,
-                protocol.MUTUAL_LEARNING: self.mutual_learning,
-            }
-        )
-        records = RecordDict(
-            {
-                protocol.PERSONALIZED: to_arrayrecord(client.model),
-                protocol.EXCHANGED: to_arrayrecord(partner.model),
-                CONFIG: content,
-            }
-        )
-        return Message(content=records, message_type=MessageType.TRAIN, dst_node_id=client.node_id)
-
     def _collect_train_replies(
         self, exchange: _ExchangeRound, replies: Iterable[Message]
-    ) -> dict[int, _TrainReply]:
+    ) -> dict[int, TrainReply]:
         """Valid replies by position in the exchange; the rest logged and dropped."""
-        parsed: dict[int, _TrainReply] = {}
+        parsed: dict[int, TrainReply] = {}
         for answer in exchange.in_flight.match(replies):
             pos = answer.target
             sent = (
                 self.clients[exchange.clients[pos]].model,
                 self.clients[exchange.clients[exchange.partners[pos]]].model,
             )
-            result = self._parse_train_reply(answer.message, *sent)
+            result = parse_train_reply(
+                answer.message,
+                *sent,
+                weighted_by_key=self.weighted_by_key,
+                model_tuning=self.model_tuning,
+            )
             if isinstance(result, str):
                 exchange.in_flight.dropped(answer, result)
                 continue
@@ -676,42 +603,8 @@ class FedMe(PerClientEvaluation, FedxStrategy[_ExchangeRound]):
         )
         return parsed
 
-    def _parse_train_reply(
-        self, message: Message, personalized: Model, exchanged: Model
-    ) -> _TrainReply | str:
-        """Both trained models and the choice of a reply, or why they cannot be used."""
-        if message.has_error():
-            return f"the node reported an error: {message.error.reason}"
-        content = message.content
-        missing = [
-            k for k in (protocol.PERSONALIZED, protocol.EXCHANGED) if k not in content.array_records
-        ]
-        metric_records = list(content.metric_records.values())
-        if missing or len(metric_records) != 1:
-            return (
-                f"expected ArrayRecords '{protocol.PERSONALIZED}' and '{protocol.EXCHANGED}' and one "
-                f"MetricRecord, got {list(content.array_records)} and {len(metric_records)}"
-            )
-        weight = read_weight(content, self.weighted_by_key)
-        if isinstance(weight, str):
-            return weight
-        choice = metric_records[0].get(protocol.CHOSE_EXCHANGED)
-        if choice not in (0, 1) or isinstance(choice, bool):
-            return f"expected '{protocol.CHOSE_EXCHANGED}' 0 or 1, got {choice!r}"
-        if choice == 1 and not self.model_tuning:
-            return f"'{protocol.CHOSE_EXCHANGED}' is 1 but model tuning is off"
-        trained = {}
-        for key, sent in ((protocol.PERSONALIZED, personalized), (protocol.EXCHANGED, exchanged)):
-            model = read_model(content.array_records[key], sent)
-            if isinstance(model, str):
-                return f"{key} model: {model}"
-            trained[key] = model
-        return _TrainReply(
-            trained[protocol.PERSONALIZED], trained[protocol.EXCHANGED], choice == 1, content
-        )
-
     def _adopt(
-        self, exchange: _ExchangeRound, aggregated: list[Model], parsed: dict[int, _TrainReply]
+        self, exchange: _ExchangeRound, aggregated: list[Model], parsed: dict[int, TrainReply]
     ) -> tuple[int, int]:
         """Make every client's chosen aggregated model its personalized model.
 
@@ -731,24 +624,6 @@ class FedMe(PerClientEvaluation, FedxStrategy[_ExchangeRound]):
         return adopted, other_architecture
 
 
-def _parse_choice(message: Message, candidates: list[str]) -> _Choice | str:
-    """A client's architecture choice, or why it cannot be used."""
-    if message.has_error():
-        return f"the node reported an error: {message.error.reason}"
-    record = message.content.config_records.get(protocol.CHOICE)
-    chosen = record.get(protocol.CHOSEN_ARCHITECTURE) if record is not None else None
-    if not isinstance(chosen, str) or chosen not in candidates:
-        return f"expected a ConfigRecord '{protocol.CHOICE}' with '{protocol.CHOSEN_ARCHITECTURE}' one of {candidates}, got {chosen!r}"
-    metrics = message.content.metric_records.get(METRICS)
-    reported = metrics.get(protocol.VALIDATION_ACCURACY_CANDIDATES) if metrics is not None else None
-    accuracies = (
-        dict(zip(candidates, (float(a) for a in reported), strict=True))
-        if isinstance(reported, list) and len(reported) == len(candidates)
-        else {}
-    )
-    return _Choice(chosen, accuracies)
-
-
 def _cluster_rounds(value: str) -> tuple[int, ...]:
     return tuple(int(item) for item in comma_list(value))
 
@@ -759,21 +634,6 @@ def _increasing_rounds(value: str) -> bool:
     except ValueError:
         return False
     return all(r >= 2 for r in rounds) and list(rounds) == sorted(set(rounds))
-
-
-def _server_models(config: Any) -> dict[str, Any]:
-    """The torch side: clients' first models, and models' outputs on the server's unlabeled set."""
-    from fedx.server_models import ServerModels  # pylint: disable=import-outside-toplevel
-
-    models = ServerModels.for_run(config)
-    return {"initial_model_fn": models.initial_model, "predict_fn": models.probabilities}
-
-
-def _load_unlabeled(config: Any) -> None:
-    """Load the server's unlabeled set now: missing data stops the run before round 1."""
-    from fedx.server_models import load_run_unlabeled  # pylint: disable=import-outside-toplevel
-
-    load_run_unlabeled(config)
 
 
 METHOD = Method(
@@ -858,7 +718,10 @@ METHOD = Method(
     ),
     personalized=True,
     model_key="fedme-architectures",
-    components=_server_models,
-    prepare=_load_unlabeled,
+    # The torch side, which the app imports: clients' first models and models'
+    # outputs on the server's unlabeled set, loaded before round 1 so that
+    # missing data stops the run at its start.
+    components="fedx.server_models:server_model_functions",
+    prepare="fedx.server_models:load_run_unlabeled",
     client_train="fedx.client.fedme:train",
 )

@@ -7,8 +7,8 @@ Model Recombination", KDD 2024 (arXiv:2305.10730).
 from typing import Any
 
 from fedx.checks import FRACTION, Flag, Integer, OneOf, Rule, check, renamed
+from fedx.method import Key, Method, Variant
 from fedx.ops import GROUPINGS, Model, recombine
-from fedx.registry import Key, Method, Variant
 from fedx.strategies.keys import POOL_MEAN_KEY
 from fedx.strategies.multi_model import MultiModelStrategy, PoolRound
 from fedx.strategies.secure import KEYS as SECURE_KEYS

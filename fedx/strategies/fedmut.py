@@ -7,8 +7,8 @@ AAAI 2024.
 from typing import Any
 
 from fedx.checks import NON_NEGATIVE, UNIT_INTERVAL, Integer, check
+from fedx.method import Key, Method
 from fedx.ops import Model, dynamic_beta, mutate
-from fedx.registry import Key, Method
 from fedx.strategies.keys import POOL_MEAN_KEY
 from fedx.strategies.multi_model import MultiModelStrategy, PoolRound
 
@@ -99,7 +99,7 @@ METHOD = Method(
             "fedmut-alpha",
             1.0,
             NON_NEGATIVE,
-            "mutation range alpha (paper: 4.0, with lr 0.01; see below)",
+            "mutation range alpha (paper: 4.0, with lr 0.01; it must suit the learning rate: [FedMut](methods.md#fedmut-model-mutation))",
             argument="alpha",
         ),
         Key(

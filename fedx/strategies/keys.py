@@ -1,11 +1,11 @@
 """Run-config keys that several methods share, one ``Key`` object each.
 
 A method lists the shared keys it takes in its ``Method.keys``, next to its
-own (:mod:`fedx.registry`); methods written outside fedx can list them too.
+own (:mod:`fedx.method`); methods written outside fedx can list them too.
 """
 
 from fedx.checks import Integer, OneOf
-from fedx.registry import Key
+from fedx.method import Key
 
 #: How a multi-model method averages the models of a round into one model:
 #: ``"uniform"``, the plain mean (what the papers' authors' code computes),

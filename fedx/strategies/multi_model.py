@@ -344,7 +344,7 @@ class MultiModelStrategy(FedxStrategy[RoundInFlight[int]], FedAvg):
         models = list(self.pool)
         weights = [0.0] * len(self.pool)
         trained = [False] * len(self.pool)
-        accepted: list[RecordDict] = []
+        accepted: list[tuple[int, RecordDict]] = []
         for answer in in_flight.match(replies):
             parsed = read_reply(
                 answer.message, self.pool[answer.target], self.arrayrecord_key, self.weighted_by_key
@@ -354,7 +354,7 @@ class MultiModelStrategy(FedxStrategy[RoundInFlight[int]], FedAvg):
                 continue
             models[answer.target], weights[answer.target] = parsed
             trained[answer.target] = True
-            accepted.append(answer.message.content)
+            accepted.append((answer.target, answer.message.content))
         now = time.monotonic()
         for node_id in in_flight.unanswered:
             self._unresponsive[node_id] = (server_round, now)
@@ -371,7 +371,10 @@ class MultiModelStrategy(FedxStrategy[RoundInFlight[int]], FedAvg):
             )
         deployment = self.global_model(this_round, pool)
         self.pool = pool
-        metrics = self.train_metrics_aggr_fn(accepted, self.weighted_by_key)
+        # The clients' metrics in slot order, not in the order their replies
+        # came: the sums, and so a seeded run's metrics, are the same bit for bit.
+        by_slot = [content for _, content in sorted(accepted, key=lambda item: item[0])]
+        metrics = self.train_metrics_aggr_fn(by_slot, self.weighted_by_key)
         metrics["pool-update-seconds"] = time.perf_counter() - start
         metrics["trained-slots"] = sum(trained)
         if self.secure is not None and self.relay_stats is not None:

@@ -16,8 +16,8 @@ from flwr.app import ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 
 from fedx.checks import Flag, Integer, OneOf, check
+from fedx.method import Key
 from fedx.ops import GROUPINGS
-from fedx.registry import Key
 from fedx.secure.relay import RelayStats, SecureRelay
 from fedx.secure.wire import FLAG_KEY, GROUPING_KEY, MAX_LAYERS_KEY, MIN_LAYERS_KEY
 
@@ -86,7 +86,7 @@ KEYS = (
         "secure-recombination",
         False,
         Flag(),
-        "clients swap layers, encrypted, before upload ([above](#secure-recombination-fedmr-appendix-b))",
+        "clients swap layers, encrypted, before upload ([secure recombination](secure-recombination.md))",
         argument="secure_recombination",
         exclusive=True,
     ),

@@ -1,12 +1,11 @@
 """What runs inside the simulation's Ray actors: the ClientApp actor and its start-up.
 
-:mod:`fedx.ray_backend` lives in the simulation's own process, next to
-Flower's engine; an actor imports only this module, Ray, Flower's ClientApp
-and what the app imports. Flower's own ``ClientAppActor``
-(``flwr/simulation/ray_transport/ray_actor.py``) sits in the
-``flwr.simulation`` package, whose import (the simulation engine and its
-state: 0.6-0.7 s on 2 cores) every actor would pay before it loads the
-ClientApp, on the way to round 1.
+fedx's backend (:mod:`fedx.simulation.backend`) lives in the simulation's
+own process, next to Flower's engine; an actor imports only this module,
+Ray, Flower's ClientApp and what the app imports. Flower's own
+``ClientAppActor`` sits in the ``flwr.simulation`` package, whose import
+every actor would pay before it loads the ClientApp
+(:mod:`fedx.flower.clientapp_actor`: what this replaces, and why).
 """
 
 import importlib
@@ -14,7 +13,9 @@ from collections.abc import Callable, Sequence
 
 import ray
 from flwr.app import Context, Message
-from flwr.clientapp.client_app import ClientApp, ClientAppException, LoadClientAppError
+from flwr.clientapp import ClientApp
+
+from fedx.flower.clientapp_actor import ClientAppException, LoadClientAppError
 
 
 @ray.remote

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# fedx on one GPU machine in one sitting of at most ~9.5 minutes: install what the machine lacks
+# (.gpu/, made by prepare.sh), then run the steps of STEPS in order, each within what is left of
+# DEADLINE seconds, and leave their logs under $OUT. Run from the checkout's root:
+#   OUT=/tmp/out bash benchmarks/gpu/run.sh
+# Steps (default: install checks suite round timeline configs):
+#   install  : carried wheels into /tmp/site, Flower's and fedx's commands next to the interpreter
+#   checks   : benchmarks/gpu_checks.py: two deterministic runs of one seed give the same
+#              metrics.json and model.pt; model.pt loads where no GPU is; what the setting costs
+#   suite    : the tests that train on the GPU (SUITE=all: the whole suite) with pytest-xdist
+#   round    : benchmarks/gpu_round.py, issue 25's round (ROUND_ARGS adds options)
+#   timeline : benchmarks/message_timeline.py: real processes, warm executor, CUDA per task
+#   configs  : benchmarks/gpu_configs.py with what time is left (CONFIG_ARGS: which files, e.g.
+#              "--shard 2/4"; default: the six dataset x model families' IID files, FedMR only)
+#   mps      : gpu_round.py's simulation again with NVIDIA's MPS daemon running
+# Elsewhere (a CPU machine, for a dry run; SCALE multiplies every step's cap):
+#   INSTALL=0 QUICK=1 SCALE=10 DEADLINE=3000 STEPS="checks round" OUT=/tmp/out bash benchmarks/gpu/run.sh
+set -u
+S=$(date +%s)
+DEADLINE=${DEADLINE:-560}
+STEPS=${STEPS:-install checks suite round timeline configs}
+OUT=${OUT:?set OUT to a folder for the logs}
+mkdir -p "$OUT"
+quick=${QUICK:+--quick}
+stamp() { echo "== $(( $(date +%s) - S )) s: $*"; }
+left() { echo $(( DEADLINE - ($(date +%s) - S) )); }
+# Seconds a step may take: its own cap, or what is left but a margin, whichever is less.
+budget() {
+  local l cap=$(( $1 * ${SCALE:-1} )); l=$(( $(left) - 15 ))
+  [ "$l" -lt "$cap" ] && echo "$l" || echo "$cap"
+}
+run_step() {  # name cap command...: run it under its budget, log to $OUT/name.log, show the tail
+  local name=$1 cap=$2; shift 2
+  local b; b=$(budget "$cap")
+  if [ "$b" -lt 20 ]; then stamp "$name skipped: ${b}s left"; return; fi
+  stamp "$name (up to ${b}s)"
+  timeout --kill-after=10 "$b" "$@" > "$OUT/$name.log" 2>&1
+  echo "rc $?"; tail -n "${TAIL:-30}" "$OUT/$name.log"
+}
+export PYTHONUNBUFFERED=1 FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
+export FEDX_CACHE_DIR=${FEDX_CACHE_DIR:-/tmp/fedx-cache} FLWR_HOME=${FLWR_HOME:-/tmp/flwr-home}
+py=${PYTHON:-python3}
+if [ "${INSTALL:-1}" = 1 ] && [[ " $STEPS " == *" install "* ]]; then
+  stamp "install"
+  mkdir -p /tmp/site
+  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .gpu/*.whl || exit 1
+  tar -C /tmp/site -xJf .gpu/ray-2.55.1-stripped.tar.xz || exit 1
+  export PYTHONPATH=$(pwd):/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  # fedx starts Flower's and its own commands from its interpreter's folder.
+  bin=$(dirname "$("$py" -c 'import sys; print(sys.executable)')")
+  for f in /tmp/site/bin/*; do ln -sf "$f" "$bin/"; done
+  for entry in fedx-deploy:fedx.deploy.cli fedx-compare:fedx.compare.cli \
+      fedx-superexec:fedx.deploy.superexec fedx-supernode:fedx.deploy.supernode; do
+    printf '#!%s\nimport sys\nfrom %s import main\nsys.exit(main())\n' \
+      "$("$py" -c 'import sys; print(sys.executable)')" "${entry#*:}" > "$bin/${entry%%:*}"
+    chmod +x "$bin/${entry%%:*}"
+  done
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
+"$py" -c "import torch, flwr, ray; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'flwr', flwr.__version__, 'ray', ray.__version__)" || exit 1
+git rev-parse --short HEAD 2>/dev/null
+( while sleep 2; do nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader; done > "$OUT/smi.csv" 2>&1 ) &
+smi=$!
+trap 'kill $smi 2>/dev/null' EXIT
+# CIFAR-shaped data once for every step (DATA_ROOT: real or earlier CIFAR files instead).
+data=${DATA_ROOT:-/tmp/fedx-data}
+if [ -z "${DATA_ROOT:-}" ] && [[ " $STEPS " =~ " "(checks|round|configs|mps)" " ]]; then
+  sizes=${QUICK:+400 100}
+  for name in cifar10 cifar100; do
+    "$py" benchmarks/_fake_cifar.py "$data" $name ${sizes:-50000 10000} > /dev/null || exit 1
+  done
+  stamp "CIFAR-10- and CIFAR-100-shaped data in $data"
+fi
+GPU_TESTS="tests/test_gpu_promises.py tests/test_device_data.py tests/test_training.py
+  tests/test_client_reuse.py tests/test_server_app.py tests/test_fedme_client.py tests/test_mutual.py
+  tests/test_server_resume.py tests/test_divergence.py tests/test_checkpoint_damage.py
+  tests/test_leaf.py tests/test_building.py tests/test_cold_start.py tests/test_message_timeline.py"
+FAMILIES="configs/cifar10-cnn-iid.toml configs/cifar10-resnet20-iid.toml configs/cifar10-vgg16-iid.toml
+  configs/cifar100-cnn-iid.toml configs/cifar100-resnet20-iid.toml configs/cifar100-vgg16-iid.toml"
+workers=$("$py" -c 'import xdist' 2>/dev/null && echo "-n ${SUITE_WORKERS:-8}" || echo "-p no:xdist")
+for step in $STEPS; do
+  case $step in
+  install) ;;
+  checks) run_step checks 150 "$py" benchmarks/gpu_checks.py $quick --data-root "$data" ;;
+  suite)
+    if [ "${SUITE:-gpu}" = all ]; then tests=""; else tests=$GPU_TESTS; fi
+    run_step suite 240 "$py" -m pytest -q $workers -p no:cacheprovider $tests ;;
+  round) run_step round 200 "$py" benchmarks/gpu_round.py $quick --data-root "$data" ${ROUND_ARGS:-} ;;
+  timeline) run_step timeline 120 "$py" benchmarks/message_timeline.py --rounds 4 ;;
+  configs)
+    b=$(budget 900)
+    run_step configs 900 "$py" benchmarks/gpu_configs.py $quick --budget $(( b - 60 )) --data-root "$data" \
+      ${CONFIG_ARGS:---files $FAMILIES --methods fedmr} ;;
+  mps)
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+    mkdir -p /tmp/mps-pipe /tmp/mps-log
+    if nvidia-cuda-mps-control -d; then
+      stamp "MPS started"
+      run_step mps 200 "$py" benchmarks/gpu_round.py $quick --data-root "$data" --variants sim \
+        ${ROUND_ARGS:-}
+      echo quit | nvidia-cuda-mps-control
+    else
+      stamp "MPS not available (nvidia-cuda-mps-control)"
+    fi ;;
+  *) stamp "unknown step $step" ;;
+  esac
+done
+stamp "done"

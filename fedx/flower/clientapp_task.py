@@ -1,0 +1,120 @@
+"""Change: a warm ClientApp task finds its installed FAB without unpacking it again.
+
+What it changes
+    In the process of a ClientApp task that fedx's warm executor forks
+    (:mod:`fedx.deploy.superexec`), the module global ``install_from_fab``
+    of ``flwr.supernode.runtime.run_clientapp`` is replaced by
+    :func:`install_fab_once`, and Flower's ``run_clientapp`` is called as
+    the ``flwr-clientapp`` command calls it (:func:`run_clientapp_task`).
+    Other processes, Flower's own ``flwr-clientapp`` included, keep Flower's
+    function.
+
+Why
+    Flower's ``install_from_fab`` (``flwr.cli.install``) unpacks the FAB
+    into a temporary folder and hashes every file before it finds the app
+    installed and returns its path; for fedx's FAB (1.1 MB) that is 0.05 s
+    on an idle machine and 0.2-0.5 s (0.24 s median) when four tasks start
+    at once on two cores, in every task. :func:`install_fab_once` computes
+    the path Flower installs a FAB to (``FLWR_HOME/apps/<publisher>.<name>.
+    <version>.<hash prefix>``, from the FAB's ``pyproject.toml`` and its
+    SHA-256) and returns it when that folder is there: 0.003 s
+    (docs/results.md, Run 4).
+
+Checked against
+    flwr 1.41.0 (:data:`fedx.flower.CHECKED_FLWR`).
+
+Under another Flower
+    A FAB not found where :func:`installed_fab_path` looks (Flower installs
+    elsewhere, or not yet) goes through Flower's ``install_from_fab``, which
+    unpacks it as Flower always does; a ``run_clientapp`` that no longer
+    calls ``install_from_fab`` is not affected at all. ``fedx-superexec``
+    itself starts only on a Flower whose SuperExec it can change
+    (:mod:`fedx.flower.superexec_executor`).
+"""
+
+import hashlib
+import io
+import tomllib
+import zipfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from flwr.supercore.superexec.executor import ExecutionSpec
+
+#: What a task's process runs besides the app: this module and Flower's
+#: ``run_clientapp`` (the warm interpreter imports them ahead).
+TASK_MODULES = (__name__, "flwr.supernode.runtime.run_clientapp")
+
+#: The Flower code this change relies on, with the fingerprint of its source
+#: (SHA-256, first 16 hex digits) as checked: tests/test_flower_changes.py.
+FLOWER_CODE = {
+    "flwr.supernode.runtime.run_clientapp:run_clientapp": "6ce09559f3a2f5dc",
+    "flwr.supernode.cli.flwr_clientapp:flwr_clientapp": "9e02b412fb895b05",
+    "flwr.cli.install:install_from_fab": "481bd04cde582322",
+    "flwr.cli.install:validate_and_install": "628b69fb852ae858",
+}
+#: What to re-check in that code when it changes.
+RECHECK = (
+    "that run_clientapp still installs the task's FAB through the module global "
+    "install_from_fab(fab_content, skip_prompt=True) and takes the arguments flwr-clientapp "
+    "passes, and that install_from_fab installs to FLWR_HOME/apps/<publisher>.<name>."
+    "<version>.<FAB_HASH_TRUNCATION hex digits of the FAB's SHA-256> and returns that path"
+)
+
+
+def installed_fab_path(fab: bytes) -> Path | None:
+    """Where Flower installed this FAB, if it did; ``None`` when it is not installed.
+
+    The path is ``install_from_fab``'s own, ``FLWR_HOME/apps/<publisher>.<name>.
+    <version>.<hash prefix>``, from the FAB's ``pyproject.toml`` and its SHA-256.
+    """
+    # pylint: disable=import-outside-toplevel
+    from flwr.common.config import get_metadata_from_config
+    from flwr.common.constant import APP_DIR, FAB_HASH_TRUNCATION
+    from flwr.supercore.utils import get_flwr_home
+
+    try:
+        with zipfile.ZipFile(io.BytesIO(fab)) as archive:
+            config = tomllib.loads(archive.read("pyproject.toml").decode())
+        fab_id, version = get_metadata_from_config(config)
+    except (zipfile.BadZipFile, KeyError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None  # Flower's install_from_fab says what is wrong with it
+    publisher, project = fab_id.split("/")
+    digest = hashlib.sha256(fab).hexdigest()[:FAB_HASH_TRUNCATION]
+    path = get_flwr_home() / APP_DIR / f"{publisher}.{project}.{version}.{digest}"
+    return path if path.is_dir() else None
+
+
+def install_fab_once(fab_file: Path | bytes, install_dir: Path | None = None, skip_prompt=False):
+    """Flower's ``install_from_fab``, without unpacking a FAB that is installed already.
+
+    It returns the path Flower's returns; a FAB not installed yet goes
+    through Flower's function.
+    """
+    # pylint: disable=import-outside-toplevel
+    from flwr.cli.install import install_from_fab
+
+    if isinstance(fab_file, bytes) and install_dir is None and skip_prompt:
+        if (installed := installed_fab_path(fab_file)) is not None:
+            return installed
+    return install_from_fab(fab_file, install_dir, skip_prompt)
+
+
+def run_clientapp_task(spec: "ExecutionSpec") -> None:
+    """Flower's ``run_clientapp`` for one task, as ``flwr-clientapp`` calls it."""
+    # pylint: disable=import-outside-toplevel
+    from flwr.supercore.tls import validate_and_resolve_root_certificates
+    from flwr.supernode.runtime import run_clientapp as flower_task
+
+    flower_task.install_from_fab = install_fab_once  # in this task's process only
+    flower_task.run_clientapp(
+        runtime_api_address=spec.runtime_api_address,
+        token=spec.token,
+        insecure=spec.insecure,
+        certificates=validate_and_resolve_root_certificates(
+            spec.root_certificates_path, spec.insecure
+        ),
+        parent_pid=spec.parent_pid,
+        runtime_dependency_install=False,
+    )

@@ -1,0 +1,67 @@
+"""Change: the simulation engine runs one thread per worker its backend asks for.
+
+What it changes
+    The name ``ThreadPoolExecutor`` in
+    ``flwr.server.superlink.fleet.vce.vce_api``, which the engine's
+    ``run_api`` looks up when it starts its worker loops, is replaced by
+    :class:`ThreadPerWorker`, in the process that calls
+    :func:`run_every_worker` only.
+
+Why
+    ``run_api`` submits one endless worker loop per ``backend.num_workers``
+    to a ``ThreadPoolExecutor()`` of default size, min(32, cores + 4) of the
+    machine that runs the simulation: beyond that, actors of the backend are
+    never used. On a Ray cluster whose nodes hold more ClientApp actors than
+    the head has cores + 4, the rest of the cluster idled; and fedx's backend
+    asks for room to grow when nodes join
+    (:data:`fedx.simulation.backend.JOIN_HEADROOM`).
+
+Checked against
+    flwr 1.41.0 (:data:`fedx.flower.CHECKED_FLWR`).
+
+Under another Flower
+    :func:`run_every_worker` replaces nothing when ``vce_api`` has no
+    ``ThreadPoolExecutor`` of the standard library's: it logs a warning and
+    the engine keeps its own threads.
+"""
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from flwr.server.superlink.fleet.vce import vce_api
+
+from fedx.flower import replace
+
+#: The Flower code this change relies on, with the fingerprint of its source
+#: (SHA-256, first 16 hex digits) as checked: tests/test_flower_changes.py.
+FLOWER_CODE = {
+    "flwr.server.superlink.fleet.vce.vce_api:run_api": "f85c0cd6e902752f",
+}
+#: What to re-check in that code when it changes.
+RECHECK = (
+    "that run_api still runs backend.num_workers endless worker loops in the module "
+    "global ThreadPoolExecutor(), looked up when it starts them"
+)
+
+
+class ThreadPerWorker(ThreadPoolExecutor):
+    """A ThreadPoolExecutor that runs every task it is given at once.
+
+    Flower's engine submits one endless worker loop per backend worker; with
+    the default size only min(32, cores + 4) loops ever run.
+    """
+
+    def __init__(self, max_workers: int | None = None, *args: Any, **kwargs: Any) -> None:
+        # Threads start lazily, one per submitted loop: a large bound costs nothing.
+        super().__init__(max_workers or 1_000_000, *args, **kwargs)
+
+
+def run_every_worker() -> bool:
+    """Make this process's Flower simulation engine run every worker loop in a thread of its own.
+
+    Returns
+    -------
+    bool
+        Whether the engine uses :class:`ThreadPerWorker` now.
+    """
+    return replace(vce_api, "ThreadPoolExecutor", ThreadPerWorker, ThreadPoolExecutor)

@@ -1,0 +1,120 @@
+"""Change: how soon Flower asks again for a message's object that is not there yet.
+
+What it changes
+    The keyword defaults (``__kwdefaults__``) ``initial_backoff``,
+    ``backoff_cap`` and ``max_tries_per_object`` of Flower's
+    ``flwr.supercore.inflatable.inflatable_utils.pull_objects`` and
+    ``pull_and_inflate_object_from_tree``, in the process that calls
+    :func:`retry_object_pulls_after` only (the functions are not replaced).
+
+Why
+    Flower 1.41 moves a message from process to process as objects (the
+    message, its records, each array and its chunks), each pulled with a
+    request of its own. A receiver often learns of a message before its
+    sender has pushed all of its objects, on every hop of a message on real
+    processes:
+
+    * the SuperLink hands a message to the SuperNode as soon as the
+      ServerApp has stored it, while the ServerApp is still pushing the
+      model's arrays;
+    * the SuperNode creates the ClientApp's task before it has pulled those
+      arrays from the SuperLink, so the ClientApp asks for them early too;
+    * the SuperLink hands a reply to the ServerApp while the SuperNode is
+      still pushing its arrays.
+
+    An object that is not there yet is asked for again after
+    ``PULL_INITIAL_BACKOFF`` (1 s), then 2 s, 4 s, ... up to 10 s. On one
+    machine or a LAN the rest of a message arrives tens of milliseconds
+    later, so each of the three hops waited about 1 s for nothing: 3 s of
+    every exchange (``benchmarks/message_timeline.py``; docs/results.md,
+    Run 4: a warm exchange 4.71 s before, 3.41 s after with the other cuts
+    of that run).
+
+    :func:`retry_object_pulls_after` makes those waits short: the first one
+    ``first`` seconds, then doubling up to ``longest`` (default 0.25 s, the
+    longest pause of fedx's reply pulls), so an object is fetched at most
+    ``longest`` after it arrived. The one limit on the wait is then
+    Flower's ``max_time`` (2 hours; Flower's 500 tries per object, which at
+    10 s each last about as long, would run out after two minutes at
+    0.25 s). While a receiver waits, each of its two pull threads asks every
+    ``longest`` seconds: with 0.25 s, 8 requests a second per waiting
+    process instead of one every 10 s. A ``first`` of 1 s or more leaves
+    Flower's waits as they are. fedx's processes call it with their own
+    poll interval: the ServerApp (:func:`fedx.messaging.send_and_collect`,
+    its reply pulls' 20 ms to 250 ms), ``fedx-supernode --poll-interval``
+    (the interval, up to 0.25 s) and the ClientApp processes of
+    ``fedx-superexec`` (its task poll interval, steadily: they ask their own
+    SuperNode, a cheap request).
+
+Checked against
+    flwr 1.41.0 (:data:`fedx.flower.CHECKED_FLWR`).
+
+Under another Flower
+    :func:`retry_object_pulls_after` raises ``RuntimeError`` when the pull
+    functions lack those keywords (Flower 1.36 has no ``initial_backoff``):
+    the ServerApp's exchange keeps Flower's waits and logs it once,
+    ``fedx-supernode --poll-interval`` refuses to start.
+"""
+
+from flwr.supercore.inflatable import inflatable_utils
+
+#: Flower's functions that pull objects, each with the keywords set here.
+PULL_FUNCTIONS = (inflatable_utils.pull_objects, inflatable_utils.pull_and_inflate_object_from_tree)
+RETRY_KEYWORDS = ("initial_backoff", "backoff_cap", "max_tries_per_object")
+#: Flower's first wait (seconds) before asking again for an object.
+FLOWER_INITIAL_BACKOFF = float(inflatable_utils.PULL_INITIAL_BACKOFF)
+#: The longest wait between two requests for an object, by default.
+LONGEST_WAIT = 0.25
+
+#: The Flower code this change relies on, with the fingerprint of its source
+#: (SHA-256, first 16 hex digits) as checked: tests/test_flower_changes.py.
+FLOWER_CODE = {
+    "flwr.supercore.inflatable.inflatable_utils:pull_objects": "31bb2de46b450e6a",
+    "flwr.supercore.inflatable.inflatable_utils:pull_and_inflate_object_from_tree": "139811483a15e4a6",
+}
+#: What to re-check in that code when it changes.
+RECHECK = (
+    "that both functions still take initial_backoff, backoff_cap and max_tries_per_object as "
+    "keywords, wait initial_backoff doubling up to backoff_cap between two asks for an object "
+    "not there yet, and stop at max_time alone when max_tries_per_object is None"
+)
+
+
+def retry_object_pulls_after(first: float, longest: float = LONGEST_WAIT) -> dict[str, object]:
+    """Make this process's Flower object pulls ask again after ``first`` s, then at most ``longest``.
+
+    With ``first`` of Flower's 1 s or more, nothing changes; a ``longest``
+    below ``first`` counts as ``first``.
+
+    Returns
+    -------
+    dict
+        The retry keywords before the call (:func:`restore_object_pulls` puts them back).
+
+    Raises
+    ------
+    ValueError
+        When ``first`` is not positive.
+    RuntimeError
+        When Flower's pull functions lack those keywords (another Flower than 1.41).
+    """
+    if not first > 0:
+        raise ValueError(f"the first wait must be positive, got {first}")
+    defaults = [function.__kwdefaults__ or {} for function in PULL_FUNCTIONS]
+    if any(keyword not in d for d in defaults for keyword in RETRY_KEYWORDS):
+        raise RuntimeError(
+            "this Flower's pull_objects lacks initial_backoff (fedx needs flwr 1.41)"
+        )
+    before = {keyword: defaults[0][keyword] for keyword in RETRY_KEYWORDS}
+    if first < FLOWER_INITIAL_BACKOFF:
+        for default in defaults:
+            default.update(
+                initial_backoff=first, backoff_cap=max(first, longest), max_tries_per_object=None
+            )
+    return before
+
+
+def restore_object_pulls(keywords: dict[str, object]) -> None:
+    """Put back the retry keywords :func:`retry_object_pulls_after` returned."""
+    for function in PULL_FUNCTIONS:
+        (function.__kwdefaults__ or {}).update(keywords)

@@ -1,0 +1,77 @@
+"""Change: Flower's simulation engine builds fedx's Ray backend instead of Flower's.
+
+What it changes
+    The class ``RayBackend`` of
+    ``flwr.server.superlink.fleet.vce.backend.raybackend``, which Flower's
+    ``start_vce`` imports from that module each time it builds the
+    simulation's backend, is replaced by a subclass of it
+    (:class:`fedx.simulation.backend.ClusterRayBackend`), in the process
+    that calls :func:`use_backend` only. The subclass keeps Flower's backend
+    configuration and overrides ``init_ray``, ``build``, ``num_workers``,
+    ``is_worker_idle``, ``process_message`` and ``terminate``: its actor
+    pool (:class:`fedx.simulation.pool.ActorPool`) takes the place of
+    Flower's ``BasicActorPool`` and sizes itself by Flower's rule
+    (``pool_size_from_resources``).
+
+Why
+    On a Ray cluster of several machines Flower's pool gives messages to
+    actors whose node died for the rest of the run and never uses a node
+    that joins later; fedx's pool drops lost actors, runs their messages
+    again elsewhere and grows where the cluster has room. It also queues a
+    message behind a busy actor while more wait than there are actors (the
+    round trip through the engine: 6-8 ms a message, a third of a digits
+    client's training, at 100 clients on 2 cores), passes models of up to
+    2 MiB inline in Ray calls when it starts Ray itself (a 0.72 MB round trip
+    2.8 ms against 5.8-7.4 ms through the object store), and starts a local
+    Ray without a runtime env, so that Ray's prestarted workers host the
+    actors (no ``setup_worker.py`` start per worker): with fedx's actor
+    class (:mod:`fedx.flower.clientapp_actor`), the time from ``ray.init``'s
+    return until two actors have loaded the ClientApp went from 3.0 s to
+    1.5-1.6 s (docs/results.md, time to round 1).
+
+Checked against
+    flwr 1.41.0 (:data:`fedx.flower.CHECKED_FLWR`).
+
+Under another Flower
+    :func:`use_backend` replaces nothing when the module's ``RayBackend`` is
+    not Flower's class this module imported (another package replaced it):
+    it logs a warning and Flower's (or that) backend runs the simulation.
+    Importing this module fails where Flower has no such module.
+"""
+
+from flwr.server.superlink.fleet.vce.backend import raybackend
+from flwr.server.superlink.fleet.vce.backend.backend import BackendConfig
+
+from fedx.flower import replace
+
+__all__ = ["BackendConfig", "FlowerRayBackend", "use_backend"]
+
+#: Flower's backend, which fedx's extends and :func:`use_backend` replaces.
+FlowerRayBackend = raybackend.RayBackend
+
+#: The Flower code this change relies on, with the fingerprint of its source
+#: (SHA-256, first 16 hex digits) as checked: tests/test_flower_changes.py.
+FLOWER_CODE = {
+    "flwr.server.superlink.fleet.vce.backend.raybackend:RayBackend": "2ad67054433feddf",
+    "flwr.server.superlink.fleet.vce.backend.backend:Backend": "b12e9f514dd36767",
+    "flwr.server.superlink.fleet.vce.vce_api:start_vce": "2d5e267f893950a7",
+    "flwr.simulation.ray_transport.ray_actor:pool_size_from_resources": "dec698571d396dc8",
+}
+#: What to re-check in that code when it changes.
+RECHECK = (
+    "that start_vce still imports RayBackend from its module when it builds the backend, "
+    "that fedx.simulation.backend.ClusterRayBackend still overrides every method of Backend "
+    "that RayBackend implements (init_ray and the backend config's keys included), and that "
+    "fedx.simulation.ray_cluster.actors_per_node is still pool_size_from_resources's rule"
+)
+
+
+def use_backend(backend: type) -> bool:
+    """Make this process's Flower simulation engine build ``backend`` (a subclass of Flower's).
+
+    Returns
+    -------
+    bool
+        Whether the engine builds ``backend`` now.
+    """
+    return replace(raybackend, "RayBackend", backend, FlowerRayBackend)

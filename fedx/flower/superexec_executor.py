@@ -1,0 +1,119 @@
+"""Change: Flower's SuperExec builds fedx's warm ClientApp executor (``fedx-superexec``).
+
+What it changes
+    The module global ``get_executor`` of
+    ``flwr.supercore.superexec.run_superexec``, which ``run_superexec``
+    calls once as it starts to build the executor of its tasks, is replaced
+    by the factory given to :func:`use_executor_factory`, in the process
+    that calls it only. ``fedx-superexec``'s factory returns the warm
+    executor (:class:`fedx.deploy.superexec.WarmExecutor`) for Flower's
+    default executor type, ``subprocess``, and Flower's ``get_executor``'s
+    executor otherwise. Everything else of the SuperExec (polling, TLS,
+    authentication, plug-ins, signals) stays Flower's own. The warm executor
+    implements Flower's executor protocol
+    (``flwr.supercore.superexec.executor.Executor``); this module hands it
+    the protocol's types.
+
+Why
+    In a real deployment Flower 1.41 runs every message a SuperNode receives
+    in a new ClientApp process (``flwr-clientapp``, started by the
+    SuperExec's ``SubprocessExecutor``), and that process starts Python and
+    imports the app before it reads the message: for fedx's ClientApp
+    10-13 s on a 2-core machine, 3-4 s of it ``import torch``. The warm
+    executor forks every task from an interpreter that imported them once:
+    the deployment benchmark's round took 2.68 s with it (0.1 s polls,
+    SQLite SuperLink) against 8.35 s with Flower's executor and polls, the
+    secure stage 10.8 s against 65.4 s (docs/results.md, Run 4).
+
+Checked against
+    flwr 1.41.0 (:data:`fedx.flower.CHECKED_FLWR`).
+
+Under another Flower
+    :func:`use_executor_factory` raises ``RuntimeError`` when
+    ``run_superexec`` has no ``get_executor`` to replace: ``fedx-superexec``
+    refuses to start and says it needs flwr 1.41. :func:`task_poll_interval`
+    reads Flower's task poll interval through a private function of
+    ``run_superexec``; without it, Flower's default of 1 s.
+"""
+
+import sys
+from collections.abc import Callable, Sequence
+
+import flwr.supercore.superexec.run_superexec as flower_run_superexec
+from flwr.supercore.constant import ExecutorType, TaskType
+from flwr.supercore.superexec.executor import (
+    ExecutionSpec,
+    Executor,
+    LaunchResult,
+    SubprocessExecutor,
+    get_executor,
+)
+from flwr.supercore.superexec.executor.config import ExecutorConfig
+
+__all__ = [
+    "ExecutionSpec",
+    "Executor",
+    "ExecutorConfig",
+    "ExecutorType",
+    "LaunchResult",
+    "SubprocessExecutor",
+    "TaskType",
+    "get_executor",
+    "run_flower_superexec",
+    "task_poll_interval",
+    "use_executor_factory",
+]
+
+#: Flower's task poll interval when it cannot be read (seconds).
+FLOWER_TASK_POLL_INTERVAL = 1.0
+
+#: The Flower code this change relies on, with the fingerprint of its source
+#: (SHA-256, first 16 hex digits) as checked: tests/test_flower_changes.py.
+FLOWER_CODE = {
+    "flwr.supercore.superexec.run_superexec:run_superexec": "d11f4e7fbc8f0b12",
+    "flwr.supercore.superexec.run_superexec:_get_task_poll_interval": "032c4beb47964e73",
+    "flwr.supercore.superexec.executor.factory:get_executor": "891abfc53747803d",
+    "flwr.supercore.superexec.executor.types:Executor": "c6d3173df690f03e",
+    "flwr.supercore.superexec.executor.types:ExecutionSpec": "a52aad6399c9a5ec",
+}
+#: What to re-check in that code when it changes.
+RECHECK = (
+    "that run_superexec still builds its executor once, at its start, through the module "
+    "global get_executor(executor_type, executor_config=..., insecure=..., "
+    "root_certificates_path=...), and that fedx.deploy.superexec.WarmExecutor still "
+    "implements every method of the Executor protocol with the ExecutionSpec fields it reads"
+)
+
+#: ``factory(executor_type, executor_config=None, *, insecure, root_certificates_path)``:
+#: an executor, as Flower's ``get_executor`` builds one.
+ExecutorFactory = Callable[..., Executor]
+
+
+def use_executor_factory(factory: ExecutorFactory) -> None:
+    """Make this process's Flower SuperExec build its executor with ``factory``.
+
+    Raises
+    ------
+    RuntimeError
+        When Flower's SuperExec has no ``get_executor`` to replace.
+    """
+    if not callable(getattr(flower_run_superexec, "get_executor", None)):
+        raise RuntimeError(
+            "this Flower's SuperExec has no get_executor to replace (fedx needs flwr 1.41)"
+        )
+    flower_run_superexec.get_executor = factory
+
+
+def task_poll_interval() -> float:
+    """How often Flower's SuperExec asks for tasks (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, 1 s)."""
+    read = getattr(flower_run_superexec, "_get_task_poll_interval", None)
+    return float(read()) if callable(read) else FLOWER_TASK_POLL_INTERVAL
+
+
+def run_flower_superexec(arguments: Sequence[str]) -> None:
+    """Run Flower's ``flower-superexec`` command in this process with ``arguments``."""
+    # pylint: disable=import-outside-toplevel
+    from flwr.supercore.cli import flower_superexec
+
+    sys.argv = [sys.argv[0], *arguments]
+    flower_superexec()

@@ -1,0 +1,524 @@
+"""fedx's changes to Flower's internals (fedx/flower/): made to the Flower code they were checked against, and doing what they say.
+
+For every module of :mod:`fedx.flower`: each piece of Flower code it names in
+``FLOWER_CODE`` still has the source the change was checked against (its
+fingerprint: the first 16 hex digits of the SHA-256 of
+``inspect.getsource``), so that a Flower upgrade that touches it fails here
+and names the change, the Flower code and what to re-check; the module says
+what it changes, why, against which Flower and what happens under another;
+and nothing else in fedx imports Flower's internals. Then a behaviour test
+per change on the installed Flower. The parts of fedx that the changes
+plug in are tested on their own: the actor pool, the feeder's passes and
+fedx's actor on Ray in tests/test_ray_backend.py, the warm executor and
+fedx-supernode on real processes in tests/test_warm_executor.py.
+"""
+
+import ast
+import hashlib
+import importlib
+import importlib.metadata
+import inspect
+import logging
+import pkgutil
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.server.superlink.fleet.vce import vce_api
+from flwr.server.superlink.fleet.vce.backend import raybackend
+from flwr.supercore.inflatable import inflatable_utils
+from flwr.supercore.superexec import run_superexec
+
+import fedx.flower
+from fedx.flower import (
+    clientapp_actor,
+    clientapp_task,
+    engine_threads,
+    linkstate_stores,
+    message_feeder,
+    object_pulls,
+    ray_backend,
+    superexec_executor,
+    supernode_waits,
+    wire,
+)
+from fedx.flower.object_pulls import (
+    PULL_FUNCTIONS,
+    RETRY_KEYWORDS,
+    restore_object_pulls,
+    retry_object_pulls_after,
+)
+from tests.helpers import REPO
+
+#: The modules of fedx.flower, each a change (or, for ``wire``, a use) of Flower's internals.
+CHANGES = sorted(
+    info.name
+    for info in pkgutil.iter_modules(fedx.flower.__path__)
+    if not info.name.startswith("_")
+)
+#: What the rest of fedx may import of Flower: its documented API (``flwr.app``,
+#: ``flwr.clientapp``, ``flwr.serverapp`` and its strategies, whose
+#: ``strategy_utils`` Flower's how-to guides import, ``flwr.common``'s records,
+#: logger and constants).
+PUBLIC_FLOWER = (
+    "flwr.app",
+    "flwr.clientapp",
+    "flwr.serverapp",
+    "flwr.serverapp.strategy",
+    "flwr.serverapp.strategy.strategy_utils",
+    "flwr.common",
+    "flwr.common.constant",
+)
+DOCSTRING_PARTS = ("Why", "Checked against", "Under another Flower")
+
+
+def fingerprint(name: str) -> str:
+    """The first 16 hex digits of the SHA-256 of the source of ``"module:qualified.name"``.
+
+    The source is read from the module's file, not from the live attribute:
+    a test that ran earlier in this process may have put fedx's replacement
+    in its place (``fedx.simulation.install()``).
+    """
+    module_name, _, qualname = name.partition(":")
+    source = inspect.getsource(importlib.import_module(module_name))
+    body = ast.parse(source).body
+    node = None
+    for part in qualname.split("."):
+        node = next(
+            n
+            for n in body
+            if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+            and n.name == part
+        )
+        body = node.body
+    first = min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1
+    code = "".join(inspect.getblock(source.splitlines(keepends=True)[first:]))
+    return hashlib.sha256(code.encode()).hexdigest()[:16]
+
+
+def flower_code() -> list[tuple[str, str]]:
+    return [(change, name) for change in CHANGES for name in module(change).FLOWER_CODE]
+
+
+def module(change: str):
+    return importlib.import_module(f"fedx.flower.{change}")
+
+
+# ----------------------------------------------------------------------
+# Every change: its Flower code, its description, its place
+# ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("change", "name"), flower_code())
+def test_the_flower_code_a_change_relies_on_is_the_code_it_was_checked_against(change, name):
+    changed = module(change)
+    recorded = changed.FLOWER_CODE[name]
+    try:
+        now = fingerprint(name)
+    except (ImportError, AttributeError, OSError, TypeError, StopIteration) as err:
+        now = f"gone ({type(err).__name__}: {err})"
+    installed = importlib.metadata.version("flwr")
+    summary = changed.__doc__.splitlines()[0]
+    assert now == recorded, (
+        f"fedx.flower.{change} ({summary}): Flower's {name} is not the code this change was "
+        f"checked against (flwr {fedx.flower.CHECKED_FLWR}; installed: flwr {installed}). "
+        f"Re-check {changed.RECHECK}. Then record its fingerprint {now!r} (was {recorded!r}) "
+        f"in FLOWER_CODE of fedx/flower/{change}.py, and the version in fedx.flower.CHECKED_FLWR."
+    )
+
+
+@pytest.mark.parametrize("change", CHANGES)
+def test_every_change_says_what_why_for_which_flower_and_is_listed(change):
+    changed = module(change)
+    assert changed.FLOWER_CODE and isinstance(changed.RECHECK, str), change
+    doc = changed.__doc__
+    assert "\nWhat it changes\n" in doc or "\nWhat it uses\n" in doc, change
+    for part in DOCSTRING_PARTS:
+        assert f"\n{part}\n" in doc, f"fedx.flower.{change}'s docstring has no '{part}' part"
+    assert fedx.flower.CHECKED_FLWR in doc.split("\nChecked against\n")[1], change
+    assert f":mod:`~fedx.flower.{change}`" in fedx.flower.__doc__, f"fedx.flower lists no {change}"
+    page = (REPO / "docs" / "flower-changes.md").read_text()
+    assert f"fedx/flower/{change}.py" in page, f"docs/flower-changes.md has no row for {change}"
+    for name in changed.FLOWER_CODE:
+        assert name.replace(":", ".") in page, f"docs/flower-changes.md does not name {name}"
+
+
+def _flower_modules_named(path) -> list[tuple[int, str]]:
+    """Flower modules that a fedx file imports or names as a string in its code."""
+    tree = ast.parse(path.read_text())
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    named = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            named += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            named.append((node.lineno, node.module))
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and id(node) not in docstrings
+            and re.fullmatch(r"flwr(\.\w+)+(:\w+)?", node.value)
+        ):
+            named.append((node.lineno, node.value.split(":")[0]))
+    return [(line, name) for line, name in named if name == "flwr" or name.startswith("flwr.")]
+
+
+def test_nothing_else_in_fedx_reaches_into_flowers_internals():
+    outside = []
+    for path in sorted((REPO / "fedx").rglob("*.py")):
+        if path.parent == REPO / "fedx" / "flower":
+            continue
+        for line, name in _flower_modules_named(path):
+            if name not in PUBLIC_FLOWER:
+                outside.append(f"{path.relative_to(REPO)}:{line}: {name}")
+    assert not outside, (
+        "Flower's internals used outside fedx/flower/ (make the change, or the use, a module "
+        "of fedx.flower): " + "; ".join(outside)
+    )
+
+
+# ----------------------------------------------------------------------
+# object_pulls: how soon Flower asks again for an object not there yet
+# ----------------------------------------------------------------------
+
+#: Flower 1.41's retry keywords (a ServerApp's exchange run earlier in this
+#: process may have changed them: fedx's ServerApp sets them for its process).
+FLOWERS = {
+    "initial_backoff": inflatable_utils.PULL_INITIAL_BACKOFF,
+    "backoff_cap": inflatable_utils.PULL_BACKOFF_CAP,
+    "max_tries_per_object": inflatable_utils.PULL_MAX_TRIES_PER_OBJECT,
+}
+
+
+@pytest.fixture(autouse=True)
+def flowers_waits(monkeypatch):
+    """Flower's retry keywords during every test, and what was there before after it."""
+    for function in PULL_FUNCTIONS:
+        for keyword in RETRY_KEYWORDS:
+            monkeypatch.setitem(function.__kwdefaults__, keyword, FLOWERS[keyword])
+
+
+def pulls_of_an_object_that_arrives_late(late: int) -> list[float]:
+    """When Flower's ``pull_objects`` asked for an object that is there from the ``late``-th ask."""
+    asked = []
+
+    def pull(object_id: str) -> bytes:
+        asked.append(time.monotonic())
+        if len(asked) < late:
+            raise inflatable_utils.ObjectUnavailableError(object_id)
+        return b"content"
+
+    assert inflatable_utils.pull_objects(["object"], pull) == {"object": b"content"}
+    return asked
+
+
+def test_a_short_first_wait_and_cap_replace_flowers_1_to_10_s():
+    before = retry_object_pulls_after(0.02, 0.05)
+    assert (
+        before == FLOWERS == {"initial_backoff": 1, "backoff_cap": 10, "max_tries_per_object": 500}
+    )
+    for function in PULL_FUNCTIONS:
+        assert function.__kwdefaults__["initial_backoff"] == 0.02
+        assert function.__kwdefaults__["backoff_cap"] == 0.05
+        # The wait is bounded by Flower's max_time alone (500 short tries would end it early).
+        assert function.__kwdefaults__["max_tries_per_object"] is None
+        assert function.__kwdefaults__["max_time"] == 7200
+    asked = pulls_of_an_object_that_arrives_late(5)
+    gaps = [later - earlier for earlier, later in zip(asked, asked[1:], strict=False)]
+    # Flower would wait 0.8-1.2 s before the second ask and 1.6-2.4 s before the third.
+    assert len(gaps) == 4 and max(gaps) < 0.5, gaps
+    restore_object_pulls(before)
+    assert inflatable_utils.pull_objects.__kwdefaults__["initial_backoff"] == 1
+    assert inflatable_utils.pull_and_inflate_object_from_tree.__kwdefaults__["backoff_cap"] == 10
+
+
+def test_a_first_wait_of_a_second_or_more_keeps_flowers_waits():
+    retry_object_pulls_after(3.0)  # fedx's ServerApp with FEDX_REPLY_PULL_INTERVAL=3
+    assert inflatable_utils.pull_objects.__kwdefaults__["initial_backoff"] == 1
+    assert inflatable_utils.pull_objects.__kwdefaults__["backoff_cap"] == 10
+    retry_object_pulls_after(0.5, 0.25)  # a longest wait below the first counts as the first
+    assert inflatable_utils.pull_objects.__kwdefaults__["backoff_cap"] == 0.5
+
+
+def test_bad_waits_and_another_flower_are_refused(monkeypatch):
+    for first in (0, -1.0):
+        with pytest.raises(ValueError, match="must be positive"):
+            retry_object_pulls_after(first)
+
+    def pull_objects(object_ids, pull_object_fn, *, backoff=1):  # no initial_backoff
+        del object_ids, pull_object_fn, backoff
+
+    monkeypatch.setattr(object_pulls, "PULL_FUNCTIONS", (pull_objects,))
+    with pytest.raises(RuntimeError, match="flwr 1.41"):
+        retry_object_pulls_after(0.1)
+
+
+def test_the_serverapps_exchange_pulls_reply_objects_at_its_own_pace():
+    from fedx.messaging import send_and_collect  # pylint: disable=import-outside-toplevel
+
+    class Grid:  # no reply ever: one push, pulls until the timeout
+        def push_messages(self, messages):
+            return ["id-1"]
+
+        def pull_messages(self, message_ids):
+            return []
+
+    class Message:  # what send_and_collect reads of a pushed message
+        class metadata:  # pylint: disable=invalid-name
+            message_id, dst_node_id = "id-1", 7
+
+    send_and_collect(Grid(), [Message()], timeout=0.05, first_interval=0.01, max_interval=0.2)
+    assert inflatable_utils.pull_objects.__kwdefaults__["initial_backoff"] == 0.01
+    assert inflatable_utils.pull_objects.__kwdefaults__["backoff_cap"] == 0.2
+
+
+def test_a_flower_whose_pulls_cannot_be_set_keeps_its_waits_and_the_exchange_goes_on(
+    monkeypatch, caplog
+):
+    from fedx import messaging  # pylint: disable=import-outside-toplevel
+
+    def pull_objects(object_ids, pull_object_fn, *, backoff=1):  # no initial_backoff
+        del object_ids, pull_object_fn, backoff
+
+    monkeypatch.setattr(object_pulls, "PULL_FUNCTIONS", (pull_objects,))
+    monkeypatch.setattr(messaging, "_object_pulls_unset", False)
+
+    class Grid:  # one reply, at the first pull
+        def push_messages(self, messages):
+            return ["id-1"]
+
+        def pull_messages(self, message_ids):
+            return [Reply()]
+
+    class Message:
+        class metadata:  # pylint: disable=invalid-name
+            message_id, dst_node_id = "id-1", 7
+
+    class Reply:
+        class metadata:  # pylint: disable=invalid-name
+            reply_to_message_id = "id-1"
+
+    with caplog.at_level("WARNING", logger="flwr"):
+        for _ in range(2):
+            replies = messaging.send_and_collect(Grid(), [Message()], timeout=1.0)
+            assert len(replies) == 1 and isinstance(replies[0], Reply)
+    assert caplog.text.count("object pull waits kept") == 1
+    assert (
+        inflatable_utils.pull_objects.__kwdefaults__["initial_backoff"]
+        == FLOWERS["initial_backoff"]
+    )
+
+
+# ----------------------------------------------------------------------
+# supernode_waits: fedx-supernode's idle and reply waits
+# ----------------------------------------------------------------------
+
+
+def test_fedx_supernode_shortens_exactly_the_idle_and_reply_waits(monkeypatch):
+    slept = []
+    monkeypatch.setattr(supernode_waits.time, "sleep", slept.append)
+    waits = supernode_waits.ShortWaits(0.2)
+    for seconds in (3, 0.5, 1.0):
+        waits.sleep(seconds)
+    assert slept == [0.2, 0.2, 1.0]
+    assert waits.monotonic is supernode_waits.time.monotonic  # the rest is the time module's
+    monkeypatch.setattr(
+        supernode_waits.inspect, "getsource", lambda module: "time.sleep(5)"
+    )  # another Flower
+    with pytest.raises(RuntimeError, match="no time.sleep"):
+        supernode_waits.shorten_loop_waits(0.2)
+
+
+def test_fedx_supernode_patches_flowers_loop(monkeypatch):
+    from fedx.deploy import supernode  # pylint: disable=import-outside-toplevel
+
+    loop = supernode_waits.supernode_loop
+    monkeypatch.setattr(loop, "time", loop.time)  # put back after the test
+    supernode.shorten_waits(0.2)
+    assert isinstance(loop.time, supernode_waits.ShortWaits) and loop.time.interval == 0.2
+    # The objects of a message are asked for again after 0.2 s (Flower: 1 s).
+    assert loop.pull_objects.__kwdefaults__["initial_backoff"] == 0.2
+    for interval in (0, 5):
+        with pytest.raises(ValueError, match="poll interval must be in"):
+            supernode.shorten_waits(interval)
+
+
+# ----------------------------------------------------------------------
+# superexec_executor and clientapp_task: fedx-superexec's warm executor
+# ----------------------------------------------------------------------
+
+
+def test_flowers_superexec_builds_its_executor_with_fedxs_factory(monkeypatch):
+    monkeypatch.setattr(run_superexec, "get_executor", run_superexec.get_executor)
+    built = []
+
+    def factory(
+        executor_type, executor_config=None, *, insecure=False, root_certificates_path=None
+    ):
+        built.append(executor_type)
+
+    superexec_executor.use_executor_factory(factory)
+    assert run_superexec.get_executor is factory  # what run_superexec calls as it starts
+    monkeypatch.setenv("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.3")
+    assert superexec_executor.task_poll_interval() == 0.3
+    monkeypatch.delattr(run_superexec, "get_executor")  # another Flower
+    with pytest.raises(RuntimeError, match="no get_executor to replace"):
+        superexec_executor.use_executor_factory(factory)
+
+
+def test_a_fab_is_unpacked_once_then_found_where_flower_installed_it(tmp_path, monkeypatch):
+    from flwr.cli import install  # pylint: disable=import-outside-toplevel
+    from flwr.cli.build import build_fab_from_files  # pylint: disable=import-outside-toplevel
+
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path))
+    pyproject = (REPO / "pyproject.toml").read_bytes()
+    fab, _ = build_fab_from_files({"pyproject.toml": pyproject, "fedx/__init__.py": b""})
+    unpacked = []
+    flowers = install.install_from_fab
+    monkeypatch.setattr(
+        install, "install_from_fab", lambda *a, **k: unpacked.append(a) or flowers(*a, **k)
+    )
+    assert clientapp_task.installed_fab_path(fab) is None
+    first = clientapp_task.install_fab_once(fab, skip_prompt=True)
+    assert first == flowers(fab, skip_prompt=True)  # Flower's own path...
+    assert (first / "fedx" / "__init__.py").is_file() and len(unpacked) == 1
+    assert clientapp_task.install_fab_once(fab, skip_prompt=True) == first
+    assert len(unpacked) == 1  # ...found again without unpacking
+    other, _ = build_fab_from_files({"pyproject.toml": pyproject, "fedx/__init__.py": b"x = 1"})
+    assert clientapp_task.install_fab_once(other, skip_prompt=True) != first  # another hash
+    assert len(unpacked) == 2
+    assert clientapp_task.installed_fab_path(b"not a zip") is None  # Flower's function says why
+
+
+# ----------------------------------------------------------------------
+# ray_backend, engine_threads, message_feeder: fedx's parts in the simulation engine
+# ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def flowers_engine(monkeypatch):
+    """The simulation engine as Flower ships it during the test, and as it was after it."""
+    monkeypatch.setattr(raybackend, "RayBackend", ray_backend.FlowerRayBackend)
+    monkeypatch.setattr(vce_api, "ThreadPoolExecutor", ThreadPoolExecutor)
+    monkeypatch.setattr(
+        vce_api, "add_messages_to_queue", message_feeder.flower_add_messages_to_queue
+    )
+
+
+def test_install_puts_fedxs_backend_threads_and_feeder_into_flowers_engine(flowers_engine):
+    # pylint: disable=import-outside-toplevel
+    from fedx.simulation import install
+    from fedx.simulation.backend import ClusterRayBackend
+    from fedx.simulation.feeder import feed_messages
+
+    assert install(actor_preload=("json",))
+    # What start_vce's backend_fn imports when it builds the backend:
+    from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
+
+    assert RayBackend is ClusterRayBackend and ClusterRayBackend.actor_preload == ("json",)
+    assert vce_api.ThreadPoolExecutor is engine_threads.ThreadPerWorker
+    assert vce_api.add_messages_to_queue is feed_messages
+    assert install(actor_preload=()) and ClusterRayBackend.actor_preload == ()  # idempotent
+
+
+def test_another_flowers_engine_keeps_its_own_parts(flowers_engine, monkeypatch, caplog):
+    # pylint: disable=import-outside-toplevel
+    from fedx.simulation import install
+
+    class SomeoneElsesBackend(ray_backend.FlowerRayBackend):
+        pass
+
+    def add_messages_to_queue(state, queue, nodes_mapping):  # another signature
+        del state, queue, nodes_mapping
+
+    monkeypatch.setattr(raybackend, "RayBackend", SomeoneElsesBackend)
+    monkeypatch.setattr(vce_api, "add_messages_to_queue", add_messages_to_queue)
+    monkeypatch.delattr(vce_api, "ThreadPoolExecutor")
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        assert not install()
+    assert raybackend.RayBackend is SomeoneElsesBackend
+    assert vce_api.add_messages_to_queue is add_messages_to_queue
+    assert not hasattr(vce_api, "ThreadPoolExecutor")
+    for replaced in (
+        "raybackend.RayBackend",
+        "vce_api.ThreadPoolExecutor",
+        "add_messages_to_queue",
+    ):
+        assert f"{replaced} is not the one fedx's replacement was written for" in caplog.text
+
+
+def test_the_engine_runs_every_worker_loop_at_once():
+    """Flower's ThreadPoolExecutor() would run min(32, cores + 4) of these and never the rest."""
+    loops = 100
+    all_running = threading.Barrier(loops, timeout=30)
+    with engine_threads.ThreadPerWorker() as executor:
+        futures = [executor.submit(all_running.wait) for _ in range(loops)]
+    assert sorted(future.result() for future in futures) == list(range(loops))
+
+
+# ----------------------------------------------------------------------
+# linkstate_stores: the run state's stores, hooked while fedx's feeder runs
+# ----------------------------------------------------------------------
+
+
+def test_the_states_stores_call_back_while_hooked(simulation_state):
+    state, grid, nodes, _ = simulation_state
+    stored, replied = [], []
+    with linkstate_stores.hooked(
+        state,
+        lambda m, i: stored.append((m.metadata.dst_node_id, i)),
+        lambda m, i: replied.append(i),
+    ) as hooked:
+        assert hooked
+        ids = list(
+            grid.push_messages([Message(RecordDict(), dst_node_id=nodes[0], message_type="train")])
+        )
+        assert stored == [(nodes[0], ids[0])] and ids[0]  # Flower's method stored it first
+        (delivered,) = state.get_message_ins(node_id=nodes[0], limit=1)
+        reply = Message(RecordDict(), reply_to=delivered)
+        reply.metadata.__dict__["_message_id"] = "reply-0"  # as Flower's engine does
+        assert state.store_message_res(reply) == "reply-0" and replied == ["reply-0"]
+    assert "store_message_ins" not in vars(state) and "store_message_res" not in vars(state)
+    with linkstate_stores.hooked(object(), print, print) as hooked:
+        assert not hooked  # another Flower's state: not hooked
+
+
+# ----------------------------------------------------------------------
+# clientapp_actor: fedx's actors raise the errors Flower's engine answers
+# ----------------------------------------------------------------------
+
+
+def test_fedxs_actor_raises_the_errors_flowers_engine_turns_into_error_replies():
+    # What the engine's worker checks (the actor itself on Ray: tests/test_ray_backend.py).
+    assert vce_api.ClientAppException is clientapp_actor.ClientAppException
+    assert vce_api.LoadClientAppError is clientapp_actor.LoadClientAppError
+    from fedx.simulation import actor  # pylint: disable=import-outside-toplevel
+
+    assert actor.ClientAppException is clientapp_actor.ClientAppException
+
+
+# ----------------------------------------------------------------------
+# wire: Flower's serialization for the loopback grid
+# ----------------------------------------------------------------------
+
+
+def test_the_loopback_grid_sends_contents_through_flowers_serialization():
+    weights = np.arange(1000, dtype=np.float32)
+    content = RecordDict(
+        {"arrays": ArrayRecord([weights]), "config": ConfigRecord({"server-round": 3})}
+    )
+    copy, size = wire.over_the_wire(content)
+    assert copy is not content and copy["config"]["server-round"] == 3
+    np.testing.assert_array_equal(copy["arrays"].to_numpy_ndarrays()[0], weights)
+    assert weights.nbytes < size < weights.nbytes + 1000

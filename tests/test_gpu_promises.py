@@ -1,0 +1,222 @@
+"""What fedx promises on a GPU, checked where no GPU is: saved models and deterministic kernels.
+
+* What a run saves holds CPU tensors whatever the server's model sat on: a
+  model on the ``meta`` device stands for one on a GPU (a file written from
+  it would hold tensors no other machine can load).
+* The run config's ``deterministic`` reaches the training code on every
+  path a message takes: the ClientApp called in-process, in a simulation's
+  Ray actor (this module), and in a real ClientApp process forked by the warm
+  executor (tests/test_warm_executor.py); the ServerApp evaluates with it.
+"""
+
+import os
+
+import numpy as np
+import pytest
+import ray
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp.strategy import Result
+
+from fedx.config import ConfigError, RunConfig
+from fedx.models import build_model
+from fedx.outputs import MODEL_FILE
+from fedx.server import saving
+from fedx.server_app import main
+from fedx.simulation.actor import ClientAppActor
+from tests.helpers import DEFAULTS
+from tests.standin_grid import real_clients_grid
+
+pytestmark = pytest.mark.usefixtures("server_task_identity", "one_torch_thread")
+NODE = 7
+
+
+# ----------------------------------------------------------------------
+# Saved models
+# ----------------------------------------------------------------------
+
+
+def test_model_pt_holds_cpu_tensors_whatever_the_servers_model_sits_on(tmp_path):
+    torch.manual_seed(0)
+    trained = build_model("cnn", (1, 8, 8), 10).state_dict()
+    with torch.device("meta"):  # where the server evaluated: not this machine's memory
+        elsewhere = build_model("cnn", (1, 8, 8), 10)
+    result = Result()
+    result.arrays = ArrayRecord(trained)
+    path = saving.save_models(object(), elsewhere, result, tmp_path)
+    assert path == tmp_path / MODEL_FILE
+    loaded = torch.load(path)  # no map_location, tensors only (weights_only)
+    assert list(loaded) == list(trained)
+    for name, tensor in loaded.items():
+        assert tensor.device == torch.device("cpu"), name
+        assert torch.equal(tensor, trained[name]), name
+
+
+def test_a_run_without_results_saves_the_model_it_started_from_on_the_cpu(tmp_path):
+    model = build_model("cnn", (1, 8, 8), 10)
+    path = saving.save_models(object(), model, Result(), tmp_path)
+    loaded = torch.load(path)
+    assert all(t.device.type == "cpu" for t in loaded.values())
+    assert all(torch.equal(loaded[k], v) for k, v in model.state_dict().items())
+
+
+def test_personalized_models_hold_cpu_tensors(tmp_path):
+    weights = {"fc.weight": np.ones((2, 3), np.float32), "fc.bias": np.zeros(2, np.float32)}
+
+    class Keeps:  # a strategy that keeps a model per client (KeepsPersonalizedModels)
+        def personalized_models(self):
+            return {4: ("cnn-1", weights)}
+
+    path = saving.save_models(Keeps(), None, Result(), tmp_path)
+    loaded = torch.load(path)
+    assert loaded[4]["architecture"] == "cnn-1"
+    state = loaded[4]["state_dict"]
+    assert all(t.device.type == "cpu" for t in state.values())
+    assert torch.equal(state["fc.weight"], torch.ones(2, 3))
+    weights["fc.bias"][0] = 5  # the file's tensors are copies, not views of the strategy's arrays
+    assert torch.equal(state["fc.bias"], torch.zeros(2))
+
+
+# ----------------------------------------------------------------------
+# The run config's device and deterministic keys
+# ----------------------------------------------------------------------
+
+
+def test_device_and_deterministic_are_checked_run_config_keys():
+    cfg = RunConfig.from_mapping({**DEFAULTS})
+    assert (cfg.device, cfg.deterministic) == ("auto", False)
+    cfg = RunConfig.from_mapping({**DEFAULTS, "device": "cpu", "deterministic": True})
+    assert (cfg.device, cfg.deterministic) == ("cpu", True)
+    with pytest.raises(ConfigError, match="device='gpu': must be one of auto, cpu, cuda"):
+        RunConfig.from_mapping({**DEFAULTS, "device": "gpu"})
+    with pytest.raises(ConfigError, match="deterministic=1: must be true or false"):
+        RunConfig.from_mapping({**DEFAULTS, "deterministic": 1})
+
+
+def train_message() -> Message:
+    torch.manual_seed(0)
+    record = ArrayRecord(build_model("cnn", (1, 8, 8), 10).state_dict())
+    content = RecordDict({"arrays": record, "config": ConfigRecord({"server-round": 1})})
+    return Message(content, dst_node_id=NODE, message_type="train")
+
+
+def node_context(**config) -> Context:
+    run_config = {**DEFAULTS, "local-epochs": 1, "device": "cpu", **config}
+    return Context(1, NODE, {"partition-id": 1, "num-partitions": 10}, RecordDict(), run_config)
+
+
+def reporting_client_app() -> ClientApp:
+    """fedx's training handler, reporting the kernels and cuBLAS setting its training ran with."""
+    app = ClientApp()
+
+    @app.train()
+    def train_and_report(msg: Message, context: Context) -> Message:
+        # pylint: disable=import-outside-toplevel,reimported
+        import os as process_os
+
+        import torch as process_torch
+
+        from fedx.client import handlers
+
+        seen = {}
+        real = handlers.train
+
+        def spy(*args, **kwargs):
+            seen["deterministic"] = process_torch.are_deterministic_algorithms_enabled()
+            seen["cublas"] = process_os.environ.get("CUBLAS_WORKSPACE_CONFIG") == ":4096:8"
+            seen["device"] = str(kwargs["device"])
+            return real(*args, **kwargs)
+
+        handlers.train = spy
+        try:
+            reply = handlers.train_model(msg, context)
+        finally:
+            handlers.train = real
+        reply.content["report"] = MetricRecord(
+            {
+                "deterministic-in-training": int(seen["deterministic"]),
+                "cublas-set": int(seen["cublas"]),
+                "cpu": int(seen["device"] == "cpu"),
+                "deterministic-after": int(process_torch.are_deterministic_algorithms_enabled()),
+            }
+        )
+        return reply
+
+    return app
+
+
+def test_the_clientapp_trains_with_deterministic_kernels_when_the_run_says_so(monkeypatch):
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "")  # restored after the test, as it was
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
+    app = reporting_client_app()
+    for deterministic in (True, False, True):
+        reply = app(message=train_message(), context=node_context(deterministic=deterministic))
+        report = reply.content["report"]
+        assert report["deterministic-in-training"] == int(deterministic)
+        assert report["deterministic-after"] == 0  # the call's setting ends with the call
+        assert report["cpu"] == 1
+    assert report["cublas-set"] == 1
+
+
+@pytest.fixture
+def local_ray():
+    ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def test_a_simulations_actor_trains_with_the_kernels_each_run_asks_for(local_ray):
+    """fedx's ClientApp actor, one process answering two runs' messages in turn."""
+    actor = ClientAppActor.options(num_cpus=1).remote()
+    app = reporting_client_app()
+    try:
+        for deterministic in (True, False):
+            _, reply, _ = ray.get(
+                actor.run.remote(
+                    lambda: app,
+                    train_message(),
+                    str(NODE),
+                    node_context(deterministic=deterministic),
+                ),
+                timeout=300,
+            )
+            assert not reply.has_error(), reply.error
+            report = reply.content["report"]
+            assert report["deterministic-in-training"] == int(deterministic)
+            assert report["cublas-set"] == 1  # set by the first run, before any GPU work
+            assert report["deterministic-after"] == 0
+    finally:
+        ray.kill(actor)
+
+
+def test_the_serverapp_evaluates_with_deterministic_kernels(tmp_path, monkeypatch):
+    from fedx.server import evaluation  # pylint: disable=import-outside-toplevel
+
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "")
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
+
+    seen = []
+    real = evaluation.evaluate
+
+    def spy(*args, **kwargs):
+        seen.append((torch.are_deterministic_algorithms_enabled(), str(args[2])))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(evaluation, "evaluate", spy)
+    config = {
+        **DEFAULTS,
+        "strategy": "fedavg",
+        "num-server-rounds": 1,
+        "local-epochs": 1,
+        "deterministic": True,
+        "device": "cpu",
+        "output-dir": str(tmp_path),
+        "run-name": "run",
+    }
+    context = Context(1, 0, {}, RecordDict(), config)
+    main(real_clients_grid([11, 12, 13, 14], config), context)
+    assert seen == [(True, "cpu"), (True, "cpu")]  # rounds 0 and 1
+    assert not torch.are_deterministic_algorithms_enabled()  # until the run ends
+    assert (tmp_path / "run" / MODEL_FILE).exists()
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
