@@ -56,6 +56,7 @@ from flwr.app import Message
 from flwr.common import log
 from flwr.serverapp import Grid
 
+from fedx.flower import objects_in_flight
 from fedx.flower.object_pulls import retry_object_pulls_after
 
 #: Seconds before the first pull after a push or a reply, and its growth factor.
@@ -199,6 +200,7 @@ def send_and_collect(
     if not (hasattr(grid, "push_messages") and hasattr(grid, "pull_messages")):
         return list(grid.send_and_receive(messages, timeout=timeout))
     _pull_reply_objects_at(first_interval, max_interval)
+    objects_in_flight.apply_environment()
     messages = list(messages)
     if not messages:
         return []

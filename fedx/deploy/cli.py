@@ -119,6 +119,14 @@ def _parser() -> argparse.ArgumentParser:
         "SuperLink ~0.1 ms instead of ~20 ms",
     )
     up.add_argument(
+        "--objects-in-flight",
+        type=int,
+        metavar="N",
+        help="objects of a message each SuperNode pulls or pushes at once (Flower: 2; they "
+        "then run as fedx-supernode): for SuperNodes at distant sites, where each object "
+        "costs a round trip",
+    )
+    up.add_argument(
         "--clientapp-threads",
         type=int,
         metavar="N",
@@ -151,6 +159,7 @@ def _spec(args: argparse.Namespace) -> FederationSpec:
         executor=args.executor,
         poll_interval=args.poll_interval,
         superlink_database=args.superlink_database,
+        objects_in_flight=args.objects_in_flight,
         clientapp_threads=args.clientapp_threads,
         serverapp_threads=args.serverapp_threads,
     )

@@ -45,6 +45,7 @@ from fedx.deploy.cores import (
     thread_environment,
 )
 from fedx.deploy.credentials import TlsFiles, supernode_key_paths
+from fedx.flower import objects_in_flight
 
 Transport = Literal["http", "grpc"]
 Executor = Literal["flower", "warm"]
@@ -168,6 +169,14 @@ class FederationSpec:
         on each object of a message (a model is one object per array and
         chunk, and it crosses the SuperLink twice per exchange), the
         in-memory one about 0.1 ms (``benchmarks/message_timeline.py``).
+    objects_in_flight : int, optional
+        Objects of a message each SuperNode pulls from and pushes to the
+        SuperLink at once (``fedx-supernode --objects-in-flight``,
+        :mod:`fedx.flower.objects_in_flight`); ``None`` keeps Flower's 2.
+        Each object is a request of its own, so over a long link a message
+        costs about objects / 2 round trips; more in flight overlap them,
+        and cost the SuperLink more requests at once
+        (``benchmarks/links.py``).
     clientapp_threads : int, optional
         Torch threads of each SuperNode's ClientApps. ``None``: the
         environment's ``FEDX_CLIENTAPP_THREADS``, else the SuperNode's share
@@ -205,6 +214,7 @@ class FederationSpec:
     poll_interval: float | None = None
     extra_environment: dict[str, str] = field(default_factory=dict)
     superlink_database: Database = "file"
+    objects_in_flight: int | None = None
     clientapp_threads: int | None = None
     serverapp_threads: int | None = None
 
@@ -235,6 +245,10 @@ class FederationSpec:
             )
         if self.poll_interval is not None and not 0.01 <= self.poll_interval <= 3:
             raise ValueError(f"poll_interval must be in [0.01, 3] s, got {self.poll_interval}")
+        if self.objects_in_flight is not None:
+            if self.transport != "http":
+                raise ValueError('objects_in_flight needs Flower 1.41 (transport="http")')
+            objects_in_flight.check_count(self.objects_in_flight)
         if not self.simulation:  # the option, else the environment, else the share of the cores
             self.clientapp_threads = ClientAppCores.resolve(
                 threads=self.clientapp_threads, supernodes=self.num_supernodes
@@ -360,12 +374,12 @@ class FederationSpec:
     def supernode_command(self, index: int) -> list[str]:
         """``flower-supernode`` number ``index`` (from 0) with its partition."""
         command = [str(self.bin_dir / "flower-supernode")]
+        if self.poll_interval is not None or self.objects_in_flight is not None:
+            command = [str(self.bin_dir / "fedx-supernode")]
         if self.poll_interval is not None:
-            command = [
-                str(self.bin_dir / "fedx-supernode"),
-                "--poll-interval",
-                str(self.poll_interval),
-            ]
+            command += ["--poll-interval", str(self.poll_interval)]
+        if self.objects_in_flight is not None:
+            command += ["--objects-in-flight", str(self.objects_in_flight)]
         if self.tls is None:
             command.append("--insecure")
         else:

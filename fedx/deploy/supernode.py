@@ -7,14 +7,17 @@ its checks for the ClientApp's reply, become ``SECONDS`` (the reply check at
 most 0.5 s; :mod:`fedx.flower.supernode_waits` says how, why, and what
 happens under another Flower), and so does the first wait before it asks the
 SuperLink again for an object of a message that is not there yet (Flower:
-1 s, :mod:`fedx.flower.object_pulls`). Without ``--poll-interval`` it is
-``flower-supernode``.
+1 s, :mod:`fedx.flower.object_pulls`). ``--objects-in-flight N`` (or
+``FEDX_OBJECTS_IN_FLIGHT=N``) makes it pull and push N objects of a message
+at once (:mod:`fedx.flower.objects_in_flight`; Flower: 2). Without either
+option it is ``flower-supernode``.
 """
 
 import argparse
 import sys
 from collections.abc import Sequence
 
+from fedx.flower import objects_in_flight
 from fedx.flower.object_pulls import retry_object_pulls_after
 from fedx.flower.supernode_waits import IDLE_WAIT, run_flower_supernode, shorten_loop_waits
 
@@ -44,14 +47,27 @@ def main(argv: Sequence[str] | None = None) -> None:
         metavar="SECONDS",
         help=f"idle wait between two pulls (Flower's: {IDLE_WAIT} s)",
     )
+    parser.add_argument(
+        "--objects-in-flight",
+        type=int,
+        metavar="N",
+        help="objects of a message pulled or pushed at once (Flower's: 2, at most the cores; "
+        f"default: ${objects_in_flight.VARIABLE} if set)",
+    )
     argv = list(sys.argv[1:] if argv is None else argv)
     ours, flower_args = parser.parse_known_args(argv)
     if "-h" in argv or "--help" in argv:
         parser.print_help()
         print()
-    elif ours.poll_interval is not None:
+    else:
         try:
-            shorten_waits(ours.poll_interval)
+            if ours.poll_interval is not None:
+                shorten_waits(ours.poll_interval)
+            in_flight = ours.objects_in_flight
+            if in_flight is None:
+                in_flight = objects_in_flight.from_environment()
+            if in_flight is not None:
+                objects_in_flight.set_objects_in_flight(in_flight)
         except (ValueError, RuntimeError) as err:
             raise SystemExit(f"fedx-supernode: {err}") from None
     run_flower_supernode(flower_args)

@@ -29,6 +29,10 @@ The changes:
   and ``store_message_res`` are wrapped while fedx's feeder runs.
 - :mod:`~fedx.flower.object_pulls`: the retry keywords of Flower's object
   pulls (``pull_objects``) are shortened.
+- :mod:`~fedx.flower.objects_in_flight`: how many objects of a message
+  Flower's pulls and pushes move at once (``fedx-supernode
+  --objects-in-flight``, ``FEDX_OBJECTS_IN_FLIGHT``), past Flower's cap at
+  the process's cores.
 - :mod:`~fedx.flower.supernode_waits`: the SuperNode loop's 3 s and 0.5 s
   waits become ``fedx-supernode --poll-interval``.
 - :mod:`~fedx.flower.superexec_executor`: the SuperExec's ``get_executor``

@@ -10,6 +10,7 @@ one of them misbehave.
 import hashlib
 import json
 import os
+import time
 from importlib.metadata import version
 from pathlib import Path
 
@@ -45,6 +46,23 @@ def fingerprint(model: dict) -> str:
     return digest.hexdigest()[:16]
 
 
+def initial_model(config) -> dict[str, np.ndarray]:
+    """The softmax regression's zeros (with ``payload-bytes`` of float32 zeros), or the run
+    config's fedx ``model`` as CIFAR-10 builds it."""
+    if not config["model"]:
+        model = {
+            "weight": np.zeros((NUM_FEATURES, NUM_CLASSES), dtype=np.float32),
+            "bias": np.zeros(NUM_CLASSES, dtype=np.float32),
+        }
+        if int(config["payload-bytes"]) > 0:
+            model["payload"] = np.zeros(int(config["payload-bytes"]) // 4, dtype=np.float32)
+        return model
+    from fedx.models import build_model  # pylint: disable=import-outside-toplevel  (torch)
+
+    module = build_model(str(config["model"]), (3, 32, 32), 10)
+    return {name: tensor.numpy() for name, tensor in module.state_dict().items()}
+
+
 def build(name: str, config) -> MultiModelStrategy:
     """The strategy ``name`` with the test's sampling settings."""
     min_nodes = int(config["min-nodes"])
@@ -64,21 +82,19 @@ def run_one(name: str, grid: Grid, config) -> dict:
     strategy = build(name, config)
     checkpoints = Path(str(config["checkpoint-dir"])) / name if config["checkpoint-dir"] else None
     crash_after = int(config["crash-after-round"])
-    arrays = ArrayRecord(
-        {
-            "weight": Array(np.zeros((NUM_FEATURES, NUM_CLASSES), dtype=np.float32)),
-            "bias": Array(np.zeros(NUM_CLASSES, dtype=np.float32)),
-        }
-    )
-    first_round, result = 1, None
+    arrays = ArrayRecord({name: Array(array) for name, array in initial_model(config).items()})
+    first_round, result, restored_pool = 1, None, []
     if config["resume"]:
         assert checkpoints is not None, "resume needs a checkpoint-dir"
         checkpoint = load_checkpoint(checkpoints)
         result = restore_run(strategy, checkpoint.state)
         arrays, first_round = result.arrays, checkpoint.server_round + 1
+        restored_pool = [fingerprint(model) for model in strategy.pool]
+    round_ends = {first_round - 1: time.monotonic()}
 
     def on_round_end(server_round, arrays, result) -> None:
         del arrays
+        round_ends[server_round] = time.monotonic()
         if checkpoints is not None:
             state = capture_run(strategy, result)
             save_checkpoint(checkpoints, Checkpoint(server_round, type(strategy).__name__, state))
@@ -102,6 +118,10 @@ def run_one(name: str, grid: Grid, config) -> dict:
         "rounds": sorted(metrics),
         "trained-slots": {str(r): int(m["trained-slots"]) for r, m in metrics.items()},
         "train-loss": {str(r): float(m["train-loss"]) for r, m in metrics.items()},
+        "round-seconds": {
+            str(r): round_ends[r] - round_ends[r - 1] for r in sorted(round_ends)[1:]
+        },
+        "restored-pool": restored_pool,
         "pool": [fingerprint(model) for model in strategy.pool],
         "global-model": fingerprint({n: a.numpy() for n, a in result.arrays.items()}),
     }
