@@ -58,13 +58,13 @@ SUPERNODES = 2
 #: What flwr-clientapp imports before it asks its SuperNode for the message.
 CLIENTAPP_ENTRY = "import flwr.supernode.cli.flwr_clientapp, flwr.supernode.runtime.run_clientapp"
 #: Holds every flwr-clientapp process FEDX_BENCH_START_DELAY seconds at its start, and logs it.
-SITECUSTOMIZE = '''
+SITECUSTOMIZE = """
 import os, sys, time
 if len(sys.orig_argv) > 1 and os.path.basename(sys.orig_argv[1]) == "flwr-clientapp":
     with open(os.environ["FEDX_BENCH_START_LOG"], "a") as log:
         log.write(f"{time.time()} {os.getpid()}\\n")
     time.sleep(float(os.environ["FEDX_BENCH_START_DELAY"]))
-'''
+"""
 
 
 def startup_seconds(at_once: int) -> float:
