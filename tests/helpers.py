@@ -113,3 +113,27 @@ def flwr_run(
         check=False,
     )
     return done.stdout + done.stderr
+
+
+class OneMessageGrid:
+    """What ``fedx.messaging.send_and_collect`` uses of a Grid, for one message (:class:`PushedMessage`).
+
+    Its push is accepted; each pull returns ``replies``: by default none, so
+    the exchange pulls until its timeout.
+    """
+
+    def __init__(self, replies: list[Any] | None = None) -> None:
+        self.replies = replies or []
+
+    def push_messages(self, messages: Any) -> list[str]:
+        return ["id-1"]
+
+    def pull_messages(self, message_ids: Any) -> list[Any]:
+        return self.replies
+
+
+class PushedMessage:
+    """What ``send_and_collect`` reads of a message it pushes: its id and destination node."""
+
+    class metadata:  # pylint: disable=invalid-name
+        message_id, dst_node_id = "id-1", 7
