@@ -45,6 +45,26 @@ def run_app(federation: LocalFederation, app: Path, run_config: str, timeout: fl
     )
 
 
+def start_flwr_run(
+    federation: LocalFederation, app: Path, run_config: str, log: Path
+) -> subprocess.Popen:
+    """``flwr run --stream`` of ``app`` on ``federation``, not waited for; its output goes to ``log``.
+
+    It runs in a session of its own, so that ``os.killpg`` ends it with
+    whatever it started.
+    """
+    spec = federation.spec
+    with open(log, "w", encoding="utf-8") as out:
+        return subprocess.Popen(  # pylint: disable=consider-using-with
+            [str(spec.bin_dir / "flwr"), "run", str(app), spec.connection, "--stream"]
+            + ["--run-config", run_config],
+            env=spec.environment(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
 def flwr_submit(federation: LocalFederation, app: Path, run_config: str) -> int:
     """``flwr run`` without waiting; returns the run id."""
     done = federation.flwr(
