@@ -155,13 +155,16 @@ def git_commit() -> str:
 
 
 def cifar_root(
-    root: Path | None, folder: Path, names: tuple[str, ...], train: int, test: int
+    arguments: argparse.Namespace, folder: Path, names: tuple[str, ...] = ("cifar10",)
 ) -> Path:
-    """``root`` when given (real or fake CIFAR files there), else fake sets written into ``folder``.
+    """The CIFAR files of the command line (:func:`add_simulation_options`): ``--data-root``
+    when given (real or fake files there), else fake sets written into ``folder``.
 
-    Written sets are accepted by this process's torchvision; :func:`environment`
-    makes other processes accept them.
+    Written sets (``names``, of ``--train-size`` + ``--test-size`` images) are
+    accepted by this process's torchvision; :func:`environment` makes other
+    processes accept them.
     """
+    root, train, test = arguments.data_root, arguments.train_size, arguments.test_size
     if root is not None:
         md5 = root / _fake_cifar.MD5_FILE
         if md5.exists():

@@ -183,10 +183,7 @@ def main(argv: Sequence[str] | None = None) -> Checks:
     checks = Checks()
     with tempfile.TemporaryDirectory(prefix="fedx-gpu-checks-") as folder:
         work = Path(folder)
-        root = _gpu.cifar_root(
-            arguments.data_root, work / "data", ("cifar10",), arguments.train_size,
-            arguments.test_size,
-        )  # fmt: skip
+        root = _gpu.cifar_root(arguments, work / "data")
         for label, deterministic in (
             ("deterministic-1", True),
             ("deterministic-2", True),

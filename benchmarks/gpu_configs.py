@@ -213,10 +213,7 @@ def main(argv: Sequence[str] | None = None) -> list[FileResult]:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="fedx-gpu-configs-") as folder:
         work = Path(folder)
-        root = _gpu.cifar_root(
-            arguments.data_root, work / "data", datasets, arguments.train_size,
-            arguments.test_size,
-        )  # fmt: skip
+        root = _gpu.cifar_root(arguments, work / "data", datasets)
         with _gpu.GpuMonitor() as monitor:
             for path in files:
                 if arguments.budget is not None and time.monotonic() - started > arguments.budget:

@@ -378,10 +378,7 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="fedx-gpu-round-") as folder:
         work = Path(folder)
-        root = _gpu.cifar_root(
-            arguments.data_root, work / "data", ("cifar10",), arguments.train_size,
-            arguments.test_size,
-        )  # fmt: skip
+        root = _gpu.cifar_root(arguments, work / "data")
         with _gpu.GpuMonitor() as monitor:
             for variant in arguments.variants:
                 try:
