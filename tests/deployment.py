@@ -10,7 +10,7 @@ from pathlib import Path
 
 from fedx.deploy.cli import main as deploy_main
 from fedx.deploy.local import FederationSpec, LocalFederation, free_port
-from tests.helpers import REPO, flwr_run
+from tests.helpers import REPO, flwr_run, flwr_run_command
 
 WIRE_APP = REPO / "tests" / "wire_app"
 
@@ -56,8 +56,7 @@ def start_flwr_run(
     spec = federation.spec
     with open(log, "w", encoding="utf-8") as out:
         return subprocess.Popen(  # pylint: disable=consider-using-with
-            [str(spec.bin_dir / "flwr"), "run", str(app), spec.connection, "--stream"]
-            + ["--run-config", run_config],
+            flwr_run_command(app, run_config, spec.connection, bin_dir=spec.bin_dir),
             env=spec.environment(),
             stdout=out,
             stderr=subprocess.STDOUT,

@@ -83,6 +83,14 @@ def metrics_rows(directory: Path) -> dict[int, dict[str, Any]]:
     return {row["round"]: row for row in metrics["rounds"]}
 
 
+def flwr_run_command(
+    app: Path, run_config_text: str, *options: str, bin_dir: Path = BIN
+) -> list[str]:
+    """``flwr run <app> <options> --stream --run-config <run_config_text>``, ``flwr`` of ``bin_dir``."""
+    flwr = str(bin_dir / "flwr")
+    return [flwr, "run", str(app), *options, "--stream", "--run-config", run_config_text]
+
+
 def flwr_run(
     env: dict[str, str],
     app: Path,
@@ -97,15 +105,7 @@ def flwr_run(
     ``options`` are a connection name or ``--federation-config ...``.
     """
     done = subprocess.run(
-        [
-            str(bin_dir / "flwr"),
-            "run",
-            str(app),
-            *options,
-            "--stream",
-            "--run-config",
-            run_config_text,
-        ],
+        flwr_run_command(app, run_config_text, *options, bin_dir=bin_dir),
         env=env,
         capture_output=True,
         text=True,
