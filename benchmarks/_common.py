@@ -34,6 +34,12 @@ def print_error(error: str | None, label: str = "") -> None:
         print(f"  {label}: {error}" if label else f"  {error}")
 
 
+def print_header(header: str) -> None:
+    """A table's header line, and a rule under it as wide."""
+    print(header)
+    print("-" * len(header))
+
+
 def load_sibling(name: str) -> ModuleType:
     """``benchmarks/<name>.py`` as a module (the folder is not a package), loaded once."""
     module_name = f"benchmark_{name}"

@@ -1,6 +1,6 @@
 """What the GPU benchmarks share: the card's own readings, fake CIFAR data, fedx-compare runs.
 
-``gpu_round.py`` and ``gpu_configs.py`` import this module (``import _gpu``)
+``gpu_round.py``, ``gpu_configs.py`` and ``gpu_checks.py`` import this module (``import _gpu``)
 from their folder, as the other scripts import ``_common``.
 
 How busy the card was comes from NVML, through ``nvidia-smi
@@ -22,9 +22,12 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import _common as common
 import _fake_cifar
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,6 +39,8 @@ NVIDIA_SMI = (
     "-lms",
     "100",
 )
+#: The fake sets of a ``--quick`` run: training and test images.
+QUICK_TRAIN_SIZE, QUICK_TEST_SIZE = 400, 100
 
 
 @dataclass
@@ -155,13 +160,16 @@ def git_commit() -> str:
 
 
 def cifar_root(
-    root: Path | None, folder: Path, names: tuple[str, ...], train: int, test: int
+    arguments: argparse.Namespace, folder: Path, names: tuple[str, ...] = ("cifar10",)
 ) -> Path:
-    """``root`` when given (real or fake CIFAR files there), else fake sets written into ``folder``.
+    """The CIFAR files of the command line (:func:`add_simulation_options`): ``--data-root``
+    when given (real or fake files there), else fake sets written into ``folder``.
 
-    Written sets are accepted by this process's torchvision; :func:`environment`
-    makes other processes accept them.
+    Written sets (``names``, of ``--train-size`` + ``--test-size`` images) are
+    accepted by this process's torchvision; :func:`environment` makes other
+    processes accept them.
     """
+    root, train, test = arguments.data_root, arguments.train_size, arguments.test_size
     if root is not None:
         md5 = root / _fake_cifar.MD5_FILE
         if md5.exists():
@@ -228,8 +236,22 @@ def add_simulation_options(parser: argparse.ArgumentParser, timeout: float) -> N
     parser.add_argument("--timeout", type=float, default=timeout, help="seconds per run")
 
 
-def finish_simulation_options(arguments: argparse.Namespace) -> argparse.Namespace:
-    """``--client-gpus`` by the machine where it was not given."""
+def parse_simulation_options(
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str] | None,
+    quick_help: str,
+    **quick_defaults: Any,
+) -> argparse.Namespace:
+    """``argv`` parsed by :func:`_common.parse_quick`, ``--quick`` writing small fake sets too;
+    ``--client-gpus`` by the machine where it was not given."""
+    arguments = common.parse_quick(
+        parser,
+        argv,
+        f"{quick_help}; fake sets of {QUICK_TRAIN_SIZE} + {QUICK_TEST_SIZE} images",
+        train_size=QUICK_TRAIN_SIZE,
+        test_size=QUICK_TEST_SIZE,
+        **quick_defaults,
+    )
     if arguments.client_gpus is None:
         import torch  # pylint: disable=import-outside-toplevel
 

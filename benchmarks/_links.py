@@ -49,6 +49,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 import psutil
 
@@ -78,6 +79,33 @@ def missing() -> str | None:
     return None
 
 
+def namespace_pids(namespace: str) -> list[int]:
+    """Every process inside the network namespace ``namespace``."""
+    done = subprocess.run(
+        ["ip", "netns", "pids", namespace], capture_output=True, text=True, check=False
+    )
+    return [int(pid) for pid in done.stdout.split()]
+
+
+def delete_namespaces(namespaces: list[str]) -> None:
+    """Stop every process inside ``namespaces`` by pid, then delete the namespaces.
+
+    Each process is sent SIGTERM and given up to 10 s to end, then SIGKILL;
+    deleting a namespace deletes the interfaces inside it (both ends of a
+    veth pair go with either end).
+    """
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for namespace in namespaces:
+            for pid in namespace_pids(namespace):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(map(namespace_pids, namespaces)):
+            time.sleep(0.2)
+    for namespace in namespaces:
+        subprocess.run(["ip", "netns", "del", namespace], capture_output=True, check=False)
+
+
 def _run(*command: str) -> str:
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -102,7 +130,45 @@ def _setns(fd: int) -> None:
         raise OSError(errno, f"setns: {os.strerror(errno)}")
 
 
-class Wan:
+class Namespaces:
+    """Network namespaces this process makes and deletes, one per host: a context manager.
+
+    A subclass names them in ``namespaces`` (``{host: namespace}``) and makes
+    them, and what joins them, in :meth:`_build`. Leaving the block, or an
+    error in :meth:`_build`, closes them: every process inside is stopped by
+    pid and the namespaces are deleted, with the interfaces in them.
+    """
+
+    namespaces: dict[str, str]
+
+    def __enter__(self) -> Self:
+        try:
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def _build(self) -> None:
+        raise NotImplementedError
+
+    def command(self, host: str, *command: str) -> list[str]:
+        """``command`` run inside ``host``'s namespace."""
+        return ["ip", "netns", "exec", self.namespaces[host], *command]
+
+    def pids(self, host: str) -> list[int]:
+        """Every process inside ``host``'s namespace."""
+        return namespace_pids(self.namespaces[host])
+
+    def close(self) -> None:
+        """Stop every process in the namespaces (by pid), then delete the namespaces."""
+        delete_namespaces(list(self.namespaces.values()))
+
+
+class Wan(Namespaces):
     """The router, the ``link`` host and ``sites`` site hosts, their links and the relay.
 
     Parameters
@@ -156,19 +222,8 @@ class Wan:
 
     # ------------------------------------------------------------------
 
-    def __enter__(self) -> "Wan":
-        try:
-            self._build()
-            self.relay = Relay(self)
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
-
     def _build(self) -> None:
+        """The namespaces, the links (each end shaped by its token bucket) and the relay."""
         for namespace in self.namespaces.values():
             _run("ip", "netns", "add", namespace)
             _run("ip", "-n", namespace, "link", "set", "lo", "up")
@@ -188,10 +243,7 @@ class Wan:
                     "ip", "netns", "exec", where, "tc", "qdisc", "add", "dev", end, "root",
                     "tbf", "rate", f"{self.rate_mbit:g}mbit", "burst", "32kb", "latency", "20ms",
                 )  # fmt: skip
-
-    def command(self, host: str, *command: str) -> list[str]:
-        """``command`` run inside ``host``'s namespace."""
-        return ["ip", "netns", "exec", self.namespaces[host], *command]
+        self.relay = Relay(self)
 
     @contextlib.contextmanager
     def inside(self, host: str) -> Iterator[None]:
@@ -249,31 +301,11 @@ class Wan:
                     used[ended] = used.get(ended, 0.0) + times.children_user + times.children_system
         return used
 
-    def pids(self, host: str) -> list[int]:
-        """Every process inside ``host``'s namespace."""
-        done = subprocess.run(
-            ["ip", "netns", "pids", self.namespaces[host]],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        return [int(pid) for pid in done.stdout.split()]
-
     def close(self) -> None:
-        """Stop every process in the namespaces (by pid), then delete the namespaces."""
+        """Stop the relay and every process in the namespaces, then delete the namespaces."""
         if self.relay is not None:
             self.relay.close()
-        hosts = list(self.namespaces)
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            for host in hosts:
-                for pid in self.pids(host):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, sig)
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and any(self.pids(host) for host in hosts):
-                time.sleep(0.2)
-        for namespace in self.namespaces.values():
-            subprocess.run(["ip", "netns", "del", namespace], capture_output=True, check=False)
+        super().close()
 
 
 class Relay:

@@ -158,18 +158,15 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--clients", type=int, default=10, help="clients a round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--local-epochs", type=int, default=1)
-    arguments = common.parse_quick(
+    return _gpu.parse_simulation_options(
         parser,
         argv,
-        "4 nodes, 2 a round, 2 rounds of the CNN on 400 + 100 images",
-        train_size=400,
-        test_size=100,
+        "4 nodes, 2 a round, 2 rounds of the CNN",
         model="cnn",
         nodes=4,
         clients=2,
         rounds=2,
     )
-    return _gpu.finish_simulation_options(arguments)
 
 
 def main(argv: Sequence[str] | None = None) -> Checks:
@@ -183,10 +180,7 @@ def main(argv: Sequence[str] | None = None) -> Checks:
     checks = Checks()
     with tempfile.TemporaryDirectory(prefix="fedx-gpu-checks-") as folder:
         work = Path(folder)
-        root = _gpu.cifar_root(
-            arguments.data_root, work / "data", ("cifar10",), arguments.train_size,
-            arguments.test_size,
-        )  # fmt: skip
+        root = _gpu.cifar_root(arguments, work / "data")
         for label, deterministic in (
             ("deterministic-1", True),
             ("deterministic-2", True),

@@ -186,21 +186,17 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--shard", type=parse_shard, default=(1, 1), help="K/N: every N-th file")
     parser.add_argument("--budget", type=float, default=None, help="seconds to start files in")
     _gpu.add_simulation_options(parser, timeout=900.0)
-    arguments = common.parse_quick(
+    return _gpu.parse_simulation_options(
         parser,
         argv,
-        "configs/cifar10-cnn-iid.toml with FedMR only: 4 SuperNodes, 2 a round, 1 epoch, "
-        "400 + 100 images",
+        "configs/cifar10-cnn-iid.toml with FedMR only: 4 SuperNodes, 2 a round, 1 epoch",
         files=["configs/cifar10-cnn-iid.toml"],
         methods=["fedmr"],
         local_epochs=1,
         num_supernodes=4,
         clients=2,
-        train_size=400,
-        test_size=100,
         timeout=600.0,
     )
-    return _gpu.finish_simulation_options(arguments)
 
 
 def main(argv: Sequence[str] | None = None) -> list[FileResult]:
@@ -213,10 +209,7 @@ def main(argv: Sequence[str] | None = None) -> list[FileResult]:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="fedx-gpu-configs-") as folder:
         work = Path(folder)
-        root = _gpu.cifar_root(
-            arguments.data_root, work / "data", datasets, arguments.train_size,
-            arguments.test_size,
-        )  # fmt: skip
+        root = _gpu.cifar_root(arguments, work / "data", datasets)
         with _gpu.GpuMonitor() as monitor:
             for path in files:
                 if arguments.budget is not None and time.monotonic() - started > arguments.budget:

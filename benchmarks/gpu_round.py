@@ -350,14 +350,11 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sim-rounds", type=int, default=5, help="rounds of each simulation")
     parser.add_argument("--strategies", nargs="+", default=["fedavg", "fedmr"])
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    arguments = common.parse_quick(
+    arguments = _gpu.parse_simulation_options(
         parser,
         argv,
-        "tiny data (400 + 100 images, 4 clients, 2 a round, 1 epoch, batch 20, the CNN), "
-        "the plain loops only, 2 rounds",
+        "4 clients, 2 a round, 1 epoch, batch 20, the CNN, the plain loops only, 2 rounds",
         variants=list(PLAIN_VARIANTS),
-        train_size=400,
-        test_size=100,
         partitions=4,
         clients=2,
         epochs=1,
@@ -368,7 +365,7 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     if arguments.rounds < 2 or arguments.sim_rounds < 2:
         parser.error("--rounds and --sim-rounds must be at least 2 (round 1 is the start-up)")
-    return _gpu.finish_simulation_options(arguments)
+    return arguments
 
 
 def main(argv: Sequence[str] | None = None) -> list[Row]:
@@ -378,10 +375,7 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="fedx-gpu-round-") as folder:
         work = Path(folder)
-        root = _gpu.cifar_root(
-            arguments.data_root, work / "data", ("cifar10",), arguments.train_size,
-            arguments.test_size,
-        )  # fmt: skip
+        root = _gpu.cifar_root(arguments, work / "data")
         with _gpu.GpuMonitor() as monitor:
             for variant in arguments.variants:
                 try:

@@ -355,12 +355,10 @@ def print_table(
         f"\n== {architecture}: {model_bytes / MB:.3f} MB of float32 arrays; K = {k} clients "
         f"per round; {measured}"
     )
-    header = (
+    common.print_header(
         f"{'strategy':<14}{'down MB':>10}{'up MB':>10}{'down/client':>13}{'up/client':>11}"
         f"{'down/FedAvg':>13}{'up/FedAvg':>11}{'msgs':>6}{'push MB':>10}"
     )
-    print(header)
-    print("-" * len(header))
     for t in results:
         if t.error is not None:
             print(f"{t.strategy:<14}  {t.error}")

@@ -413,9 +413,7 @@ def run_case(  # pylint: disable=too-many-arguments
 
 def print_case(case: CaseResult) -> None:
     """The case's table: seconds, multiple of the floor, target, verdict."""
-    header = f"{'op':<38}{'seconds':>10}{'x floor':>10}{'target':>10}  result"
-    print(header)
-    print("-" * len(header))
+    common.print_header(f"{'op':<38}{'seconds':>10}{'x floor':>10}{'target':>10}  result")
     print(f"{'floor (in-place sum of K models)':<38}{case.floor_seconds:>10.4f}{1.0:>10.2f}")
     for op in case.ops:
         target = "" if op.target is None else f"<={op.target:g}x"

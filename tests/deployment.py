@@ -10,7 +10,7 @@ from pathlib import Path
 
 from fedx.deploy.cli import main as deploy_main
 from fedx.deploy.local import FederationSpec, LocalFederation, free_port
-from tests.helpers import REPO, flwr_run
+from tests.helpers import REPO, flwr_run, flwr_run_command
 
 WIRE_APP = REPO / "tests" / "wire_app"
 
@@ -43,6 +43,25 @@ def run_app(federation: LocalFederation, app: Path, run_config: str, timeout: fl
     return flwr_run(
         spec.environment(), app, run_config, spec.connection, timeout=timeout, bin_dir=spec.bin_dir
     )
+
+
+def start_flwr_run(
+    federation: LocalFederation, app: Path, run_config: str, log: Path
+) -> subprocess.Popen:
+    """``flwr run --stream`` of ``app`` on ``federation``, not waited for; its output goes to ``log``.
+
+    It runs in a session of its own, so that ``os.killpg`` ends it with
+    whatever it started.
+    """
+    spec = federation.spec
+    with open(log, "w", encoding="utf-8") as out:
+        return subprocess.Popen(  # pylint: disable=consider-using-with
+            flwr_run_command(app, run_config, spec.connection, bin_dir=spec.bin_dir),
+            env=spec.environment(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def flwr_submit(federation: LocalFederation, app: Path, run_config: str) -> int:

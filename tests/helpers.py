@@ -83,6 +83,14 @@ def metrics_rows(directory: Path) -> dict[int, dict[str, Any]]:
     return {row["round"]: row for row in metrics["rounds"]}
 
 
+def flwr_run_command(
+    app: Path, run_config_text: str, *options: str, bin_dir: Path = BIN
+) -> list[str]:
+    """``flwr run <app> <options> --stream --run-config <run_config_text>``, ``flwr`` of ``bin_dir``."""
+    flwr = str(bin_dir / "flwr")
+    return [flwr, "run", str(app), *options, "--stream", "--run-config", run_config_text]
+
+
 def flwr_run(
     env: dict[str, str],
     app: Path,
@@ -97,15 +105,7 @@ def flwr_run(
     ``options`` are a connection name or ``--federation-config ...``.
     """
     done = subprocess.run(
-        [
-            str(bin_dir / "flwr"),
-            "run",
-            str(app),
-            *options,
-            "--stream",
-            "--run-config",
-            run_config_text,
-        ],
+        flwr_run_command(app, run_config_text, *options, bin_dir=bin_dir),
         env=env,
         capture_output=True,
         text=True,
@@ -113,3 +113,27 @@ def flwr_run(
         check=False,
     )
     return done.stdout + done.stderr
+
+
+class OneMessageGrid:
+    """What ``fedx.messaging.send_and_collect`` uses of a Grid, for one message (:class:`PushedMessage`).
+
+    Its push is accepted; each pull returns ``replies``: by default none, so
+    the exchange pulls until its timeout.
+    """
+
+    def __init__(self, replies: list[Any] | None = None) -> None:
+        self.replies = replies or []
+
+    def push_messages(self, messages: Any) -> list[str]:
+        return ["id-1"]
+
+    def pull_messages(self, message_ids: Any) -> list[Any]:
+        return self.replies
+
+
+class PushedMessage:
+    """What ``send_and_collect`` reads of a message it pushes: its id and destination node."""
+
+    class metadata:  # pylint: disable=invalid-name
+        message_id, dst_node_id = "id-1", 7

@@ -12,6 +12,7 @@ meet.
 Needs root and iproute2 (``ip netns``), as CI has.
 """
 
+import contextlib
 import os
 import re
 import shutil
@@ -25,12 +26,15 @@ from pathlib import Path
 from flwr.cli.constant import LOCAL_CONTROL_API_ADDRESS, LOCAL_SUPERLINK_HTTP_API_PORT
 
 from tests.helpers import BIN, REPO
+from tests.test_benchmarks import load_script
+
+links = load_script("_links")  # its Namespaces: made, and closed by pid, as the slow links' hosts
 
 SUBNET = "10.231.0"
 HEAD, WORKER = "head", "worker"
 
 
-class HostPair:
+class HostPair(links.Namespaces):
     """Two network namespaces, ``head`` and ``worker``, joined by a veth pair."""
 
     def __init__(self) -> None:
@@ -39,66 +43,24 @@ class HostPair:
         self.addresses = {HEAD: f"{SUBNET}.1", WORKER: f"{SUBNET}.2"}
         self._veth = {HEAD: f"v16h{tag}", WORKER: f"v16w{tag}"}  # at most 15 characters
 
-    def __enter__(self) -> "HostPair":
-        try:
-            for namespace in self.namespaces.values():
-                _ip("netns", "add", namespace)
-            _ip("link", "add", self._veth[HEAD], "type", "veth", "peer", "name", self._veth[WORKER])
-            for host, namespace in self.namespaces.items():
-                _ip("link", "set", self._veth[host], "netns", namespace)
-                _ip(
-                    "-n",
-                    namespace,
-                    "addr",
-                    "add",
-                    f"{self.addresses[host]}/24",
-                    "dev",
-                    self._veth[host],
-                )
-                _ip("-n", namespace, "link", "set", self._veth[host], "up")
-                _ip("-n", namespace, "link", "set", "lo", "up")
-        except BaseException:
-            self.close()
-            raise
-        return self
+    def _build(self) -> None:
+        for namespace in self.namespaces.values():
+            _ip("netns", "add", namespace)
+        _ip("link", "add", self._veth[HEAD], "type", "veth", "peer", "name", self._veth[WORKER])
+        for host, namespace in self.namespaces.items():
+            _ip("link", "set", self._veth[host], "netns", namespace)
+            address = f"{self.addresses[host]}/24"
+            _ip("-n", namespace, "addr", "add", address, "dev", self._veth[host])
+            _ip("-n", namespace, "link", "set", self._veth[host], "up")
+            _ip("-n", namespace, "link", "set", "lo", "up")
 
-    def __exit__(self, *exc_info) -> None:
-        self.close()
-
-    def command(self, host: str, *command: str) -> list[str]:
-        """``command`` run inside ``host``'s namespace."""
-        return ["ip", "netns", "exec", self.namespaces[host], *command]
-
-    def pids(self, host: str) -> list[int]:
-        """Every process inside ``host``'s namespace."""
-        done = subprocess.run(
-            ["ip", "netns", "pids", self.namespaces[host]],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        return [int(pid) for pid in done.stdout.split()]
-
-    def kill_all(self, host: str, sig: int = signal.SIGKILL) -> list[int]:
-        """Send ``sig`` to every process inside ``host``'s namespace: the machine goes down."""
+    def kill_all(self, host: str) -> list[int]:
+        """SIGKILL every process inside ``host``'s namespace: the machine goes down."""
         pids = self.pids(host)
         for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         return pids
-
-    def close(self) -> None:
-        """Stop every process in both namespaces (by pid), then delete the namespaces."""
-        for host in self.namespaces:
-            self.kill_all(host, signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(self.pids(host) for host in self.namespaces):
-            time.sleep(0.2)
-        for host, namespace in self.namespaces.items():
-            self.kill_all(host, signal.SIGKILL)
-            subprocess.run(["ip", "netns", "del", namespace], capture_output=True, check=False)
 
 
 def _ip(*args: str) -> None:

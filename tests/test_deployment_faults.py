@@ -11,11 +11,17 @@ import json
 import os
 import re
 import signal
-import subprocess
 
 import pytest
 
-from tests.deployment import WIRE_APP, count_in_log, running, spec_on_free_ports, wait_for
+from tests.deployment import (
+    WIRE_APP,
+    count_in_log,
+    running,
+    spec_on_free_ports,
+    start_flwr_run,
+    wait_for,
+)
 
 CLIENTAPP_STARTED = r"Start `flwr-clientapp` process"
 
@@ -30,28 +36,14 @@ def plain(tmp_path):
 def test_a_supernode_killed_mid_round_is_dropped_and_a_returning_one_used(plain, tmp_path):
     victim = plain.node_id(2)
     started_before = count_in_log(plain, "supernode-2", CLIENTAPP_STARTED)
-    spec = plain.spec
     log = tmp_path / "run.log"
-    with open(log, "w", encoding="utf-8") as out:
-        run = subprocess.Popen(  # pylint: disable=consider-using-with
-            [
-                str(spec.bin_dir / "flwr"),
-                "run",
-                str(WIRE_APP),
-                spec.connection,
-                "--stream",
-                "--run-config",
-                # The round with the dead node waits round-timeout (the
-                # SuperLink declares a silent node gone only after two missed
-                # 30 s heartbeats). Normal rounds of this app take 8-20 s,
-                # even on a busy 2-core machine.
-                f'num-server-rounds=3 train-delay=1.0 round-timeout=30.0 result-file="{tmp_path / "result.json"}"',
-            ],
-            env=spec.environment(),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    # The round with the dead node waits round-timeout (the SuperLink
+    # declares a silent node gone only after two missed 30 s heartbeats).
+    # Normal rounds of this app take 8-20 s, even on a busy 2-core machine.
+    settings = "num-server-rounds=3 train-delay=1.0 round-timeout=30.0"
+    run = start_flwr_run(
+        plain, WIRE_APP, f'{settings} result-file="{tmp_path / "result.json"}"', log
+    )
     try:
         # Round 2's ClientApp runs on SuperNode 2 (it waits 1 s before replying): kill it.
         wait_for(

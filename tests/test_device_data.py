@@ -33,10 +33,10 @@ from fedx.models import build_model
 from fedx.training import train
 from tests.helpers import DEFAULTS, REPO
 from tests.test_data import _expect_generated_checksums
+from tests.torch_helpers import CPU
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-CPU = torch.device("cpu")
 BENCHMARKS = REPO / "benchmarks"
 MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 AUGMENTED = ImageTransform(MEAN, STD, crop_padding=4, flip=True)

@@ -24,6 +24,7 @@ from fedx.strategies import to_arrayrecord, to_model
 from fedx.training import evaluate
 from tests.helpers import DEFAULTS
 from tests.standin_grid import StandInGrid
+from tests.torch_helpers import CPU
 
 pytestmark = pytest.mark.usefixtures("server_task_identity", "one_torch_thread")
 NODES = [2**64 - 3, 17, 2**63 + 5, 8]
@@ -118,7 +119,7 @@ def test_the_client_trains_both_models_and_reports_its_choice(server_models, mod
     for key, architecture in (("personalized", "cnn-3"), ("exchanged", "cnn-1")):
         model = build_model(architecture, (1, 8, 8), 10)
         model.load_state_dict(reply.content[key].to_torch_state_dict())
-        losses[key] = evaluate(model, validation, torch.device("cpu"))[0]
+        losses[key] = evaluate(model, validation, CPU)[0]
         assert metrics[f"val-loss-{key}"] == pytest.approx(losses[key], rel=1e-5)
     assert losses["exchanged"] < losses["personalized"]
     assert metrics["chose-exchanged"] == int(model_tuning)
@@ -216,7 +217,7 @@ def test_local_best_picks_the_deeper_model_its_data_favours(order):
         DataLoader(xor_data(200, seed=2), batch_size=100),
         epochs=30,
         seed=3,
-        device=torch.device("cpu"),
+        device=CPU,
         learning_rate=0.1,
         momentum=0.9,
         weight_decay=0.0,

@@ -52,7 +52,7 @@ from fedx.flower.object_pulls import (
     restore_object_pulls,
     retry_object_pulls_after,
 )
-from tests.helpers import REPO
+from tests.helpers import REPO, OneMessageGrid, PushedMessage
 
 #: The modules of fedx.flower, each a change (or, for ``wire``, a use) of Flower's internals.
 CHANGES = sorted(
@@ -267,18 +267,10 @@ def test_bad_waits_and_another_flower_are_refused(monkeypatch):
 def test_the_serverapps_exchange_pulls_reply_objects_at_its_own_pace():
     from fedx.messaging import send_and_collect  # pylint: disable=import-outside-toplevel
 
-    class Grid:  # no reply ever: one push, pulls until the timeout
-        def push_messages(self, messages):
-            return ["id-1"]
-
-        def pull_messages(self, message_ids):
-            return []
-
-    class Message:  # what send_and_collect reads of a pushed message
-        class metadata:  # pylint: disable=invalid-name
-            message_id, dst_node_id = "id-1", 7
-
-    send_and_collect(Grid(), [Message()], timeout=0.05, first_interval=0.01, max_interval=0.2)
+    # No reply ever: one push, pulls until the timeout.
+    send_and_collect(
+        OneMessageGrid(), [PushedMessage()], timeout=0.05, first_interval=0.01, max_interval=0.2
+    )
     assert inflatable_utils.pull_objects.__kwdefaults__["initial_backoff"] == 0.01
     assert inflatable_utils.pull_objects.__kwdefaults__["backoff_cap"] == 0.2
 
@@ -294,24 +286,14 @@ def test_a_flower_whose_pulls_cannot_be_set_keeps_its_waits_and_the_exchange_goe
     monkeypatch.setattr(object_pulls, "PULL_FUNCTIONS", (pull_objects,))
     monkeypatch.setattr(messaging, "_object_pulls_unset", False)
 
-    class Grid:  # one reply, at the first pull
-        def push_messages(self, messages):
-            return ["id-1"]
-
-        def pull_messages(self, message_ids):
-            return [Reply()]
-
-    class Message:
-        class metadata:  # pylint: disable=invalid-name
-            message_id, dst_node_id = "id-1", 7
-
     class Reply:
         class metadata:  # pylint: disable=invalid-name
             reply_to_message_id = "id-1"
 
+    grid = OneMessageGrid([Reply()])  # the reply comes at the first pull
     with caplog.at_level("WARNING", logger="flwr"):
         for _ in range(2):
-            replies = messaging.send_and_collect(Grid(), [Message()], timeout=1.0)
+            replies = messaging.send_and_collect(grid, [PushedMessage()], timeout=1.0)
             assert len(replies) == 1 and isinstance(replies[0], Reply)
     assert caplog.text.count("object pull waits kept") == 1
     assert (

@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 from fedx.strategies import load_checkpoint
-from tests.deployment import WIRE_APP, count_in_log, wait_for
+from tests.deployment import WIRE_APP, count_in_log, start_flwr_run, wait_for
 from tests.test_benchmarks import load_script
 
 links = load_script("_links")
@@ -70,23 +70,8 @@ def federation(tmp_path_factory):
 
 def flwr_run(federation, run_config: str, log) -> subprocess.Popen:
     """``flwr run --stream`` of the wire app on the SuperLink's host, its output to ``log``."""
-    spec = federation.spec
-    with open(log, "w", encoding="utf-8") as out, federation.wan.inside(links.LINK):
-        return subprocess.Popen(  # pylint: disable=consider-using-with
-            [
-                str(spec.bin_dir / "flwr"),
-                "run",
-                str(WIRE_APP),
-                spec.connection,
-                "--stream",
-                "--run-config",
-                run_config,
-            ],
-            env=spec.environment(),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    with federation.wan.inside(links.LINK):
+        return start_flwr_run(federation, WIRE_APP, run_config, log)
 
 
 def finish(run: subprocess.Popen, timeout: float) -> None:

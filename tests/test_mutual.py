@@ -12,10 +12,10 @@ from fedx.data import load_split
 from fedx.models import build_model
 from fedx.mutual import mutual_losses, prefers_exchanged, train_mutual
 from fedx.training import train
+from tests.torch_helpers import CPU
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-CPU = torch.device("cpu")
 
 PERSONALIZED_LOGITS = [[1.0, 0.0, -1.0], [0.5, 0.5, 0.0]]
 EXCHANGED_LOGITS = [[0.0, 1.0, 0.0], [2.0, 0.0, 1.0]]

@@ -27,6 +27,7 @@ from fedx.flower.objects_in_flight import (
     restore_objects_in_flight,
     set_objects_in_flight,
 )
+from tests.helpers import OneMessageGrid, PushedMessage
 
 
 @pytest.fixture(autouse=True)
@@ -115,19 +116,10 @@ def test_the_serverapps_exchange_and_fedx_supernode_take_the_count(monkeypatch):
     from fedx.deploy import supernode  # pylint: disable=import-outside-toplevel
     from fedx.messaging import send_and_collect  # pylint: disable=import-outside-toplevel
 
-    class Grid:  # no reply ever: one push, pulls until the timeout
-        def push_messages(self, messages):
-            return ["id-1"]
-
-        def pull_messages(self, message_ids):
-            return []
-
-    class Message:  # what send_and_collect reads of a pushed message
-        class metadata:  # pylint: disable=invalid-name
-            message_id, dst_node_id = "id-1", 7
-
-    monkeypatch.setenv(VARIABLE, "6")
-    send_and_collect(Grid(), [Message()], timeout=0.05, first_interval=0.01, max_interval=0.2)
+    monkeypatch.setenv(VARIABLE, "6")  # no reply ever: one push, pulls until the timeout
+    send_and_collect(
+        OneMessageGrid(), [PushedMessage()], timeout=0.05, first_interval=0.01, max_interval=0.2
+    )
     assert objects_in_flight.objects_in_flight() == {"pulls": 6, "pushes": 6}
 
     started = []

@@ -19,10 +19,9 @@ from fedx.training import (
     get_device,
     train,
 )
+from tests.torch_helpers import CPU
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-CPU = torch.device("cpu")
 
 
 def _digits_loaders(num_train: int = 400) -> tuple[DataLoader, DataLoader]:

@@ -43,7 +43,13 @@ from fedx.deploy.credentials import (
     write_supernode_keys,
     write_tls_certificates,
 )
-from fedx.deploy.local import FederationSpec, LocalFederation
+from fedx.deploy.local import (
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+    FIRST_SUPERNODE_PORT,
+    FederationSpec,
+    LocalFederation,
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -66,14 +72,19 @@ def _parser() -> argparse.ArgumentParser:
     keys.add_argument("--supernodes", type=int, default=3)
 
     up = commands.add_parser("up", help="start a SuperLink and N SuperNodes on this machine")
-    up.add_argument("--supernodes", type=int, default=3, help="N (default: 3)")
-    up.add_argument("--host", default="127.0.0.1", help="SuperLink address (default: 127.0.0.1)")
-    up.add_argument("--port", type=int, default=8000, help="SuperLink HTTP(S) port (default: 8000)")
+    up.add_argument("--supernodes", type=int, default=3, help="N (default: %(default)s)")
+    up.add_argument("--host", default=DEFAULT_HOST, help="SuperLink address (default: %(default)s)")
+    up.add_argument(
+        "--port",
+        type=int,
+        default=DEFAULT_PORT,
+        help="SuperLink HTTP(S) port (default: %(default)s)",
+    )
     up.add_argument(
         "--supernode-port",
         type=int,
-        default=9094,
-        help="Runtime API port of SuperNode 0; SuperNode i uses this + i (default: 9094)",
+        default=FIRST_SUPERNODE_PORT,
+        help="Runtime API port of SuperNode 0; SuperNode i uses this + i (default: %(default)s)",
     )
     security = up.add_mutually_exclusive_group(required=True)
     security.add_argument(

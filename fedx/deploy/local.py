@@ -50,6 +50,9 @@ from fedx.flower import objects_in_flight
 Transport = Literal["http", "grpc"]
 Executor = Literal["flower", "warm"]
 Database = Literal["file", "memory"]
+#: Where the SuperLink listens unless told (address, HTTP(S) port), and the
+#: Runtime API port of SuperNode 0 (SuperNode i: this + i).
+DEFAULT_HOST, DEFAULT_PORT, FIRST_SUPERNODE_PORT = "127.0.0.1", 8000, 9094
 NODE_ID_PATTERN = re.compile(r"SuperNode ID: (\d+)")
 WARM_READY_PATTERN = re.compile(r"warm ClientApp interpreter \(pid (\d+)\) ready")
 
@@ -115,7 +118,8 @@ class FederationSpec:
         The SuperLink's HTTP(S) port (Runtime API; in 1.41 also Fleet and
         Control API).
     supernode_ports : list[int]
-        Runtime API port of each SuperNode (its ClientApps connect there).
+        Runtime API port of each SuperNode (its ClientApps connect there);
+        empty: :data:`FIRST_SUPERNODE_PORT` and the ports after it.
     tls : TlsFiles, optional
         Serve the SuperLink over TLS with these files; ``None`` is plain
         text and must be asked for with ``insecure=True``.
@@ -196,8 +200,8 @@ class FederationSpec:
 
     num_supernodes: int
     state_dir: Path
-    host: str = "127.0.0.1"
-    port: int = 8000
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
     supernode_ports: list[int] = field(default_factory=list)
     tls: TlsFiles | None = None
     insecure: bool = False
@@ -230,7 +234,9 @@ class FederationSpec:
         if self.auth_keys is not None and self.tls is None:
             raise ValueError("SuperNode authentication needs TLS")
         if not self.supernode_ports:
-            self.supernode_ports = [9094 + index for index in range(self.num_supernodes)]
+            self.supernode_ports = [
+                FIRST_SUPERNODE_PORT + index for index in range(self.num_supernodes)
+            ]
         if len(self.supernode_ports) != self.num_supernodes:
             raise ValueError("give one Runtime API port per SuperNode")
         if self.transport == "grpc" and (self.fleet_port is None or self.control_port is None):
