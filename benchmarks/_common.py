@@ -7,6 +7,7 @@ load a script by its path add the folder to it.
 
 import argparse
 import importlib.util
+import signal
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -20,10 +21,19 @@ KIB = 1024
 
 
 def run_reporting_errors(main: Callable[[], object]) -> None:
-    """Run ``main``, print any error, and exit with status 0: a benchmark reports, it never fails its caller."""
+    """Run ``main``, print any error, and exit with status 0: a benchmark reports, it never fails its caller.
+
+    SIGTERM (``timeout``'s signal, at a step's cap) is raised as
+    ``KeyboardInterrupt``, so that what was running can say where it stood.
+    """
+
+    def stopped(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"stopped by signal {signum}")
+
+    signal.signal(signal.SIGTERM, stopped)
     try:
         main()
-    except Exception:  # pylint: disable=broad-exception-caught
+    except (Exception, KeyboardInterrupt):  # pylint: disable=broad-exception-caught
         traceback.print_exc()
     sys.exit(0)
 

@@ -343,13 +343,22 @@ def run_compare(
     start = time.monotonic()
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
-        while process.poll() is None:
-            _follow(out, runs)
-            if time.monotonic() - start > timeout * max(1, len(methods)):
-                process.terminate()
-                process.wait(timeout=60)
-                break
-            time.sleep(0.2)
+        try:
+            while process.poll() is None:
+                _follow(out, runs)
+                if time.monotonic() - start > timeout * max(1, len(methods)):
+                    process.terminate()
+                    process.wait(timeout=60)
+                    break
+                time.sleep(0.2)
+        except BaseException:
+            # Stopped from outside (a step's cap): say where the runs stood, which is all the
+            # log there is once the temporary folder is gone.
+            process.terminate()
+            print(
+                f"fedx-compare stopped; its log ends:\n{log_path.read_text(errors='replace')[-3000:]}"
+            )
+            raise
     _follow(out, runs)
     wall = time.monotonic() - start
     tail = log_path.read_text(errors="replace")[-3000:]

@@ -42,6 +42,16 @@ def skip_unless_ci(reason: str) -> NoReturn:
     pytest.skip(reason)
 
 
+def environment_with_path(*folders: Path) -> dict[str, str]:
+    """This process's environment with ``folders`` first on ``PYTHONPATH``, the rest kept.
+
+    Where fedx and Flower are not installed but on ``PYTHONPATH`` (the GPU
+    machine's wheels under ``--target``), a child process needs that too.
+    """
+    kept = [os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([*map(str, folders), *kept])}
+
+
 def copy_app(folder: Path) -> Path:
     """The fedx app, as `flwr run` needs it (pyproject.toml and the fedx package), in ``folder``.
 

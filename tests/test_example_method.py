@@ -6,7 +6,6 @@ for every process that has the folder on its path: this one's subprocesses,
 and a simulation SuperLink started with it.
 """
 
-import os
 import shutil
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from fedx.config import ConfigError, RunConfig
 from fedx.registry import Method, register
 from fedx.server.building import build_strategy
 from fedx.strategies import to_model
-from tests.helpers import REPO, metrics_rows
+from tests.helpers import REPO, environment_with_path, metrics_rows
 from tests.simulation import run_app, simulation_superlink
 from tests.standin_grid import NODE_IDS, StandInGrid, run_round
 
@@ -90,7 +89,7 @@ def test_its_entry_point_registers_it_by_name(installed):
     )
     done = subprocess.run(
         [sys.executable, "-c", code],
-        env={**os.environ, "PYTHONPATH": str(installed)},
+        env=environment_with_path(installed),
         capture_output=True,
         text=True,
         timeout=300,

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, environment_with_path
 from tests.test_benchmarks import load_script
 
 
@@ -22,7 +22,7 @@ def test_the_tracer_writes_one_line_per_call_of_its_targets_and_nothing_without_
         "superexec._fresh_start(None, 1)\n"
         "superexec._fresh_start(None, 1)\n"
     )
-    environment = {**os.environ, "PYTHONPATH": str(REPO / "benchmarks" / "_trace")}
+    environment = environment_with_path(REPO / "benchmarks" / "_trace")
     subprocess.run([sys.executable, "-c", program], env=environment, check=True, timeout=120)
     assert not trace.exists()
     environment["FEDX_TRACE_FILE"] = str(trace)

@@ -3,12 +3,16 @@
 # (.gpu/, made by prepare.sh), then run the steps of STEPS in order, each within what is left of
 # DEADLINE seconds, and leave their logs under $OUT. Run from the checkout's root:
 #   OUT=/tmp/out bash benchmarks/gpu/run.sh
-# Steps (default: install checks suite round timeline configs):
+# Steps (default: install checks suite round timeline configs); steps joined by "+" run at the
+# same time (e.g. "suite+configs"), each under its own cap; a group ends when all of its steps have:
 #   install  : carried wheels into /tmp/site, Flower's and fedx's commands next to the interpreter
 #   checks   : benchmarks/gpu_checks.py: two deterministic runs of one seed give the same
 #              metrics.json and model.pt; model.pt loads where no GPU is; what the setting costs
 #   suite    : the tests that train on the GPU (SUITE=all: the whole suite) with pytest-xdist
+#              (SUITE_WORKERS workers, default 8; SUITE_CAP seconds, default 240)
 #   round    : benchmarks/gpu_round.py, issue 25's round (ROUND_ARGS adds options)
+#   peak     : benchmarks/gpu_configs.py on VGG-16 alone (PEAK_ARGS), for the card's peak memory
+#              with nothing else on it: run it outside a "+" group
 #   timeline : benchmarks/message_timeline.py: real processes, warm executor, CUDA per task
 #   configs  : benchmarks/gpu_configs.py with what time is left (CONFIG_ARGS: which files, e.g.
 #              "--shard 2/4"; default: the six dataset x model families' IID files, FedMR only)
@@ -65,7 +69,7 @@ smi=$!
 trap 'kill $smi 2>/dev/null' EXIT
 # CIFAR-shaped data once for every step (DATA_ROOT: real or earlier CIFAR files instead).
 data=${DATA_ROOT:-/tmp/fedx-data}
-if [ -z "${DATA_ROOT:-}" ] && [[ " $STEPS " =~ " "(checks|round|configs|mps)" " ]]; then
+if [ -z "${DATA_ROOT:-}" ] && [[ " ${STEPS//+/ } " =~ " "(checks|round|peak|configs|mps)" " ]]; then
   sizes=${QUICK:+400 100}
   for name in cifar10 cifar100; do
     "$py" benchmarks/_fake_cifar.py "$data" $name ${sizes:-50000 10000} > /dev/null || exit 1
@@ -79,14 +83,18 @@ GPU_TESTS="tests/test_gpu_promises.py tests/test_device_data.py tests/test_train
 FAMILIES="configs/cifar10-cnn-iid.toml configs/cifar10-resnet20-iid.toml configs/cifar10-vgg16-iid.toml
   configs/cifar100-cnn-iid.toml configs/cifar100-resnet20-iid.toml configs/cifar100-vgg16-iid.toml"
 workers=$("$py" -c 'import xdist' 2>/dev/null && echo "-n ${SUITE_WORKERS:-8}" || echo "-p no:xdist")
-for step in $STEPS; do
-  case $step in
+one_step() {
+  case $1 in
   install) ;;
   checks) run_step checks 150 "$py" benchmarks/gpu_checks.py $quick --data-root "$data" ;;
   suite)
     if [ "${SUITE:-gpu}" = all ]; then tests=""; else tests=$GPU_TESTS; fi
-    run_step suite 240 "$py" -m pytest -q $workers -p no:cacheprovider $tests ;;
+    # -v: each test's outcome is in the log as it ends, also when the cap stops the run.
+    run_step suite "${SUITE_CAP:-240}" "$py" -m pytest -v -rfE $workers -p no:cacheprovider $tests ;;
   round) run_step round 200 "$py" benchmarks/gpu_round.py $quick --data-root "$data" ${ROUND_ARGS:-} ;;
+  peak)
+    run_step peak 120 "$py" benchmarks/gpu_configs.py $quick --data-root "$data" \
+      ${PEAK_ARGS:---files configs/cifar10-vgg16-iid.toml --methods fedmr --local-epochs 1} ;;
   timeline) run_step timeline 120 "$py" benchmarks/message_timeline.py --rounds 4 ;;
   configs)
     b=$(budget 900)
@@ -103,7 +111,16 @@ for step in $STEPS; do
     else
       stamp "MPS not available (nvidia-cuda-mps-control)"
     fi ;;
-  *) stamp "unknown step $step" ;;
+  *) stamp "unknown step $1" ;;
   esac
+}
+for group in $STEPS; do
+  if [[ $group == *+* ]]; then
+    pids=()
+    for step in ${group//+/ }; do one_step "$step" & pids+=($!); done
+    wait "${pids[@]}"  # not the nvidia-smi sampler's
+  else
+    one_step "$group"
+  fi
 done
 stamp "done"

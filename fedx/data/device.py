@@ -307,12 +307,14 @@ class _ResidentSplits:
         self, split: Dataset, positions: np.ndarray, device: torch.device
     ) -> tuple[DeviceImages, torch.Tensor]:
         """The images to batch from, and the positions of the samples in them."""
+        # torch.tensor copies: partitions read from the cache are read-only arrays, which
+        # torch.as_tensor would share and warn about.
         key = (id(split), str(device))
         with self._lock:
             kept = self._kept.get(key)
             if kept is not None and kept[0] is split:
                 self._kept.move_to_end(key)
-                return kept[1], torch.as_tensor(positions).to(device)
+                return kept[1], torch.tensor(positions).to(device)
             asked = self._asked.get(key, 0) + 1
             self._asked[key] = asked
             pixels, labels = split.data, np.asarray(split.targets)  # type: ignore[attr-defined]
@@ -322,7 +324,7 @@ class _ResidentSplits:
                 self._kept[key] = (split, whole)
                 while len(self._kept) > RESIDENT_SPLITS:
                     self._kept.popitem(last=False)
-                return whole, torch.as_tensor(positions).to(device)
+                return whole, torch.tensor(positions).to(device)
         part = DeviceImages(pixels[positions], labels[positions], transform, device)
         return part, torch.arange(len(positions), device=device)
 
