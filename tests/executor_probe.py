@@ -6,7 +6,10 @@ task's child. The task's "token" says what to do and where to write what
 the child saw when it started: ``"<action>:<json path>"``. Actions:
 ``report`` (write and return), ``raise``, ``kill`` (crash after writing),
 ``sleep`` (write, sleep a second, then add when it ended), ``hold`` (write,
-then sleep until killed).
+then sleep until killed), ``no-input`` (write, then ask its SuperNode for its
+input through Flower's ``run_clientapp.pull_task_input``, as every task
+does first, from a SuperNode that never answers: a task of a run stopped
+while its SuperNode pulled the task's message).
 """
 
 import json
@@ -35,6 +38,14 @@ def socket_fds() -> int:
         except OSError:
             pass
     return count
+
+
+class SilentSuperNode:
+    """A stand-in Runtime API client whose SuperNode never delivers the task's input."""
+
+    def PullTaskInput(self, request):  # noqa: N802  # pylint: disable=invalid-name
+        del request
+        time.sleep(600)
 
 
 def probe(spec) -> None:
@@ -82,6 +93,10 @@ def probe(spec) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     if action == "hold":
         time.sleep(600)
+    if action == "no-input":
+        from flwr.supernode.runtime import run_clientapp  # pylint: disable=C0415
+
+        run_clientapp.pull_task_input(SilentSuperNode())
     if action == "sleep":
         time.sleep(1.0)
         Path(path).write_text(json.dumps({**seen, "ended": time.monotonic()}))

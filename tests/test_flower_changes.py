@@ -44,6 +44,7 @@ from fedx.flower import (
     ray_backend,
     superexec_executor,
     supernode_waits,
+    task_input,
     wire,
 )
 from fedx.flower.object_pulls import (
@@ -337,7 +338,7 @@ def test_fedx_supernode_patches_flowers_loop(monkeypatch):
 
 
 # ----------------------------------------------------------------------
-# superexec_executor and clientapp_task: fedx-superexec's warm executor
+# superexec_executor, clientapp_task and task_input: fedx-superexec's warm executor
 # ----------------------------------------------------------------------
 
 
@@ -381,6 +382,44 @@ def test_a_fab_is_unpacked_once_then_found_where_flower_installed_it(tmp_path, m
     assert clientapp_task.install_fab_once(other, skip_prompt=True) != first  # another hash
     assert len(unpacked) == 2
     assert clientapp_task.installed_fab_path(b"not a zip") is None  # Flower's function says why
+
+
+class SilentSuperNode:
+    """A stand-in Runtime API client: asked for a task's input, it records what was reported."""
+
+    def __init__(self, reported: list[bool]) -> None:
+        self.reported = reported
+        self.asked: list[list[bool]] = []
+
+    def PullTaskInput(self, request):  # noqa: N802  # pylint: disable=invalid-name
+        del request
+        self.asked.append(list(self.reported))
+        raise ConnectionError("the SuperNode is gone")
+
+
+def test_a_warm_task_says_while_it_waits_for_its_input(monkeypatch, caplog):
+    from flwr.supernode.runtime import run_clientapp  # pylint: disable=import-outside-toplevel
+
+    flowers = run_clientapp.pull_task_input
+    monkeypatch.setattr(run_clientapp, "pull_task_input", flowers)  # put back after the test
+    reported: list[bool] = []
+    assert task_input.report_input_waits(reported.append)
+    supernode = SilentSuperNode(reported)
+    with pytest.raises(ConnectionError):  # Flower's function ran, and its error passes
+        run_clientapp.pull_task_input(supernode)
+    assert supernode.asked == [[True]] and reported == [True, False]
+    # Again, with another callback: Flower's function is wrapped once, not twice.
+    again: list[bool] = []
+    assert task_input.report_input_waits(again.append)
+    assert run_clientapp.pull_task_input.flowers is flowers
+    with pytest.raises(ConnectionError):
+        run_clientapp.pull_task_input(SilentSuperNode(again))
+    assert again == [True, False] and reported == [True, False]
+    # Another Flower's function: left as it is, with a warning.
+    monkeypatch.setattr(run_clientapp, "pull_task_input", lambda client: None)
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        assert not task_input.report_input_waits(reported.append)
+    assert "holds its slot" in caplog.text
 
 
 # ----------------------------------------------------------------------

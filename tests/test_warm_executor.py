@@ -226,6 +226,41 @@ def test_a_task_queued_past_its_claim_is_dropped_and_the_queue_goes_on(
     assert json.loads((tmp_path / "32.json").read_text())["tasks-before"] == []
 
 
+def probe_ended(spec: ExecutionSpec) -> bool:
+    """Whether a ``sleep`` probe task has written that it ended."""
+    path = Path(spec.token.split(":", 1)[1])
+    return path.exists() and "ended" in path.read_text()
+
+
+def test_a_task_waiting_for_input_that_never_comes_holds_up_no_other_task(tmp_path):
+    """A task of a run stopped while its SuperNode pulled the task's message waits for that
+    input until Flower gives up (2 hours): it must not keep the only slot meanwhile."""
+    warm = probe_executor(ClientAppCores(cores=1, threads=1, max_tasks=1))
+    try:
+        assert (
+            warm.launch(spec_for(40, "no-input", tmp_path / "40.json")) == LaunchResult.accepted()
+        )
+        later = [spec_for(41 + i, "sleep", tmp_path / f"{41 + i}.json") for i in range(3)]
+        pending, deadline = list(later), time.monotonic() + 90
+        while not all(probe_ended(spec) for spec in later):
+            assert time.monotonic() < deadline, (
+                f"tasks held up by one waiting for its input: running {sorted(warm.running)}, "
+                f"waiting for input {warm.waiting_for_input}, "
+                f"not claimed {[spec.task_id for spec in pending]}"
+            )
+            # As Flower's SuperExec: a task is claimed only while the executor has room.
+            warm.reconcile()
+            eligible, _ = warm.get_eligible_capacity({TaskType.CLIENT_APP})
+            if pending and TaskType.CLIENT_APP in eligible:
+                assert warm.launch(pending.pop(0)) == LaunchResult.accepted()
+            time.sleep(0.02)
+        assert warm.waiting_for_input == [40]  # still waiting, as under Flower's executor
+        seen = [json.loads(Path(spec.token.split(":", 1)[1]).read_text()) for spec in later]
+        assert most_at_once([(t["started"], t["ended"]) for t in seen]) == 1  # the limit holds
+    finally:
+        warm.close()
+
+
 def test_task_limits_follow_the_options_the_environment_and_the_cores(monkeypatch):
     monkeypatch.delenv("FEDX_CLIENTAPP_THREADS", raising=False)
     monkeypatch.delenv("FEDX_CLIENTAPP_MAX_TASKS", raising=False)

@@ -87,6 +87,16 @@ waited longer than those 30 s is dropped with a log line instead (its claim
 has lapsed, and the SuperNode hands the task out again), so it never holds
 up the tasks behind it.
 
+A task holds its slot from its fork to its end, except while it waits for
+its input (its message, context, run and FAB) from its SuperNode: that
+wait uses no core, and may never end. Flower 1.41's SuperNode leaves a
+task claimable whose message's objects never arrive when the run is
+stopped while it pulls them; the process forked for it asks for them until
+Flower gives up (2 hours), and, holding the only slot, kept every later
+task of its SuperNode, of any run, pending. Each task's child tells the
+executor, through a flag in shared memory, while it is in Flower's
+``pull_task_input`` (:mod:`fedx.flower.task_input`).
+
 A task whose process crashes loses only its own reply: the warm interpreter
 and the other tasks go on, and the SuperNode answers the message with
 Flower's "ClientApp stopped responding" error once the task's heartbeat has
@@ -104,6 +114,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from ctypes import c_byte
 from logging import INFO, WARNING
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -133,6 +144,7 @@ from fedx.flower.superexec_executor import (
     task_poll_interval,
     use_executor_factory,
 )
+from fedx.flower.task_input import report_input_waits
 
 DEFAULT_PRELOAD_APP = "fedx.client_app"
 #: torch, and what fedx's ClientApp imports on its first training or evaluation
@@ -147,7 +159,7 @@ WARM_ENVIRONMENT = {
 #: What every task's process runs besides the app: this module (whose
 #: functions the task's process is given), and Flower's ``run_clientapp`` with
 #: fedx's change to it.
-TASK_MODULES = (__name__, *clientapp_task.TASK_MODULES)
+TASK_MODULES = (__name__, "fedx.flower.task_input", *clientapp_task.TASK_MODULES)
 #: Seconds a running task gets to stop on SIGTERM when the SuperExec stops.
 STOP_GRACE = 10.0
 #: Seconds a claimed task may take to report to its SuperNode before the
@@ -180,11 +192,16 @@ def _task_child(
     app_package: str | None,
     object_pull_wait: float,
     threads: int,
+    waiting: c_byte,
 ) -> None:
-    """What a task's forked child runs."""
+    """What a task's forked child runs.
+
+    ``waiting``, a shared byte, is 1 while the task waits for its input from its SuperNode.
+    """
     _fresh_start(app_package, threads)
     # Asking its own SuperNode costs little: at a steady pace, not doubling.
     retry_object_pulls_after(object_pull_wait, object_pull_wait)
+    report_input_waits(lambda now: setattr(waiting, "value", int(now)))
     task(spec)
 
 
@@ -262,6 +279,8 @@ class WarmExecutor:
         self._context.set_forkserver_preload([*self.modules, *TASK_MODULES])
         self._fallback = SubprocessExecutor()
         self._tasks: dict[int, BaseProcess] = {}
+        #: Each task's flag in shared memory: 1 while it waits for its input.
+        self._waiting: dict[int, c_byte] = {}
         #: Tasks launched beyond the limit: (when, spec), oldest first.
         self._queue: deque[tuple[float, ExecutionSpec]] = deque()
         self.warm_pid, self.preloaded = self._warm_up()
@@ -309,7 +328,7 @@ class WarmExecutor:
         insecure: bool = False,
         root_certificates_path: str | None = None,
     ) -> tuple[set[TaskType], set[str]]:
-        """Every task type, but ClientApps only while fewer than ``max_tasks`` run or wait here.
+        """Every task type, but ClientApps only while fewer than ``max_tasks`` hold a slot or wait here.
 
         Flower's SuperExec asks before every claim: a ClientApp task it does
         not claim waits in the SuperNode, where its claim cannot lapse.
@@ -351,9 +370,9 @@ class WarmExecutor:
             self._queue.append((time.monotonic(), spec))
             log(
                 INFO,
-                "fedx: ClientApp task %d waits: %d task(s) running, at most %d at once",
+                "fedx: ClientApp task %d waits: %d task(s) hold a slot, at most %d at once",
                 spec.task_id,
-                self._alive(),
+                self._holding_slots(),
                 self.cores.max_tasks,
             )
             return LaunchResult.accepted()
@@ -361,9 +380,17 @@ class WarmExecutor:
 
     def _fork(self, spec: ExecutionSpec) -> LaunchResult:
         """Fork ``spec``'s task from the warm interpreter."""
+        waiting = self._context.RawValue("b", 0)
         process = self._context.Process(
             target=_task_child,
-            args=(self.task, spec, self.app_package, self.object_pull_wait, self.cores.threads),
+            args=(
+                self.task,
+                spec,
+                self.app_package,
+                self.object_pull_wait,
+                self.cores.threads,
+                waiting,
+            ),
             name=f"clientapp-task-{spec.task_id}",
         )
         try:
@@ -378,15 +405,19 @@ class WarmExecutor:
             process.pid,
         )
         self._tasks[spec.task_id] = process
+        self._waiting[spec.task_id] = waiting
         return LaunchResult.accepted()
 
-    def _alive(self) -> int:
-        """How many tasks' processes run."""
-        return sum(process.exitcode is None for process in self._tasks.values())
+    def _holding_slots(self) -> int:
+        """How many tasks hold a slot: their process runs, and it is not waiting for its input."""
+        return sum(
+            process.exitcode is None and not self._waiting[task_id].value
+            for task_id, process in self._tasks.items()
+        )
 
     def _has_room(self) -> bool:
-        """Whether one more ClientApp task may start now (none waits here, fewer than the limit run)."""
-        return not self._queue and self._alive() < self.cores.max_tasks
+        """Whether one more ClientApp task may start now (none waits here, fewer than the limit hold a slot)."""
+        return not self._queue and self._holding_slots() < self.cores.max_tasks
 
     def reconcile(self) -> None:
         """Collect finished tasks (log those that failed or crashed); start queued ones."""
@@ -414,7 +445,8 @@ class WarmExecutor:
                 )
             process.close()
             del self._tasks[task_id]
-        while self._queue and self._alive() < self.cores.max_tasks:
+            del self._waiting[task_id]
+        while self._queue and self._holding_slots() < self.cores.max_tasks:
             queued_at, spec = self._queue.popleft()
             waited = time.monotonic() - queued_at
             if waited > CLAIM_LAPSES:
@@ -443,12 +475,18 @@ class WarmExecutor:
                 process.kill()
                 process.join(1.0)
         self._tasks.clear()
+        self._waiting.clear()
         self._fallback.close()
 
     @property
     def running(self) -> dict[int, int]:
         """``{task id: pid}`` of the tasks still running."""
         return {t: p.pid for t, p in self._tasks.items() if p.exitcode is None and p.pid}
+
+    @property
+    def waiting_for_input(self) -> list[int]:
+        """Ids of the running tasks that wait for their input from their SuperNode (they hold no slot)."""
+        return [t for t in self.running if self._waiting[t].value]
 
     @property
     def queued(self) -> list[int]:

@@ -40,6 +40,9 @@ The changes:
 - :mod:`~fedx.flower.clientapp_task`: a warm ClientApp task runs
   ``run_clientapp`` with an ``install_from_fab`` that finds an installed FAB
   without unpacking it.
+- :mod:`~fedx.flower.task_input`: a warm ClientApp task tells its executor
+  while Flower's ``pull_task_input`` waits for its input, during which it
+  holds no slot of the task limit.
 
 And one use of Flower's internals that changes nothing:
 
