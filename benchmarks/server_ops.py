@@ -50,7 +50,7 @@ Usage::
     python benchmarks/server_ops.py                      # K in {10, 100} x {cnn, vgg16}
     python benchmarks/server_ops.py --models 10 --arch vgg16 --repeats 3
     python benchmarks/server_ops.py --arch cnn --params-millions 5
-    python benchmarks/server_ops.py --quick              # K=10 CNN, 2 repeats, seconds
+    python benchmarks/server_ops.py --quick              # K=10 CNN, 1 repeat, seconds
     python benchmarks/server_ops.py --busy 1             # one core kept busy meanwhile
     python benchmarks/server_ops.py --clock cpu          # CPU seconds, on a shared machine
     OPENBLAS_NUM_THREADS=1 python benchmarks/server_ops.py
@@ -485,10 +485,10 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     arguments = common.parse_quick(
         parser,
         argv,
-        "K=10 CNN models, 2 repeats: a smoke run of a few seconds",
+        "K=10 CNN models, 1 repeat: a smoke run of a few seconds",
         models=[10],
         arch=["cnn"],
-        repeats=2,
+        repeats=1,
     )
     if min(arguments.models) < 2:
         parser.error("--models must be at least 2 (cross aggregation needs a collaborator)")
