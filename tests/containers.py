@@ -228,18 +228,21 @@ def ensure_images(project: "ComposeProject", timeout: float = 3600) -> str:
 
 def remove_project(name: str) -> None:
     """Remove the containers (dependents with them) and the network of compose project ``name``."""
-    containers = subprocess.run(
-        ["podman", "ps", "-a", "-q", "--filter", f"label=io.podman.compose.project={name}"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    ).stdout.split()
-    if (
-        containers
-    ):  # --depend: a SuperLink goes after the containers started with a dependency on it
+    for _ in range(3):
+        containers = subprocess.run(
+            ["podman", "ps", "-a", "-q", "--filter", f"label=io.podman.compose.project={name}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        ).stdout.split()
+        if not containers:
+            break
+        # --depend: a SuperLink goes after the containers started with a dependency
+        # on it; --ignore: a container listed here but already gone as another's
+        # dependent is no error (without it podman stops there, leaving the rest).
         subprocess.run(
-            ["podman", "rm", "-f", "--depend", "-t", "2", *containers],
+            ["podman", "rm", "-f", "--depend", "--ignore", "-t", "0", *containers],
             capture_output=True,
             timeout=300,
             check=False,
@@ -450,6 +453,11 @@ class ComposeProject:
         return self.container_names() + ([self.network] if network else [])
 
     def down(self) -> None:
-        """Stop and remove every container and the network of the project."""
-        self.compose("--profile", "tools", "down", "-t", "5", timeout=300, check=False)
+        """Stop and remove every container and the network of the project.
+
+        One ``podman rm -f`` for all the containers at once: ``compose down``
+        stops and removes service after service, each waiting out its stop
+        timeout, and asks about every service of the file, started or not
+        (20-30 s a project here, for the same end).
+        """
         remove_project(self.name)
