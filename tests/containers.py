@@ -347,12 +347,13 @@ class ComposeProject:
         )
 
     def run_tool(
-        self, service: str, *args: str, timeout: float = 300
+        self, service: str, *args: str, timeout: float = 300, entrypoint: str | None = None
     ) -> subprocess.CompletedProcess:
         """``compose run --rm`` a tool service (``flwr``, ``fedx-deploy``); returns what it did.
 
-        On a timeout the tool's container is removed before the error goes
-        on: killing podman-compose alone would leave it running.
+        ``entrypoint`` replaces the image's (``sh``: several commands in one
+        start). On a timeout the tool's container is removed before the error
+        goes on: killing podman-compose alone would leave it running.
         """
         try:
             return self.compose(
@@ -361,6 +362,7 @@ class ComposeProject:
                 "run",
                 "--rm",
                 "-T",
+                *(["--entrypoint", entrypoint] if entrypoint else []),
                 service,
                 *args,
                 timeout=timeout,

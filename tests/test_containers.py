@@ -78,12 +78,17 @@ EX_CONFIG = 78
 CLIENTAPP_FORKED = r"ClientApp task \d+ forked from the warm interpreter"
 
 
-def make_certificates(project: ComposeProject, hosts=HOSTS) -> None:
-    """What docs/deployment/containers.md does: `compose run --rm fedx-deploy certs --out certificates --host ...`."""
+def certs_arguments(hosts=HOSTS) -> list[str]:
+    """``fedx-deploy``'s arguments for certificates naming ``hosts``, as docs/deployment/containers.md gives them."""
     args = ["certs", "--out", "certificates"]
     for host in hosts:
         args += ["--host", host]
-    done = project.run_tool("fedx-deploy", *args, timeout=300)
+    return args
+
+
+def make_certificates(project: ComposeProject, hosts=HOSTS) -> None:
+    """What docs/deployment/containers.md does: `compose run --rm fedx-deploy certs --out certificates --host ...`."""
+    done = project.run_tool("fedx-deploy", *certs_arguments(hosts), timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -408,20 +413,12 @@ def test_auth_variant_lets_registered_supernode_containers_in_and_refuses_others
     project.prepare()
     try:
         # The certificates and the keys from one start of the tool container.
-        hosts = " ".join(f"--host {host}" for host in HOSTS)
-        credentials = project.compose(
-            "--profile",
-            "tools",
-            "run",
-            "--rm",
-            "-T",
-            "--entrypoint",
-            "sh",
+        credentials = project.run_tool(
             "fedx-deploy",
             "-c",
-            f"fedx-deploy certs --out certificates {hosts} && "
+            f"fedx-deploy {' '.join(certs_arguments())} && "
             "fedx-deploy keys --out keys --supernodes 2",
-            check=False,
+            entrypoint="sh",
         )
         assert credentials.returncode == 0, credentials.stdout + credentials.stderr
         project.compose("up", "-d", "superlink", timeout=300)
