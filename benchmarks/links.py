@@ -46,8 +46,9 @@ Setups, each on a fresh federation on the same hosts (``--setups``; a setup
 is a base and ``+``-joined levers):
 
 * ``fast``: fedx's fast setup, the README's: the warm executor, 0.1 s polls,
-  the SuperLink in memory (``fedx-deploy up --executor warm --poll-interval
-  0.1 --superlink-database memory``);
+  the SuperLink in memory and its middleware scoped (``fedx-deploy up
+  --executor warm --poll-interval 0.1 --superlink-database memory
+  --superlink fedx``);
 * ``flower``: Flower's executor and polls, the SuperLink in memory;
 * ``+inflight=N``: fedx's ``objects_in_flight`` (``fedx-deploy up
   --objects-in-flight N``): every process pulls and pushes N objects of a
@@ -55,6 +56,9 @@ is a base and ``+``-joined levers):
 * ``+flwr-inflight=N``: Flower's own ``FLWR_PRIVATE_MAX_CONCURRENT_OBJ_PULLS``
   and ``..._PUSHES`` set to N in every process, which Flower caps at the
   process's cores (2 here);
+* ``+superlink=flower``: ``flower-superlink`` as shipped instead of
+  ``fedx-superlink``, Flower's SuperLink with its HTTP middleware scoped
+  to the requests it acts on (:mod:`fedx.flower.superlink_middleware`);
 * ``+chunk=MB``: Flower's ``FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE`` (5 MB):
   arrays larger than it travel as several objects.
 
@@ -98,7 +102,12 @@ import _common as common
 REPO = Path(__file__).resolve().parents[1]
 APP = REPO / "tests" / "wire_app"
 MODELS = ("resnet20", "vgg16")
-DEFAULT_SETUPS = ("fast", "fast+flwr-inflight=16", "fast+inflight=16", "fast+inflight=64")
+DEFAULT_SETUPS = (
+    "fast+superlink=flower",
+    "fast",
+    "fast+inflight=4+superlink=flower",
+    "fast+inflight=4",
+)
 #: Flower's own settings, read when its modules are imported.
 FLOWER_PULLS, FLOWER_PUSHES = (
     "FLWR_PRIVATE_MAX_CONCURRENT_OBJ_PULLS",
@@ -130,7 +139,9 @@ class Setup:
             "superlink_database": "memory",
         }
         if self.base == "fast":
-            options.update(executor="warm", poll_interval=0.1)
+            options.update(executor="warm", poll_interval=0.1, superlink="fedx")
+        if "superlink" in self.levers:
+            options["superlink"] = self.levers["superlink"]
         if "inflight" in self.levers:
             options["objects_in_flight"] = int(self.levers["inflight"])
         return options
@@ -156,9 +167,12 @@ def setup_type(text: str) -> Setup:
     except ValueError:
         raise argparse.ArgumentTypeError(f"levers are +NAME=VALUE, got {text!r}") from None
     for lever, value in levers.items():
-        if lever not in ("flwr-inflight", "inflight", "chunk"):
+        if lever not in ("flwr-inflight", "inflight", "chunk", "superlink"):
             raise argparse.ArgumentTypeError(f"unknown lever {lever!r} in {text!r}")
-        if not float(value) > 0:
+        if lever == "superlink":
+            if value not in ("flower", "fedx"):
+                raise argparse.ArgumentTypeError(f"superlink is flower or fedx in {text!r}")
+        elif not float(value) > 0:
             raise argparse.ArgumentTypeError(f"{lever} must be positive in {text!r}")
     return setup
 

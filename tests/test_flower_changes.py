@@ -43,6 +43,7 @@ from fedx.flower import (
     object_pulls,
     ray_backend,
     superexec_executor,
+    superlink_middleware,
     supernode_waits,
     task_input,
     wire,
@@ -420,6 +421,108 @@ def test_a_warm_task_says_while_it_waits_for_its_input(monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="flwr"):
         assert not task_input.report_input_waits(reported.append)
     assert "holds its slot" in caplog.text
+
+
+# ----------------------------------------------------------------------
+# superlink_middleware: fedx-superlink's middleware, scoped to the requests it acts on
+# ----------------------------------------------------------------------
+
+
+def _superlink_answers(requests) -> list[tuple[int, bytes, list]]:
+    """What Flower's SuperLink app, as this process builds it, answers each of ``requests``."""
+    import asyncio  # pylint: disable=import-outside-toplevel
+
+    import httpx  # pylint: disable=import-outside-toplevel  (Flower's own dependency)
+    from flwr.superlink import main as superlink_app  # pylint: disable=import-outside-toplevel
+
+    app = superlink_app.create_app()
+
+    async def ask():
+        answers = []
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://superlink") as c:
+                for method, path, headers, body in requests:
+                    reply = await c.request(method, path, headers=headers, content=body)
+                    kept = sorted((k, v) for k, v in reply.headers.items() if k != "date")
+                    answers.append((reply.status_code, reply.content, kept))
+        return answers
+
+    return asyncio.run(ask())
+
+
+def test_the_scoped_superlink_answers_every_kind_of_request_as_flowers_does(monkeypatch):
+    from flwr.proto.control_pb2 import (  # pylint: disable=import-outside-toplevel
+        GetLoginDetailsRequest,
+        StopRunRequest,
+    )
+    from flwr.proto.message_pb2 import PullObjectRequest  # pylint: disable=import-outside-toplevel
+    from flwr.superlink import main as superlink_app  # pylint: disable=import-outside-toplevel
+
+    protobuf = {"content-type": "application/protobuf"}
+    pull = PullObjectRequest(object_id="0" * 64).SerializeToString()
+    requests = [
+        ("GET", "/health", {}, b""),
+        ("POST", "/v1/fleet/pull-object", protobuf, pull),  # unsigned: SuperNode auth refuses
+        ("POST", "/v1/fleet/pull-object", protobuf, b"not protobuf"),
+        ("POST", "/v1/fleet/pull-object", {"content-type": "text/plain"}, pull),
+        ("POST", "/v1/runtime/pull-task-input", protobuf, b""),  # no task token
+        ("POST", "/v1/control/stop-run", protobuf, StopRunRequest(run_id=7).SerializeToString()),
+        (
+            "POST",
+            "/v1/control/get-login-details",
+            protobuf,
+            GetLoginDetailsRequest().SerializeToString(),
+        ),
+        ("GET", "/no-such-route", {}, b""),
+    ]
+    monkeypatch.setattr(superlink_app, "_get_middleware", superlink_app._get_middleware)
+    flowers = _superlink_answers(requests)
+    assert superlink_middleware.scope_superlink_middleware()
+    assert superlink_middleware.scope_superlink_middleware()  # twice: scoped once
+    scoped = _superlink_answers(requests)
+    assert [status for status, _, _ in flowers] == [200, 401, 400, 415, 401, 404, 200, 404]
+    assert scoped == flowers
+    # Seven of Flower's nine are scoped; the errors' and protobuf translations run on all.
+    stack = superlink_app._get_middleware()
+    assert (
+        len(stack) == 9
+        and [entry.cls for entry in stack].count(superlink_middleware.ScopedMiddleware) == 7
+    )
+    assert {entry.cls.__name__ for entry in stack} == {
+        "ScopedMiddleware", "BaseHTTPMiddleware", "ProtobufTranslationMiddleware"
+    }  # fmt: skip
+
+
+def test_each_scoped_middleware_acts_on_its_own_requests_only():
+    class Plugged:
+        fleet_event_log_plugin = object()
+
+    class App:
+        state = Plugged()
+
+    def scope(path):
+        return {"type": "http", "path": path, "app": App()}
+
+    scopes = superlink_middleware.SCOPES
+    assert scopes["NodeAuthMiddleware"](scope("/v1/fleet/pull-object"))
+    assert not scopes["NodeAuthMiddleware"](scope("/v1/runtime/pull-object"))
+    assert scopes["ControlAuthenticationMiddleware"](scope("/v1/control/start-run"))
+    assert not scopes["ControlAuthenticationMiddleware"](scope("/v1/fleet/pull-object"))
+    assert scopes["FleetEventLogMiddleware"](scope("/v1/fleet/pull-object"))
+    Plugged.fleet_event_log_plugin = None  # no event log asked for: nothing to log
+    assert not scopes["FleetEventLogMiddleware"](scope("/v1/fleet/pull-object"))
+
+
+def test_another_flowers_superlink_middleware_runs_as_shipped(monkeypatch, caplog):
+    from flwr.superlink import main as superlink_app  # pylint: disable=import-outside-toplevel
+
+    flowers = superlink_app._get_middleware
+    monkeypatch.setattr(superlink_app, "_get_middleware", lambda: flowers()[:-1])
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        assert not superlink_middleware.scope_superlink_middleware()
+    assert "running it as shipped" in caplog.text
+    assert superlink_middleware.scoped(flowers()[1:]) is None
 
 
 # ----------------------------------------------------------------------

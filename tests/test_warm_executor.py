@@ -343,8 +343,15 @@ def test_warm_and_fast_poll_commands_use_only_flags_flower_has(tmp_path):
                 secret = str(spec.superexec_secret(index))
                 assert node[node.index("--superexec-auth-secret-file") + 1] == secret
                 assert superexec[superexec.index("--superexec-auth-secret-file") + 1] == secret
-    fast = FederationSpec(2, tmp_path, insecure=True, poll_interval=0.5)
+    fast = FederationSpec(2, tmp_path, insecure=True, poll_interval=0.5, superlink="fedx")
     assert Path(fast.supernode_command(0)[0]).name == "fedx-supernode"
+    superlink = fast.superlink_command()  # fedx-superlink takes flower-superlink's flags
+    assert Path(superlink[0]).name == "fedx-superlink"
+    assert set(flags(superlink)) <= help_flags("flower-superlink")
+    assert help_flags("fedx-superlink") == help_flags("flower-superlink")
+    assert Path(FederationSpec(2, tmp_path, insecure=True).superlink_command()[0]).name == (
+        "flower-superlink"
+    )
     assert fast.environment()["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] == "0.5"
     assert (
         Path(FederationSpec(2, tmp_path, insecure=True).supernode_command(0)[0]).name
@@ -362,16 +369,19 @@ def test_warm_and_fast_poll_commands_use_only_flags_flower_has(tmp_path):
         )
     with pytest.raises(ValueError, match="poll_interval must be in"):
         FederationSpec(2, tmp_path, insecure=True, poll_interval=5.0)
+    with pytest.raises(ValueError, match='superlink must be "flower" or "fedx"'):
+        FederationSpec(2, tmp_path, insecure=True, superlink="fast")
 
 
 def test_deploy_up_starts_warm_supernodes_with_short_polls(tmp_path, monkeypatch, capsys):
     code, started = deploy_up_faked(
         monkeypatch,
         tmp_path,
-        "--insecure --supernodes 2 --executor warm --poll-interval 0.5 --run app",
+        "--insecure --supernodes 2 --executor warm --poll-interval 0.5 --superlink fedx --run app",
     )
     assert code == 0
     assert (started["spec"].executor, started["spec"].poll_interval) == ("warm", 0.5)
+    assert started["spec"].superlink == "fedx"
     assert started["warm"] == [0, 1]  # the app runs once the warm interpreters are ready
     assert "warm ClientApp executor" in capsys.readouterr().out
 
@@ -385,13 +395,20 @@ def test_deploy_up_starts_warm_supernodes_with_short_polls(tmp_path, monkeypatch
 def warm_federation(tmp_path_factory):
     """3 SuperNodes (--isolation process) + fedx-superexec each; TLS, SuperNode and SuperExec auth.
 
-    The SuperNodes are fedx-supernode with a 0.1 s idle poll (their SuperExecs poll as often).
+    The SuperNodes are fedx-supernode with a 0.1 s idle poll (their SuperExecs poll as often);
+    the SuperLink is fedx-superlink, whose scoped middleware must still authenticate them.
     """
     base = tmp_path_factory.mktemp("warm")
     tls = write_tls_certificates(base / "certificates", ["localhost", "127.0.0.1"])
     write_supernode_keys(base / "keys", 3)
     spec = spec_on_free_ports(
-        3, base / "state", tls=tls, auth_keys=base / "keys", executor="warm", poll_interval=0.1
+        3,
+        base / "state",
+        tls=tls,
+        auth_keys=base / "keys",
+        executor="warm",
+        poll_interval=0.1,
+        superlink="fedx",
     )
     with LocalFederation(spec) as federation:
         federation.start()
@@ -406,6 +423,7 @@ def test_fedmr_runs_on_warm_executors_over_tls_with_authentication(warm_federati
     spec = federation.spec
     assert "--superexec-auth-secret-file" in spec.supernode_command(0)
     assert Path(spec.supernode_command(0)[0]).name == "fedx-supernode"
+    assert Path(spec.superlink_command()[0]).name == "fedx-superlink"
     output = run_app(
         federation,
         REPO,

@@ -130,6 +130,14 @@ def _parser() -> argparse.ArgumentParser:
         "SuperLink ~0.1 ms instead of ~20 ms",
     )
     up.add_argument(
+        "--superlink",
+        choices=("flower", "fedx"),
+        default="flower",
+        help="flower: flower-superlink as shipped (the default); fedx: fedx-superlink, the "
+        "same SuperLink whose HTTP middleware runs only on the requests it acts on, for less "
+        "CPU time per request (a model is one request per array)",
+    )
+    up.add_argument(
         "--objects-in-flight",
         type=int,
         metavar="N",
@@ -170,6 +178,7 @@ def _spec(args: argparse.Namespace) -> FederationSpec:
         executor=args.executor,
         poll_interval=args.poll_interval,
         superlink_database=args.superlink_database,
+        superlink=args.superlink,
         objects_in_flight=args.objects_in_flight,
         clientapp_threads=args.clientapp_threads,
         serverapp_threads=args.serverapp_threads,

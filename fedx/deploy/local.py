@@ -50,6 +50,7 @@ from fedx.flower import objects_in_flight
 Transport = Literal["http", "grpc"]
 Executor = Literal["flower", "warm"]
 Database = Literal["file", "memory"]
+SuperLinkProgram = Literal["flower", "fedx"]
 #: Where the SuperLink listens unless told (address, HTTP(S) port), and the
 #: Runtime API port of SuperNode 0 (SuperNode i: this + i).
 DEFAULT_HOST, DEFAULT_PORT, FIRST_SUPERNODE_PORT = "127.0.0.1", 8000, 9094
@@ -173,6 +174,13 @@ class FederationSpec:
         on each object of a message (a model is one object per array and
         chunk, and it crosses the SuperLink twice per exchange), the
         in-memory one about 0.1 ms (``benchmarks/message_timeline.py``).
+    superlink : {"flower", "fedx"}
+        Which SuperLink program: ``"flower"``, ``flower-superlink`` as
+        shipped; ``"fedx"``, ``fedx-superlink`` (:mod:`fedx.deploy.superlink`):
+        Flower's SuperLink with the same options and answers, whose HTTP
+        middleware runs only on the requests it acts on, so that each
+        request costs it less CPU time (a model crosses it as one request
+        per array). Flower 1.41 (``transport="http"``) only.
     objects_in_flight : int, optional
         Objects of a message each SuperNode pulls from and pushes to the
         SuperLink at once (``fedx-supernode --objects-in-flight``,
@@ -218,6 +226,7 @@ class FederationSpec:
     poll_interval: float | None = None
     extra_environment: dict[str, str] = field(default_factory=dict)
     superlink_database: Database = "file"
+    superlink: SuperLinkProgram = "flower"
     objects_in_flight: int | None = None
     clientapp_threads: int | None = None
     serverapp_threads: int | None = None
@@ -249,6 +258,10 @@ class FederationSpec:
             raise ValueError(
                 f'superlink_database must be "file" or "memory", got {self.superlink_database!r}'
             )
+        if self.superlink not in ("flower", "fedx"):
+            raise ValueError(f'superlink must be "flower" or "fedx", got {self.superlink!r}')
+        if self.superlink == "fedx" and self.transport != "http":
+            raise ValueError('the fedx SuperLink needs Flower 1.41 (transport="http")')
         if self.poll_interval is not None and not 0.01 <= self.poll_interval <= 3:
             raise ValueError(f"poll_interval must be in [0.01, 3] s, got {self.poll_interval}")
         if self.objects_in_flight is not None:
@@ -349,8 +362,9 @@ class FederationSpec:
         ]
 
     def superlink_command(self) -> list[str]:
-        """``flower-superlink`` with the addresses, TLS and authentication flags."""
-        command = [str(self.bin_dir / "flower-superlink"), *self._tls_server_args()]
+        """``flower-superlink`` (or ``fedx-superlink``) with the addresses, TLS and authentication flags."""
+        program = "fedx-superlink" if self.superlink == "fedx" else "flower-superlink"
+        command = [str(self.bin_dir / program), *self._tls_server_args()]
         if self.simulation:
             # The legacy Control API would take its default port 9093 and
             # collide with any other SuperLink on the machine: give it a free one.

