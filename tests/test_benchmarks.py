@@ -137,7 +137,7 @@ def test_fast_setup_runs_the_readme_command_with_nothing_exported(tmp_path, monk
     spec = started["spec"]
     assert code == 0 and started["command"][2] == "."  # flwr run . (the app's folder)
     assert (spec.num_supernodes, spec.executor, spec.poll_interval) == (3, "warm", 0.1)
-    assert spec.superlink_database == "memory" and spec.tls is None
+    assert spec.superlink_database == "memory" and spec.superlink == "fedx" and spec.tls is None
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv("FEDX_CLIENTAPP_THREADS", "1")
     monkeypatch.setenv("PYTHONPATH", "/elsewhere")
