@@ -5,9 +5,10 @@ with the same options and the same APIs, routes, checks and answers; only
 seven of the nine middleware layers Flower wraps around every request are
 skipped on the requests they do nothing for (the Control API's on Fleet and
 Runtime requests, SuperNode authentication on everything but the Fleet API,
-event logs and tracing unless turned on). A request then costs the SuperLink
-a third of the CPU time it costs Flower's; :mod:`fedx.flower.superlink_middleware`
-says how, why, and what happens under another Flower.
+event logs and tracing unless turned on). Over slow links a request cost the
+SuperLink about half the CPU time it costs Flower's (``benchmarks/links.py``);
+:mod:`fedx.flower.superlink_middleware` says how, why, and what happens under
+another Flower.
 """
 
 import sys

@@ -20,13 +20,15 @@ Why
     ``dispatch`` only passes the request on, it wraps the request and
     streams the response through a task group and memory streams of its
     own, on the SuperLink's single event-loop thread. A model is one
-    request per array (ResNet-20: about 130 a message), and every request
-    of every SuperNode and of the ServerApp passes all nine: on the 2-core
-    machine the SuperLink spent 13 ms of CPU per request, and a round of
-    ``benchmarks/links.py`` with a ResNet-20-sized model (about 1,400
-    requests) was bound by it (docs/results.md, issue 27). In process, a
-    request that only passes through costs 3.6 ms of CPU through Flower's
-    stack and 1.0 ms through the scoped one (``/health``).
+    request per object (a trained ResNet-20: about 260 a message, an array
+    and its chunk each), and every request of every SuperNode and of the
+    ServerApp passes all nine: on the 2-core machine the SuperLink spent
+    about 12 ms of CPU per request, and a round of ``benchmarks/links.py``
+    with a ResNet-20-sized model (about 1,400 requests) was bound by it.
+    Scoped, the SuperLink's CPU per round halved (16.6-17.5 to 8.4-10.3 s)
+    and the round went from 21.0 to 15.4 s; in process, a request that only
+    passes through costs 3.6 ms of CPU through Flower's stack and 1.0 ms
+    through the scoped one (``/health``; docs/results.md, issue 27).
 
 Checked against
     flwr 1.41.0 (:data:`fedx.flower.CHECKED_FLWR`).
@@ -70,8 +72,8 @@ RECHECK = (
 
 CONTROL, FLEET = "/v1/control/", "/v1/fleet/"
 
-#: Scope = Callable[[dict], bool]: whether a middleware acts on an HTTP request (its ASGI scope).
-Scope = Callable[[dict], bool]
+#: Whether a middleware acts on an HTTP request, given the request's ASGI scope.
+ActsOn = Callable[[dict], bool]
 
 
 def _control(scope: dict) -> bool:
@@ -93,7 +95,7 @@ def _traced(scope: dict) -> bool:  # pylint: disable=unused-argument
 
 
 #: Each scoped middleware (by class name) and the requests it acts on.
-SCOPES: dict[str, Scope] = {
+SCOPES: dict[str, ActsOn] = {
     "ControlSensitiveResponseMiddleware": _control,
     "ControlAuthenticationMiddleware": _control,
     "ControlLicenseMiddleware": _control,
@@ -117,19 +119,21 @@ FLOWER_MIDDLEWARE = (
 
 
 class ScopedMiddleware:
-    """An ASGI middleware that runs ``middleware`` on the HTTP requests in ``scope``, the app on the rest.
+    """An ASGI middleware that runs ``middleware`` on the HTTP requests it ``acts_on``, the app on the rest.
 
     ``middleware`` is built as Starlette builds it, ``middleware(app,
     *args, **kwargs)``, once.
     """
 
-    def __init__(self, app: Any, middleware: type, scope: Scope, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self, app: Any, middleware: type, acts_on: ActsOn, *args: Any, **kwargs: Any
+    ) -> None:
         self.app = app
-        self.scope = scope
+        self.acts_on = acts_on
         self.middleware = middleware(app, *args, **kwargs)
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and not self.scope(scope):
+        if scope["type"] == "http" and not self.acts_on(scope):
             await self.app(scope, receive, send)
         else:
             await self.middleware(scope, receive, send)
