@@ -39,6 +39,7 @@ import pytest
 from fedx.deploy.cores import usable_cores
 from fedx.deploy.credentials import write_tls_certificates
 from tests.containers import (
+    APP_UID,
     ComposeProject,
     build_environment,
     container_problem,
@@ -486,6 +487,13 @@ def one_line_error(project: ComposeProject, service: str, *args: str) -> str:
     return lines[0]
 
 
+def write_app_certificates(folder: Path, hosts: list[str]) -> None:
+    """Certificates naming ``hosts`` in ``folder``, owned by the containers' user."""
+    write_tls_certificates(folder, hosts)
+    for path in folder.iterdir():
+        os.chown(path, APP_UID, APP_UID)
+
+
 def test_bad_certificates_and_folders_stop_the_containers_with_one_line(unprepared):
     certificates = unprepared.directory / "certificates"
     line = one_line_error(unprepared, "superlink")
@@ -496,9 +504,7 @@ def test_bad_certificates_and_folders_stop_the_containers_with_one_line(unprepar
     assert "does not exist" in one_line_error(unprepared, "supernode-1")
 
     # Certificates for processes on one machine: they do not name the service hosts.
-    write_tls_certificates(certificates, ["localhost", "127.0.0.1"])
-    for path in certificates.iterdir():
-        os.chown(path, 49999, 49999)
+    write_app_certificates(certificates, ["localhost", "127.0.0.1"])
     line = one_line_error(unprepared, "supernode-1")
     assert (
         "server.pem does not name 'superlink'" in line and "it names localhost, 127.0.0.1" in line
@@ -509,9 +515,7 @@ def test_bad_certificates_and_folders_stop_the_containers_with_one_line(unprepar
 
     # Right certificates (written here as `fedx-deploy certs` writes them: the
     # federation's fixture runs the tool), but an outputs/ the ServerApp's user cannot write.
-    write_tls_certificates(certificates, HOSTS)
-    for path in certificates.iterdir():
-        os.chown(path, 49999, 49999)
+    write_app_certificates(certificates, HOSTS)
     os.chown(unprepared.directory / "outputs", 0, 0)
     line = one_line_error(unprepared, "superexec-serverapp")
     assert "/app/outputs (written by this container) is not writable by uid 49999" in line
