@@ -446,25 +446,44 @@ def test_flowers_superexec_builds_its_executor_with_fedxs_factory(monkeypatch):
         superexec_executor.use_executor_factory(factory)
 
 
-def test_fedx_superexec_backs_off_its_task_polls_while_no_task_runs(monkeypatch):
+def test_fedx_superexec_backs_off_its_task_polls_and_asks_for_none_while_a_task_runs(
+    monkeypatch,
+):
     monkeypatch.setattr(run_superexec, "time", run_superexec.time)  # put back after the test
     waits = superexec_executor.back_off_task_polls(IdleBackoff(0.1, 10.0, 1.0))
     assert run_superexec.time is waits  # what the SuperExec's loop sleeps with
-    slept, clock, busy = [], [50.0], [False]
-    monkeypatch.setattr(superexec_executor.time, "sleep", slept.append)
+    clock, slept, running = [50.0], [], []
+
+    def sleep(seconds):
+        slept.append(seconds)
+        clock[0] += seconds
+
+    monkeypatch.setattr(superexec_executor.time, "sleep", sleep)
     monkeypatch.setattr(superexec_executor.time, "monotonic", lambda: clock[0])
-    waits.last_busy, waits.busy = 50.0, lambda: busy[0]
+    waits.last_busy, waits.busy = 50.0, lambda: bool(running) and running[0] > clock[0]
     waits.sleep(0.1)  # just started
     clock[0] = 70.0  # nothing for 20 s: Flower's 1 s
     waits.sleep(0.1)
-    busy[0] = True  # a task runs (or was just launched): short polls
+    assert slept == [0.1, 1.0]
+    # A task runs until 71.35: no poll until it ends (checked every 0.1 s, no request) ...
+    running.append(71.35)
+    slept.clear()
     waits.sleep(0.1)
-    busy[0], clock[0] = False, 75.0  # it ended 5 s ago: still short
+    assert slept == pytest.approx([0.1] * 4) and clock[0] == pytest.approx(71.4)
+    # ... then short polls for 10 s after it, then the backoff again.
     waits.sleep(0.1)
-    clock[0] = 80.5
+    clock[0] = 79.0
     waits.sleep(0.1)
+    clock[0] = 81.9
+    waits.sleep(0.1)
+    assert slept[4:] == pytest.approx([0.1, 0.1, 0.5])
+    # A task that runs on and on: one poll per second at most, as Flower's default.
+    running[0] = 1e9
+    slept.clear()
+    waits.sleep(0.1)
+    assert sum(slept) == pytest.approx(1.0)
     waits.sleep(2.0)  # any other sleep is the time module's
-    assert slept == [0.1, 1.0, 0.1, 0.1, 0.5, 2.0]
+    assert slept[-1] == 2.0
     monkeypatch.setattr(
         superexec_executor.inspect, "getsource", lambda module: ""
     )  # another Flower

@@ -540,8 +540,8 @@ class WarmExecutor:
 
     @property
     def busy(self) -> bool:
-        """Whether a ClientApp task runs, or waits here for a slot."""
-        return bool(self._tasks or self._queue)
+        """Whether a ClientApp task holds a slot (it runs, past its input) or waits here for one."""
+        return bool(self._queue) or self._holding_slots() > 0
 
     @property
     def running(self) -> dict[int, int]:

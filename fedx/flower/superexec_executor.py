@@ -132,10 +132,13 @@ def use_executor_factory(factory: ExecutorFactory) -> None:
 class TaskPollWaits:
     """``time`` for Flower's SuperExec loop: its wait between two task polls follows ``backoff``.
 
-    ``busy()`` says whether the executor has a task running or waiting; the
-    idle clock restarts at every wait where it has (a task just launched,
-    or one still running), so the polls stay short until ``idle_after``
-    seconds after the last task ended.
+    ``busy()`` says whether one of the executor's tasks runs. While one
+    does, the loop asks for no other task until it ends, or for at most
+    ``backoff.ceiling`` seconds (checking every ``backoff.interval``
+    seconds, without a request, whether it has ended): Flower 1.41's
+    SuperNode hands out its next message's task only once it has the reply
+    to the last one. After that the polls stay ``backoff.interval`` apart
+    for ``backoff.idle_after`` seconds, then back off.
     """
 
     def __init__(self, backoff: IdleBackoff, busy: Callable[[], bool] = lambda: False) -> None:
@@ -146,12 +149,17 @@ class TaskPollWaits:
 
     def sleep(self, seconds: float) -> None:
         """Sleep; the loop's task-poll wait (``backoff.interval`` long) follows the backoff."""
-        if seconds == self.backoff.interval:
-            now = time.monotonic()
-            if self.busy():
-                self.last_busy = now
-            seconds = self.backoff.wait(now - self.last_busy)
-        time.sleep(seconds)
+        if seconds != self.backoff.interval:
+            time.sleep(seconds)
+            return
+        start = time.monotonic()
+        if self.busy():
+            deadline = start + self.backoff.ceiling
+            while self.busy() and (now := time.monotonic()) < deadline:
+                time.sleep(min(self.backoff.interval, deadline - now))
+            self.last_busy = time.monotonic()
+            return
+        time.sleep(self.backoff.wait(start - self.last_busy))
 
     def __getattr__(self, name: str):
         return getattr(time, name)
