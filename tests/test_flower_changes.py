@@ -370,10 +370,13 @@ def test_fedx_supernode_shortens_the_reply_wait_and_backs_off_its_idle_wait(monk
     slept, clock = [], [100.0]
     monkeypatch.setattr(supernode_waits.time, "sleep", slept.append)
     monkeypatch.setattr(supernode_waits.time, "monotonic", lambda: clock[0])
-    waits = supernode_waits.ShortWaits(IdleBackoff(0.2, 10.0, 3.0))  # started at 100
+    waits = supernode_waits.ShortWaits(IdleBackoff(0.2, 10.0, 3.0))
+    clock[0] = 130.0  # it connected (slowly): its first idle wait starts the clock
     for seconds in (3, 0.5, 1.0):
         waits.sleep(seconds)
     assert slept == [0.2, 0.2, 1.0]
+    clock[0] = 100.0  # the clock's idle time from here: 12 s
+    waits.last_message = 100.0
     clock[0] = 112.0  # idle for 12 s: 2 s beyond the 10
     waits.sleep(3)
     clock[0] = 200.0

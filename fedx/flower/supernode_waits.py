@@ -8,8 +8,8 @@ What it changes
     when the SuperLink had no message for the node; ``_push_messages`` checks
     every ``time.sleep(0.5)`` whether the ClientApp's reply is there. The
     idle wait follows an :class:`IdleBackoff`: the interval while the node
-    had a message within the last ``idle_after`` seconds, then longer and
-    longer waits up to a ceiling (Flower's 3 s by default); the reply check
+    had a message (or connected) within the last ``idle_after`` seconds,
+    then longer and longer waits up to a ceiling (Flower's 3 s by default); the reply check
     lasts the interval (at most 0.5 s). To know when the node last had a
     message, the loop's module global ``_push_messages``, which the loop
     calls once for every message it received and returns once the reply is
@@ -79,8 +79,9 @@ class ShortWaits:
 
     def __init__(self, backoff: IdleBackoff) -> None:
         self.backoff = backoff
-        #: When the node last had a message (``time.monotonic``): its start, then each reply sent.
-        self.last_message = time.monotonic()
+        #: When the node last had a message (``time.monotonic``): its first idle wait (it has
+        #: just connected), then each reply sent.
+        self.last_message: float | None = None
 
     @property
     def interval(self) -> float:
@@ -94,7 +95,10 @@ class ShortWaits:
     def sleep(self, seconds: float) -> None:
         """Sleep, changing the loop's idle (3 s) and reply (0.5 s) waits."""
         if seconds == IDLE_WAIT:
-            seconds = self.backoff.wait(time.monotonic() - self.last_message)
+            now = time.monotonic()
+            if self.last_message is None:
+                self.last_message = now
+            seconds = self.backoff.wait(now - self.last_message)
         elif seconds == REPLY_WAIT:
             seconds = min(REPLY_WAIT, self.interval)
         time.sleep(seconds)
