@@ -14,6 +14,7 @@ fedx-supernode on real processes in tests/test_warm_executor.py.
 """
 
 import ast
+import functools
 import hashlib
 import importlib
 import importlib.metadata
@@ -416,6 +417,14 @@ def test_fedx_supernode_patches_flowers_loop(monkeypatch):
     assert waits.last_message > 0.0
     supernode.shorten_waits(0.2)  # again: Flower's function is wrapped once, not twice
     assert loop._push_messages.__wrapped__ is flowers_push  # pylint: disable=protected-access
+
+    @functools.wraps(flowers_push)
+    def someone_elses(*args, **kwargs):  # a tracer's, say: kept in the chain
+        return flowers_push(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "_push_messages", someone_elses)
+    supernode.shorten_waits(0.2)
+    assert loop._push_messages.__wrapped__ is someone_elses  # pylint: disable=protected-access
     for interval in (0, 5):
         with pytest.raises(ValueError, match="poll interval must be in"):
             supernode.shorten_waits(interval)

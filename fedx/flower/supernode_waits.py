@@ -144,7 +144,8 @@ def shorten_loop_waits(
             "flwr 1.41); use flower-supernode"
         )
     waits = ShortWaits(backoff)
-    push_messages = getattr(push_messages, "__wrapped__", push_messages)  # wrapped once only
+    if getattr(push_messages, "__fedx_idle_clock__", False):  # ours, from an earlier call
+        push_messages = push_messages.__wrapped__
 
     @functools.wraps(push_messages)
     def push_then_poll_often(*args, **kwargs):
@@ -153,6 +154,7 @@ def shorten_loop_waits(
         finally:
             waits.message_done()
 
+    push_then_poll_often.__fedx_idle_clock__ = True  # type: ignore[attr-defined]
     supernode_loop._push_messages = push_then_poll_often  # pylint: disable=protected-access
     supernode_loop.time = waits  # type: ignore[assignment]
     return waits
