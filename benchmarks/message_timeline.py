@@ -227,11 +227,33 @@ def analyse(calls: list[Call], nodes: list[Node], first: int, show: int) -> dict
             }
             for step, (begin, end) in rows.items():
                 print(f"{step:<52}{begin:>8.3f}{end:>8.3f}{end - begin:>8.3f}")
+    if gaps := idle_gaps(calls, nodes):
+        # What fedx-supernode's --idle-after must cover for the run to keep its short polls.
+        took[IDLE_GAP] = gaps
     print(f"\nexchanges {first}-{len(exchanges)}, every node: seconds per step")
     print(f"{'step':<52}{'median':>8}{'max':>8}{'n':>5}")
     for step, values in took.items():
         print(f"{step:<52}{statistics.median(values):>8.3f}{max(values):>8.3f}{len(values):>5}")
     return dict(took)
+
+
+#: A SuperNode's idle time within a run: from its reply sent to its next message pulled.
+IDLE_GAP = "SuperNode idle: its reply sent to its next message"
+
+
+def idle_gaps(calls: list[Call], nodes: list[Node]) -> list[float]:
+    """Every node's seconds from a reply sent (``_push_messages`` returned) to its next message."""
+    gaps = []
+    for node in nodes:
+        sent = [c.end for c in calls if c.pid == node.supernode and c.name == "_push_messages"]
+        pulled = [
+            c.end for c in calls if c.pid == node.supernode and c.name == "_pull_and_store_message"
+        ]
+        for end in sent:
+            after = [t for t in pulled if t > end]
+            if after:
+                gaps.append(min(after) - end)
+    return gaps
 
 
 def _distance(launches: list[Call], handed_out: list[float]) -> float:
