@@ -285,6 +285,11 @@ class FederationSpec:
             raise ValueError(f"poll_interval must be in [0.01, 3] s, got {self.poll_interval}")
         if self.poll_interval is not None:
             IdleBackoff(self.poll_interval, self.idle_after, self.max_poll_interval)  # checks them
+            if self.max_poll_interval > SUPERNODE_IDLE_WAIT:
+                raise ValueError(
+                    f"max_poll_interval must be at most Flower's {SUPERNODE_IDLE_WAIT} s, got "
+                    f"{self.max_poll_interval}"
+                )
         if self.objects_in_flight is not None:
             if self.transport != "http":
                 raise ValueError('objects_in_flight needs Flower 1.41 (transport="http")')

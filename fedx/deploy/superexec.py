@@ -20,28 +20,37 @@ same options as ``flower-superexec`` (``--insecure`` or
 
 and two of its own: ``--preload-app MODULE`` (default ``fedx.client_app``),
 the ClientApp module to import in the warm interpreter, and ``--preload
-MODULE`` (repeatable), more modules to import: by default torch and
+MODULE`` (repeatable), more modules to import: by default torch,
 ``fedx.client.handlers``, which ``fedx.client_app`` imports only when its
-first training or evaluation message arrives.
+first training or evaluation message arrives, and ``fedx.strategies``, where
+the ClientApp's run-config check finds the methods. While it has nothing to
+do it asks for tasks less and less often (``--idle-after``,
+``--max-poll-interval``: :mod:`fedx.flower.superexec_executor`).
 
 Every task starts from the warm interpreter as it was after the imports:
 
 * nothing of an earlier task: each task is a fork of the warm interpreter,
   which never runs a task itself, so no model, data, file or connection of
   one task reaches the next (a cache the ClientApp keeps on disk does);
-* the app's own code from the run's FAB: the modules of the ClientApp's
-  top-level package (``fedx`` for ``fedx.client_app``) are dropped before
-  the task starts, so ``run_clientapp`` imports them from the FAB it
-  installed, as ``flwr-clientapp`` would (0.1 s for fedx: the libraries they
-  import stay loaded);
+* the app's own code from the run's FAB: where the FAB's copy of the
+  ClientApp's top-level package (``fedx`` for ``fedx.client_app``) has
+  other Python files than the warm interpreter imported, or the FAB is not
+  installed yet, that package's modules are dropped before the task starts,
+  so ``run_clientapp`` imports them from the FAB it installed, as
+  ``flwr-clientapp`` would (0.3-0.5 s of every task for fedx: the libraries
+  they import stay loaded); where the files are the same, byte for byte,
+  the task keeps the warm modules, as they were imported
+  (:meth:`WarmExecutor.keeps_app`);
 * fresh randomness: torch's and numpy's global generators are reseeded from
   the OS, as a new interpreter seeds them (Python's ``random`` reseeds
   itself after a fork). Python's string hash seed is the warm interpreter's
   in every task.
 
 Three costs of Flower's own in every task are cut: the warm
-interpreter has also imported this module and Flower's ``run_clientapp``
-(else each task's process imports them before it starts: 0.3-0.8 s), and a
+interpreter has also imported this module, Flower's ``run_clientapp`` and
+``httpcore`` (else each task's process imports them before it starts:
+0.3-0.8 s, and 0.2-0.7 s more for ``httpcore``, which httpx imports with
+``run_clientapp``'s first client), and a
 task asks its SuperNode for an object of its message that the SuperNode is
 still pulling from the SuperLink again after the SuperExec's task poll
 interval (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, Flower's 1 s by default)
@@ -274,7 +283,8 @@ class WarmExecutor:
     ----------
     preload_app : str or None
         The ClientApp module the warm interpreter imports; its top-level
-        package is imported afresh (from the run's FAB) by every task.
+        package is imported afresh (from the run's FAB) by every task whose
+        FAB holds other code (:meth:`keeps_app`).
     preload : sequence of str
         Modules the warm interpreter imports as well: libraries stay
         imported in every task, modules of the app's package are dropped
