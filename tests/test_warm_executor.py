@@ -97,6 +97,8 @@ def test_every_task_starts_clean_from_the_warm_interpreter(executor, tmp_path):
         assert seen["run-clientapp-loaded-at-start"]  # ...and Flower's run_clientapp
         # Its message's objects are asked for again every 0.1 s (Flower: after 1, 2, 4 ... s).
         assert seen["object-pulls"] == {"initial_backoff": 0.1, "backoff_cap": 0.1}
+        # Its heartbeat every 3.5-4.5 s: it hears within seconds that its SuperNode ended it.
+        assert seen["task-heartbeat-interval"] == 10  # Flower's 30: every 17.5-22.5 s
         # The app's own package is imported afresh in the task, with fresh state.
         assert not seen["app-module-at-start"] and seen["imported-in-this-process"]
         assert seen["tasks-before"] == []
