@@ -29,6 +29,7 @@ from fedx.deploy.cores import ClientAppCores
 from fedx.deploy.credentials import write_supernode_keys, write_tls_certificates
 from fedx.deploy.local import FederationSpec, LocalFederation
 from fedx.deploy.superexec import WarmExecutor
+from fedx.deploy.superexec import _parser as superexec_options
 from tests.deployment import deploy_up_faked, run_app, spec_on_free_ports
 from tests.executor_probe import probe
 from tests.helpers import REPO
@@ -345,6 +346,9 @@ def test_warm_and_fast_poll_commands_use_only_flags_flower_has(tmp_path):
                 secret = str(spec.superexec_secret(index))
                 assert node[node.index("--superexec-auth-secret-file") + 1] == secret
                 assert superexec[superexec.index("--superexec-auth-secret-file") + 1] == secret
+    light = FederationSpec(2, tmp_path, insecure=True, executor="warm", warm_preload=())
+    options = superexec_options().parse_known_args(light.superexec_command(0, 4242)[1:])[0]
+    assert (options.preload_app, options.preload) == ("", [""])  # a numpy app's: nothing ahead
     fast = FederationSpec(2, tmp_path, insecure=True, poll_interval=0.5, superlink="fedx")
     assert Path(fast.supernode_command(0)[0]).name == "fedx-supernode"
     superlink = fast.superlink_command()  # fedx-superlink takes flower-superlink's flags
@@ -355,9 +359,9 @@ def test_warm_and_fast_poll_commands_use_only_flags_flower_has(tmp_path):
         "flower-superlink"
     )
     assert fast.environment()["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] == "0.5"
-    assert (
+    assert (  # without options too: on it a stopped run leaves nothing behind
         Path(FederationSpec(2, tmp_path, insecure=True).supernode_command(0)[0]).name
-        == "flower-supernode"
+        == "fedx-supernode"
     )
     with pytest.raises(ValueError, match="need Flower 1.41"):
         FederationSpec(
