@@ -300,6 +300,7 @@ def test_compose_builds_each_image_once_from_the_dockerfile_for_the_installed_fl
     assert re.findall(r"^FROM (\S+) AS (\S+)", dockerfile, re.M) == [
         ("${BASE_IMAGE}", "flower"),
         ("flower", "superlink"),
+        ("flower", "fedx"),
         ("flower", "supernode"),
         ("flower", "requirements"),
         ("flower", "superexec"),

@@ -130,26 +130,27 @@ def stopped(federation):
     return {"run": run_id, **found, "ended": ended, "left": left}
 
 
-def test_a_message_of_a_stopped_run_is_dropped_and_its_task_ends(federation, stopped):
+def ended_and_dropped(federation, stopped, role: str, what: str) -> None:
+    """Node ``stopped[role]``'s task ended within :data:`ENDS_WITHIN` of the stop, and its
+    SuperNode says it dropped the message and ended the task."""
     started, _ = federation
-    node = stopped["stalled"]
+    node = stopped[role]
     assert stopped["ended"][node] is not None, (
-        f"the task of the stopped run's message that never arrived still runs "
-        f"{ENDS_WITHIN:g} s after the stop: {stopped['left'][node]}"
+        f"{what} still runs {ENDS_WITHIN:g} s after the stop: {stopped['left'][node]}"
     )
     log = "\n".join(run_lines(supernode_log(started, node), stopped["run"]))
-    assert re.search(r"fedx: message \w+ of run \d+ dropped \(the run was stopped\)", log), log
+    dropped = r"fedx: message \w+ of run \d+ dropped \(the run was stopped\); its ClientApp task"
+    assert re.search(dropped, log), log
+
+
+def test_a_message_of_a_stopped_run_is_dropped_and_its_task_ends(federation, stopped):
+    ended_and_dropped(
+        federation, stopped, "stalled", "the task of the stopped run's message that never came"
+    )
 
 
 def test_a_clientapp_of_a_stopped_run_ends_within_30_s(federation, stopped):
-    started, _ = federation
-    node = stopped["trained"]
-    assert stopped["ended"][node] is not None, (
-        f"the stopped run's ClientApp still trains {ENDS_WITHIN:g} s after the stop: "
-        f"{stopped['left'][node]}"
-    )
-    log = "\n".join(run_lines(supernode_log(started, node), stopped["run"]))
-    assert "dropped (the run was stopped); its ClientApp task" in log, log
+    ended_and_dropped(federation, stopped, "trained", "the stopped run's training ClientApp")
 
 
 def test_after_a_lost_task_of_a_stopped_run_replies_go_to_their_own_messages(
