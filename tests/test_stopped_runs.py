@@ -11,14 +11,14 @@ ClientApp trains (a long ``train-delay``). Then:
   ends within 30 s, though its input never comes;
 - the ClientApp that trained for the stopped run ends within 30 s;
 - a task of the stopped run that is lost (its process killed, as when its
-  network is cut) does not shift the node's replies: the next run gets
-  every node's reply in every round.
+  network is cut) does not shift the node's replies: the next run's round
+  gets every node's reply.
 
 On Flower's SuperNode as shipped each of them fails: ``FEDX_STOPPED_RUNS=flower
 pytest tests/test_stopped_runs.py`` (the SuperNodes inherit the variable:
 fedx.flower.stopped_runs) shows the waiting task and the trained one still
-running after 30 s, and every round of the next run without a reply from the
-node whose stopped run's task was lost (its replies go out one message late).
+running after 30 s, and the next run's round without a reply from the node
+whose stopped run's task was lost (its replies go out one message late).
 """
 
 import json
@@ -166,9 +166,8 @@ def test_after_a_lost_task_of_a_stopped_run_replies_go_to_their_own_messages(
     output = run_app(
         started,
         WIRE_APP,
-        f"num-server-rounds=2 min-nodes={NODES} round-timeout=30.0 unresponsive-cooldown=0.0 "
-        f'result-file="{result}"',
+        f'num-server-rounds=1 min-nodes={NODES} round-timeout=30.0 result-file="{result}"',
     )
     assert result.exists(), output[-4000:]
     slots = json.loads(result.read_text())["strategies"]["fedmr"]["trained-slots"]
-    assert slots == {"1": NODES, "2": NODES}, output[-4000:]
+    assert slots == {"1": NODES}, output[-4000:]  # every node's reply, in its own round
