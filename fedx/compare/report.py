@@ -31,6 +31,7 @@ import matplotlib
 matplotlib.use("Agg")  # no display on servers and in CI
 import matplotlib.pyplot as plt  # noqa: E402  pylint: disable=wrong-import-position
 import numpy as np  # noqa: E402  pylint: disable=wrong-import-position
+from matplotlib.ticker import MaxNLocator  # noqa: E402  pylint: disable=wrong-import-position
 
 from fedx.compare.plan import DONE, RUN_RECORD, PlannedRun  # noqa: E402
 from fedx.outputs import METRICS_FILE  # noqa: E402
@@ -350,6 +351,7 @@ def _draw_curves(axes: Any, setting: str, results: list[RunResult], methods: lis
         style = method_style(method)
         axes.plot(rounds, mean, label=f"{method} ({seeds})", linewidth=1.8, **style)
         axes.fill_between(rounds, mean - std, mean + std, color=style["color"], alpha=0.12)
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole
     axes.set_xlabel("round")
     axes.set_ylabel("test accuracy")
     axes.set_title(setting)
