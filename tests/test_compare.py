@@ -17,7 +17,6 @@ import pytest
 from fedx.compare.cli import main, parse_override, parse_seeds
 from fedx.compare.plan import RUN_RECORD, Setting, app_defaults, plan_runs
 from fedx.compare.report import (
-    METHOD_STYLES,
     load_result,
     method_style,
     results_from_csv,
@@ -27,6 +26,7 @@ from fedx.compare.report import (
 from fedx.compare.runner import finished_record, stop_reason, write_run_config
 from fedx.config import ConfigError
 from fedx.outputs import METRICS_FILE
+from fedx.registry import builtin_methods
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -295,8 +295,10 @@ def test_the_report_draws_again_from_its_csvs_alone(tmp_path):
 
 
 def test_every_method_keeps_one_style_in_every_plot():
-    """Built-ins have fixed, distinct styles; FedAvg and FedProx differ in colour and line."""
-    styles = {m: method_style(m) for m in METHOD_STYLES}
+    """Built-ins declare fixed, distinct styles; FedAvg and FedProx differ in colour and line."""
+    builtin = [v.name for m in builtin_methods() for v in m.comparison_variants]
+    assert all(v.style for m in builtin_methods() for v in m.comparison_variants)
+    styles = {m: method_style(m) for m in builtin}
     colours = [s["color"] for s in styles.values()]
     assert len(set(colours)) == len(colours)
     assert styles["fedavg"]["linestyle"] != styles["fedprox"]["linestyle"]

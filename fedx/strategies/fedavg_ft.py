@@ -143,4 +143,5 @@ METHOD = Method(
         "eval-every",
     ),
     personalized=True,
+    style={"color": "#555555", "linestyle": "-."},
 )

@@ -166,4 +166,5 @@ METHOD = Method(
             argument="alpha_start",
         ),
     ),
+    style={"color": "#009E73", "linestyle": "-"},
 )

@@ -31,4 +31,5 @@ METHOD = Method(
     strategy=FedIndep,
     description="FedIndep (Hu et al., KDD'24): K independent models, shuffled whole (FedMR-p1.0)",
     keys=(POOL_MEAN_KEY,),
+    style={"color": "#CC79A7", "linestyle": "-"},
 )

@@ -724,4 +724,5 @@ METHOD = Method(
     components="fedx.server_models:server_model_functions",
     prepare="fedx.server_models:load_run_unlabeled",
     client_train="fedx.client.fedme:train",
+    style={"color": "#E69F00", "linestyle": "-"},
 )

@@ -161,8 +161,12 @@ METHOD = Method(
     ),
     variants=(
         # One-stage FedMR, whatever the setting's first stage.
-        Variant("fedmr", {"first-stage-rounds": 0}),
+        Variant("fedmr", {"first-stage-rounds": 0}, style={"color": "#0072B2", "linestyle": "-"}),
         # The setting's first stage: the papers' FedMR for ResNet-20 and VGG-16.
-        Variant("fedmr-two-stage", requires=_two_stage),
+        Variant(
+            "fedmr-two-stage",
+            requires=_two_stage,
+            style={"color": "#56B4E9", "linestyle": "-"},
+        ),
     ),
 )

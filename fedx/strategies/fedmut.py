@@ -113,4 +113,5 @@ METHOD = Method(
             argument="beta_rounds",
         ),
     ),
+    style={"color": "#D55E00", "linestyle": "-"},
 )
