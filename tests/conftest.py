@@ -10,6 +10,9 @@ from flwr.supercore.task_identity import TaskIdentity
 from fedx.ops import Model
 from tests.helpers import DEFAULTS, PLAIN_FEDMR, make_model
 
+# A test that starts a system without the `system` mark errors (tests/system_mark.py).
+from tests.system_mark import pytest_runtest_setup, pytest_runtest_teardown  # noqa: F401
+
 # The modules that take longest (each a minute or more of process start-ups
 # and federated runs), longest first. xdist hands out modules in collection
 # order (`--no-loadscope-reorder` in pyproject.toml): these start first, and

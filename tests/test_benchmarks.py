@@ -107,6 +107,7 @@ def test_round_bytes_quick(server_task_identity, capsys):
     assert "down/FedAvg" in out and "fedmr-secure" in out
 
 
+@pytest.mark.system
 def test_simulation_overhead_quick(app, capsys, monkeypatch):
     """One FedAvg run through `flwr run` against the plain loop; nothing left running after."""
     simulation_overhead = load_script("simulation_overhead")
@@ -155,6 +156,7 @@ def test_fast_setup_runs_the_readme_command_with_nothing_exported(tmp_path, monk
         fast_setup.readme_command(readme)
 
 
+@pytest.mark.system
 def test_deployment_quick(capsys):
     """The job on real processes (warm executor, short polls), its secure stage and the cold start."""
     deployment = load_script("deployment")
@@ -259,6 +261,7 @@ def test_gpu_monitor_summarises_the_samples_of_a_stretch():
     assert absent.reading().samples == 0
 
 
+@pytest.mark.system
 def test_gpu_configs_quick(capsys):
     """A paper config's methods on fake CIFAR files, in a simulation whose processes accept them."""
     gpu_configs = load_script("gpu_configs")

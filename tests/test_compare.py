@@ -341,6 +341,7 @@ def digits_comparison(app, tmp_path_factory):
     return folder / "out", stopped, leftovers, resumed, again
 
 
+@pytest.mark.system
 def test_compare_stops_cleanly_on_sigterm(digits_comparison):
     out, stopped, leftovers, _, _ = digits_comparison
     assert stopped.returncode == 130, stopped.stdout[-2000:] + stopped.stderr[-2000:]
@@ -349,6 +350,7 @@ def test_compare_stops_cleanly_on_sigterm(digits_comparison):
     assert not list(out.glob(".superlink-*"))
 
 
+@pytest.mark.system
 def test_compare_resumes_the_grid_and_writes_table_and_plot(digits_comparison):
     out, _, _, first, _ = digits_comparison
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
@@ -400,6 +402,7 @@ def test_compare_resumes_the_grid_and_writes_table_and_plot(digits_comparison):
     assert not list(out.glob(".superlink-*"))  # the SuperLink's state is cleaned up
 
 
+@pytest.mark.system
 def test_compare_again_skips_finished_runs(digits_comparison):
     out, _, _, _, second = digits_comparison
     assert second.returncode == 0, second.stderr[-3000:]

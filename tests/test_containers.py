@@ -50,6 +50,8 @@ from tests.containers import (
 from tests.deployment import wait_for
 from tests.helpers import in_ci, skip_unless_ci
 
+pytestmark = pytest.mark.system
+
 # Checked once, when the module is collected (podman info: a fraction of a second).
 _PROBLEM = container_problem()
 # Skipped here, in one line, before any fixture starts (a session fixture such as a

@@ -35,6 +35,8 @@ from tests.deployment import (
     wait_for,
 )
 
+pytestmark = pytest.mark.system
+
 
 @pytest.fixture(scope="module")
 def secure(tmp_path_factory):

@@ -23,6 +23,8 @@ from tests.deployment import (
     wait_for,
 )
 
+pytestmark = pytest.mark.system
+
 CLIENTAPP_STARTED = r"Start `flwr-clientapp` process"
 
 

@@ -31,6 +31,8 @@ from tests.ray_cluster import (
     start_local_superlink,
 )
 
+pytestmark = pytest.mark.system
+
 FEDERATION = "num-supernodes=4 client-resources-num-cpus=1"
 # Long enough for the killed worker node to start again and train (a minute on a busy machine).
 ROUNDS_WITH_LOSS = 24

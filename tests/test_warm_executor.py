@@ -418,6 +418,7 @@ def warm_federation(tmp_path_factory):
         yield federation, warm_pids
 
 
+@pytest.mark.system
 def test_fedmr_runs_on_warm_executors_over_tls_with_authentication(warm_federation, tmp_path):
     federation, warm_pids = warm_federation
     spec = federation.spec
