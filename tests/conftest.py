@@ -9,6 +9,9 @@ import pytest
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedx.ops import Model
+
+# The container modules' fixtures: the images, the projects' folder.
+from tests.containers import container_workdir, images  # noqa: F401
 from tests.helpers import DEFAULTS, PLAIN_FEDMR, make_model
 
 # A test that starts a system without the `system` mark errors (tests/system_mark.py).
@@ -22,6 +25,7 @@ SLOW_MODULES = (
     "test_containers.py",
     "test_compare.py",
     "test_benchmarks.py",
+    "test_container_checks.py",
     "test_deployment.py",
     "test_ray_cluster.py",
     "test_compat_flwr136.py",
