@@ -12,8 +12,8 @@ unregistered and plain-text SuperNodes are refused; the numpy test app
 (tests/wire_app) sends bad replies at the wire, and its ServerApp crashes
 after a round and resumes.
 
-A SuperNode killed mid-round (Flower's own SuperLink, SuperNodes and
-executor): tests/test_deployment_faults.py. The warm executor's own rules:
+A SuperNode killed mid-round (Flower's own SuperLink and executor):
+tests/test_deployment_faults.py. The warm executor's own rules:
 tests/test_warm_executor.py.
 """
 

@@ -1,11 +1,11 @@
 """A SuperNode killed mid-round, on real Flower 1.41 processes on 127.0.0.1.
 
-The federation is Flower's own processes (flower-superlink, flower-supernode
-and Flower's executor, a fresh flwr-clientapp per message) over TLS, with
-SuperNodes that register themselves: the killed one comes back with a new
-node id at once. (A registered SuperNode keeps its id but is let back in
-only once the SuperLink has given up on the dead connection, up to a minute
-later.) Everything started is stopped at the end.
+The federation is Flower's SuperLink (flower-superlink) and Flower's
+executor (a fresh flwr-clientapp per message) under fedx-deploy's
+SuperNodes, over TLS, with SuperNodes that register themselves: the killed
+one comes back with a new node id at once. (A registered SuperNode keeps
+its id but is let back in only once the SuperLink has given up on the dead
+connection, up to a minute later.) Everything started is stopped at the end.
 """
 
 import json
@@ -32,7 +32,7 @@ CLIENTAPP_STARTED = r"Start `flwr-clientapp` process"
 
 @pytest.fixture
 def federation(tmp_path):
-    """TLS, SuperNodes that register themselves (Flower's default), Flower's executor."""
+    """TLS, SuperNodes that register themselves (Flower's default), flower-superlink, Flower's executor."""
     tls = write_tls_certificates(tmp_path / "certificates", ["localhost", "127.0.0.1"])
     with running(spec_on_free_ports(3, tmp_path / "state", tls=tls)) as federation:
         yield federation
