@@ -25,6 +25,8 @@ from fedx.deploy.local import FederationSpec, LocalFederation, free_port
 from fedx.strategies import OLDEST_FLWR
 from tests.deployment import REPO, WIRE_APP, run_app
 
+pytestmark = pytest.mark.system
+
 PIN = "flwr==" + ".".join(OLDEST_FLWR.split(".")[:2]) + ".*"
 VENV = (
     Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")

@@ -104,6 +104,7 @@ def browser():
         )
 
 
+@pytest.mark.system
 def test_every_page_opens_in_chromium_without_a_problem(site, browser):
     screenshot = site.parent / "front-page.png"
     done = _check(site, screenshot)
@@ -113,6 +114,7 @@ def test_every_page_opens_in_chromium_without_a_problem(site, browser):
     assert screenshot.stat().st_size > 20_000  # a rendered page, not a blank one
 
 
+@pytest.mark.system
 def test_the_check_fails_on_a_broken_link_a_broken_anchor_a_missing_image_and_a_console_error(
     site, browser, tmp_path
 ):
