@@ -7,13 +7,16 @@ Flower project uses (read from the code, lazy imports included) are exactly
 those dependencies; the console scripts of the extra answer a light install
 with the extra to install; and, as a package-index test, a user's Flower
 project that lists fedx among its dependencies installs it next to its own
-``flwr[simulation]`` with no torch and runs FedMR (``examples/numpy-plugin``).
+``flwr[simulation]`` with no torch and runs FedMR (``examples/numpy-plugin``);
+and Flower's own installation of a run's dependencies (``uv sync``) still
+installs the app extra for fedx's app.
 """
 
 import ast
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -234,3 +237,24 @@ def test_a_flower_project_that_lists_fedx_gets_no_torch_and_runs_fedmr(tmp_path,
     evaluation = re.search(r"Final federated evaluation: (\{.*\})", output)
     assert evaluation, output[-4000:]
     assert "2:" in evaluation.group(1), output[-4000:]
+
+
+@pytest.mark.system
+def test_flowers_runtime_install_of_the_app_brings_the_app_extra(tmp_path):
+    """A SuperLink that installs a run's dependencies runs ``uv sync --no-install-project``
+    in the app's folder (flwr/supercore/superexec/dependency_installer.py): that reads no
+    extras, so pyproject.toml's default uv group must bring the app extra (a dry run here)."""
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, tmp_path / name)
+    shutil.copytree(REPO / "fedx", tmp_path / "fedx", ignore=shutil.ignore_patterns("__pycache__"))
+    done = subprocess.run(
+        [sys.executable, "-m", "uv", "sync", "--python", sys.executable, "--no-install-project",
+         "--no-install-package", "flwr", "--inexact", "--dry-run"],
+        capture_output=True, text=True, timeout=900, check=False, cwd=tmp_path,
+        env={**os.environ, "UV_PROJECT_ENVIRONMENT": str(tmp_path / "runtime-env")},
+    )  # fmt: skip
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-3000:]
+    planned = set(re.findall(r"^ \+ ([\w.-]+)==", output, re.M))
+    assert {"torch", "torchvision", "matplotlib", "scikit-learn", "ray"} <= planned, output[-3000:]
+    assert "fedx" not in planned and "flwr" not in planned
