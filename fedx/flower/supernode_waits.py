@@ -13,9 +13,11 @@ What it changes
     lasts the interval (at most 0.5 s). To know when the node last had a
     message, the loop's module global ``_push_messages``, which the loop
     calls once for every message it received and returns once the reply is
-    sent, is wrapped: Flower's function runs as before, and its return
-    restarts the idle clock. Every other sleep is the ``time`` module's.
-    Flower's installed files are not touched.
+    sent, is wrapped: Flower's function (in ``fedx-supernode``, the one of
+    :mod:`fedx.flower.stopped_runs`, which also returns when it drops the
+    message) runs as before, and its return restarts the idle clock. Every
+    other sleep is the ``time`` module's. Flower's installed files are not
+    touched.
 
 Why
     Neither wait is a flag or an environment variable. Between two
