@@ -331,8 +331,12 @@ def test_idle_federation_measures_each_kind_of_process_of_the_readme_setup_witho
     command = idle.idle_command()
     assert command[:2] == ["fedx-deploy", "up"] and "--run" not in command
     assert command == [w for w in idle.fast_setup.FAST_SETUP if w not in ("--run", ".")]
-    # A stand-in SuperNode that works for a moment, below a stand-in fedx-deploy that sleeps.
-    busy = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass\n"
+    # A stand-in SuperNode that works for a moment within the window (and still runs at its
+    # end, as a SuperNode does), below a stand-in fedx-deploy that sleeps.
+    busy = (
+        "import time\ntime.sleep(0.8)\nend = time.process_time() + 0.3\n"
+        "while time.process_time() < end: pass\ntime.sleep(30)\n"
+    )
     program = (  # the child's name, not its parent's command line, says "fedx-supernode"
         "import subprocess, sys, time\n"
         "subprocess.Popen([sys.executable, '-c', sys.argv[1], 'fedx-' + 'supernode'])\n"
@@ -343,7 +347,8 @@ def test_idle_federation_measures_each_kind_of_process_of_the_readme_setup_witho
         time.sleep(0.5)  # the child has started
         window = idle.measure(psutil.Process(root.pid), 0.0, 1.5, time.monotonic())
     finally:
-        root.kill()
+        for process in idle.tree(psutil.Process(root.pid))[::-1]:  # the child, then the root
+            process.kill()
         root.wait()
     assert window.counts == {"fedx-deploy": 1, "SuperNodes": 1}
     assert 0.05 < window.share["SuperNodes"] <= 1.0  # its 0.3 CPU s, within the 1.5 s
