@@ -16,6 +16,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.simulation import run_simulation
 
+from fedx.arrays import is_packed
 from fedx.strategies import FedCross, FedMR, FedMut, to_model
 
 PLUGIN_DIR = Path(__file__).resolve().parents[1] / "examples" / "numpy-plugin"
@@ -30,12 +31,15 @@ class Recording:
         super().__init__(**kwargs)
         self.sent: dict[int, dict[int, dict]] = {}
         self.uploaded: dict[int, list[dict]] = {}
+        #: Whether any message or reply held a model in fedx's packed form.
+        self.packed = False
 
     def configure_train(self, server_round, arrays, config, grid):
         messages = list(super().configure_train(server_round, arrays, config, grid))
         self.sent[server_round] = {
             m.metadata.dst_node_id: to_model(m.content["arrays"]) for m in messages
         }
+        self.packed |= any(is_packed(m.content["arrays"]) for m in messages)
         return messages
 
     def aggregate_train(self, server_round, replies):
@@ -43,6 +47,7 @@ class Recording:
         self.uploaded[server_round] = [
             to_model(r.content["arrays"]) for r in replies if not r.has_error()
         ]
+        self.packed |= any(is_packed(r.content["arrays"]) for r in replies if not r.has_error())
         return super().aggregate_train(server_round, replies)
 
 
@@ -109,6 +114,8 @@ def test_every_round_completes_with_the_users_clientapp(plugin_run):
     assert result is not None, "the ServerApp did not finish"
     assert sorted(result.train_metrics_clientapp) == list(range(1, NUM_ROUNDS + 1))
     assert all(len(strategy.uploaded[r]) == NUM_NODES for r in strategy.uploaded)
+    # The user's ClientApp never said it reads fedx's packed form: standard ArrayRecords only.
+    assert not strategy.packed
     # Federated evaluation by the user's own evaluate function, on the global model.
     accuracy = result.evaluate_metrics_clientapp[NUM_ROUNDS]["accuracy"]
     assert accuracy > 0.8

@@ -14,6 +14,7 @@ authentication and SuperExec authentication.
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import ssl
@@ -436,6 +437,9 @@ def test_fedmr_runs_on_warm_executors_over_tls_with_authentication(warm_federati
     rounds = {row["round"]: row for row in json.loads(metrics_file.read_text())["rounds"]}
     assert sorted(rounds) == [0, 1, 2]
     assert all(rounds[r]["trained-slots"] == 3 for r in (1, 2))
+    # Every model crossed packed, one array per model (fedx.strategies.packing).
+    assert "3 nodes connected (3 identified, 3 read packed models)" in output
+    assert re.search(r"models went packed in [1-9]\d* messages, standard in 0\b", output)
     for index, warm_pid in enumerate(warm_pids):
         log = (spec.log_dir / f"supernode-{index}.log").read_text(errors="replace")
         received = log.count("Receiving: ")
