@@ -7,9 +7,11 @@ SuperNodes move them (deflated into objects, inflated from them), so what
 the form does not survive there it does not survive here either.
 """
 
+import functools
 import json
 import logging
 import math
+import random
 
 import numpy as np
 import pytest
@@ -482,3 +484,66 @@ def test_fedx_strategies_read_packed_replies_and_flowers_own_do_not():
 def test_a_reply_read_as_a_model_gives_the_same_model_in_either_form(initial):
     record = to_arrayrecord(initial)
     assert_same_model(to_model(packed_record(record)), to_model(record))
+
+
+# ----------------------------------------------------------------------
+# FedMe's two-model messages and secure recombination, packed
+# ----------------------------------------------------------------------
+
+
+def test_fedmes_two_model_messages_go_packed_and_train_as_they_do_standard():
+    from tests.test_strategy_fedme import NumpyClients, make_fedme, train_round
+
+    clients = NumpyClients()
+
+    def packed_node(message: Message) -> Message | None:
+        message, _ = through_flowers_objects(message)
+        node = message.metadata.dst_node_id
+        return packed_models(message, node_context(node), lambda m, c: clients(m))
+
+    wire = StandInGrid(NODE_IDS, packed_node)
+    grid, plain_grid = PackingGrid(wire), StandInGrid(NODE_IDS, clients)
+    strategy, plain = make_fedme(), make_fedme()
+    for server_round in (1, 2):
+        train_round(strategy, grid, server_round)
+        train_round(plain, plain_grid, server_round)
+    # FedMe asked the nodes it met itself; its trained messages then went packed both ways.
+    assert grid.packed_nodes == set(NODE_IDS) and grid.sent_packed == 2 * len(NODE_IDS)
+    for message in wire.sent[-1]:
+        assert set(message.content.array_records) == {"personalized", "exchanged"}
+        assert all(is_packed(record) for record in message.content.array_records.values())
+    assert strategy.clients.keys() == plain.clients.keys()
+    for client_id, client in strategy.clients.items():
+        assert client.architecture == plain.clients[client_id].architecture
+        assert_same_model(client.model, plain.clients[client_id].model)
+
+
+def test_secure_recombination_runs_on_packed_models_and_conserves_every_layer(initial):
+    from fedx.secure.loopback import LoopbackGrid
+    from tests.test_secure_protocol import (
+        NumpyClients,
+        assert_same_layers,
+        secure_fedmr,
+        secure_round,
+        uploads_of,
+    )
+
+    clients = NumpyClients()
+    loopback = LoopbackGrid(NODE_IDS, clients.train, rng=random.Random(0))
+    loopback.handlers["query"] = lambda m, c: Message(RecordDict(), reply_to=m)
+    loopback.handlers = {
+        kind: functools.partial(packed_models, call_next=handler)
+        for kind, handler in loopback.handlers.items()
+    }
+    grid = PackingGrid(loopback)
+    query_client_ids(grid, NODE_IDS, timeout=1.0)
+    _, metrics = secure_round(secure_fedmr(), grid, initial)
+    assert grid.packed_nodes == set(NODE_IDS)
+    (train,) = [batch for batch in loopback.requests if batch[0].metadata.message_type == "train"]
+    assert all(is_packed(message.content["arrays"]) for message in train)
+    # The exchanges hold only ciphertext; the uploads answer a message without models, and
+    # so come standard. Every layer is uploaded once, as without packing.
+    uploads = uploads_of(loopback)
+    assert sorted(uploads) == sorted(NODE_IDS) and metrics["trained-slots"] == len(NODE_IDS)
+    assert metrics["secure-aborted"] == 0
+    assert_same_layers(list(uploads.values()), list(clients.trained.values()))

@@ -2,7 +2,10 @@
 
 That app has its own numpy ClientApp, replies by Flower's convention
 ("arrays" + "metrics" with "num-examples") and imports nothing of fedx but
-``fedx.strategies``. It runs here in Flower's Ray simulation.
+``fedx.strategies``. It runs here in Flower's Ray simulation, under a
+ServerApp that asks the nodes whether they read fedx's packed model form
+as fedx's ServerApp does: this ClientApp does not say so (it has no query
+handler), so it gets standard ``ArrayRecord`` s.
 """
 
 import os
@@ -18,10 +21,14 @@ from flwr.simulation import run_simulation
 
 from fedx.arrays import is_packed
 from fedx.strategies import FedCross, FedMR, FedMut, to_model
+from fedx.strategies.client_identity import query_client_ids
+from fedx.strategies.packing import PackingGrid
 
 PLUGIN_DIR = Path(__file__).resolve().parents[1] / "examples" / "numpy-plugin"
 NUM_NODES = 4
 NUM_ROUNDS = 3
+#: The ServerApp's PackingGrid, once it has run.
+PACKING: list[PackingGrid] = []
 
 
 class Recording:
@@ -73,6 +80,10 @@ def plugin_runs():
 
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
+        # As fedx's ServerApp: packed models for the nodes that say they read them.
+        grid = PackingGrid(grid)
+        query_client_ids(grid, list(grid.get_node_ids()), 60)
+        PACKING.append(grid)
         for name, strategy_class in STRATEGIES.items():
             strategy = strategy_class(fraction_train=1.0, fraction_evaluate=1.0, seed=0)
             initial = ArrayRecord({n: Array(a) for n, a in initial_model().items()})
@@ -116,6 +127,8 @@ def test_every_round_completes_with_the_users_clientapp(plugin_run):
     assert all(len(strategy.uploaded[r]) == NUM_NODES for r in strategy.uploaded)
     # The user's ClientApp never said it reads fedx's packed form: standard ArrayRecords only.
     assert not strategy.packed
+    (packing,) = PACKING
+    assert not packing.packed_nodes and packing.sent_packed == 0 and packing.sent_standard > 0
     # Federated evaluation by the user's own evaluate function, on the global model.
     accuracy = result.evaluate_metrics_clientapp[NUM_ROUNDS]["accuracy"]
     assert accuracy > 0.8
