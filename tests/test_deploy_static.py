@@ -227,7 +227,7 @@ def load_compose(*names: str) -> dict:
 
 ENTRYPOINTS = {
     "superlink": "flower-superlink",
-    "supernode": "flower-supernode",
+    "supernode": "fedx-supernode",  # Flower's, on which a stopped run leaves nothing behind
     "superexec": "flower-superexec",
 }
 TOOLS = ["flwr", "fedx-deploy"]
@@ -300,6 +300,7 @@ def test_compose_builds_each_image_once_from_the_dockerfile_for_the_installed_fl
     assert re.findall(r"^FROM (\S+) AS (\S+)", dockerfile, re.M) == [
         ("${BASE_IMAGE}", "flower"),
         ("flower", "superlink"),
+        ("flower", "fedx"),
         ("flower", "supernode"),
         ("flower", "requirements"),
         ("flower", "superexec"),
@@ -311,7 +312,7 @@ def test_compose_builds_each_image_once_from_the_dockerfile_for_the_installed_fl
     # Every pip install reads the wheels a cache mount keeps; nothing is installed around it.
     runs = re.findall(r"^RUN (.*?)(?<!\\)$", dockerfile, re.M | re.S)
     installs = [run for run in runs if "pip install" in run]
-    assert len(installs) == 3
+    assert len(installs) == 4  # Flower; fedx's dependencies; fedx in the superexec and supernode
     assert all(
         r.startswith("--mount=type=cache,target=/var/cache/fedx-wheels") and "--no-index" in r
         for r in installs
@@ -322,8 +323,8 @@ def test_the_superexec_image_gets_every_fedx_dependency_but_flwr():
     """docker/Dockerfile's requirements stage, run on pyproject.toml."""
     dockerfile = (REPO / "docker" / "Dockerfile").read_text()
     script = re.search(r'RUN python3 -c "(.*?)" > /tmp/requirements.txt', dockerfile).group(1)
-    pyproject = (REPO / "pyproject.toml").read_text()
-    dependencies = tomllib.loads(pyproject)["project"]["dependencies"]
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    dependencies = project["dependencies"] + project["optional-dependencies"]["app"]
     done = subprocess.run(
         [sys.executable, "-c", script.replace("/tmp/pyproject.toml", str(REPO / "pyproject.toml"))],
         capture_output=True,
@@ -332,8 +333,8 @@ def test_the_superexec_image_gets_every_fedx_dependency_but_flwr():
         check=True,
     )
     listed = done.stdout.split()
-    assert listed == [d for d in dependencies if not d.startswith("flwr[")]
-    assert len(listed) == len(dependencies) - 1 and any(d.startswith("torch") for d in listed)
+    assert listed == [d for d in dependencies if not d.startswith(("flwr[", "flwr>"))]
+    assert len(listed) == len(dependencies) - 2 and any(d.startswith("torch") for d in listed)
 
 
 def test_the_build_context_holds_only_what_the_images_copy():
