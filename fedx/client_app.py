@@ -16,9 +16,10 @@ test data, and evaluation fine-tunes and tests the model on them
 (:mod:`fedx.protocol.personalized`). A ``query`` message asks the node which
 client it is; its answer also says that the node reads fedx's packed model
 form, and models that come packed reach the handlers as standard
-``ArrayRecord`` s and go back packed (:mod:`fedx.client.packing`). The one exception to statelessness is secure recombination:
-within a round, the trained model waits in the node's ``context.state``
-while the clients swap layers (:mod:`fedx.secure.client`). A process that
+``ArrayRecord`` s and go back packed (:mod:`fedx.client.packing`). The one
+exception to statelessness is secure recombination: within a round, the
+trained model waits in the node's ``context.state`` while the clients swap
+layers (:mod:`fedx.secure.client`). A process that
 answers many messages (a simulation worker) reuses its model skeletons and
 its loaded data, which carry nothing from one message to the next
 (:mod:`fedx.client.skeletons`).
