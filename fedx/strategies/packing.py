@@ -19,8 +19,9 @@ from a strategy that reads it back:
   :func:`~fedx.strategies.capabilities.reads_packed_models`); fedx's
   ServerApp wraps the Grid only for those.
 
-fedx's ServerApp asks every node at the start of a run, FedMe asks the
-nodes it meets later; a user's ServerApp wraps its Grid and asks
+fedx's ServerApp asks every node at the start of a run, and a strategy
+that asks the nodes it meets later (through the same grid) is heard too; a
+user's ServerApp wraps its Grid and asks
 (:func:`~fedx.strategies.client_identity.query_client_ids`) likewise.
 """
 
