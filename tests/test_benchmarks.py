@@ -8,8 +8,12 @@ ratios taken against the baseline of the same run), not how fast anything is.
 import importlib.util
 import json
 import math
+import os
+import stat
+import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 from types import ModuleType
 
@@ -27,7 +31,9 @@ def load_script(name: str) -> ModuleType:
     """
     if str(BENCHMARKS) not in sys.path:
         sys.path.append(str(BENCHMARKS))
-    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", BENCHMARKS / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(
+        f"benchmark_{name.replace('/', '_')}", BENCHMARKS / f"{name}.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up here
@@ -300,3 +306,75 @@ def test_gpu_checks_compare_metrics_without_the_wall_clock(tmp_path):
     assert first == second and gpu_checks.differences(first, second) == []
     other = written("c", 1.0, 0.25000000000000006)  # the last bit
     assert gpu_checks.differences(first, other) == ["round 2 train-loss", "final"]
+
+
+# ----------------------------------------------------------------------
+# benchmarks/gpu/prepare.sh's Ray: packed with every file's mode
+# ----------------------------------------------------------------------
+
+PACK_RAY = BENCHMARKS / "gpu" / "pack_ray.py"
+
+
+def _pack_and_unpack(wheel: Path, folder: Path) -> Path:
+    """``wheel`` packed as prepare.sh packs Ray, then unpacked as run.sh's install step does."""
+    archive = folder / "ray-stripped.tar.xz"
+    subprocess.run([sys.executable, str(PACK_RAY), str(wheel), str(archive)], check=True)
+    site = folder / "site"
+    site.mkdir()
+    subprocess.run(["tar", "-C", str(site), "-xJf", str(archive)], check=True)
+    return site
+
+
+def test_the_packed_ray_keeps_every_file_mode(tmp_path):
+    """A wheel's recorded modes survive prepare.sh's packing: Ray's own processes stay executable."""
+    pack_ray = load_script("gpu/pack_ray")
+    files = {
+        **{binary: 0o755 for binary in pack_ray.BINARIES},
+        "ray/__init__.py": 0o644,
+        "ray/_private/services.py": 0o600,
+        "ray/rllib/__init__.py": 0o644,  # stripped
+        "ray-2.55.1.dist-info/RECORD": 0o644,
+    }
+    wheel = tmp_path / "ray-2.55.1-cp312-cp312-manylinux2014_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for name, mode in files.items():
+            entry = zipfile.ZipInfo(name)
+            entry.external_attr = (stat.S_IFREG | mode) << 16  # as wheels record them
+            archive.writestr(entry, f"contents of {name}\n")
+    site = _pack_and_unpack(wheel, tmp_path)
+    for name, mode in files.items():
+        path = site / name
+        if name.startswith("ray/rllib"):
+            assert not path.exists(), name
+            continue
+        assert stat.S_IMODE(path.stat().st_mode) == mode, name
+        assert path.read_text() == f"contents of {name}\n"
+    for binary in pack_ray.BINARIES:
+        assert os.access(site / binary, os.X_OK), binary
+    # What prepare.sh did before: extract without the modes, and no binary is executable.
+    plain = tmp_path / "plain"
+    subprocess.run([sys.executable, "-m", "zipfile", "-e", str(wheel), str(plain)], check=True)
+    assert not any(os.access(plain / binary, os.X_OK) for binary in pack_ray.BINARIES)
+
+
+@pytest.mark.system  # downloads Ray's wheel from the package index
+def test_the_prepared_ray_starts_its_binaries(tmp_path):
+    """The real Ray wheel of wheels.txt, packed and unpacked: gcs_server and raylet executable."""
+    from tests.helpers import skip_unless_package_index  # pylint: disable=import-outside-toplevel
+
+    skip_unless_package_index("ray")
+    pack_ray = load_script("gpu/pack_ray")
+    pins = (BENCHMARKS / "gpu" / "wheels.txt").read_text().split()
+    (pin,) = [line for line in pins if line.startswith("ray==")]
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+         "--disable-pip-version-check", "-d", str(tmp_path / "wheels"), pin],
+        check=True, timeout=900,
+    )  # fmt: skip
+    (wheel,) = (tmp_path / "wheels").glob("ray-*.whl")
+    site = _pack_and_unpack(wheel, tmp_path)
+    for binary in pack_ray.BINARIES:
+        assert os.access(site / binary, os.X_OK), binary
+        done = subprocess.run([str(site / binary), "--help"], capture_output=True, timeout=60)
+        assert done.returncode == 0 and b"--" in done.stdout + done.stderr, binary
+    assert not (site / "ray" / "rllib").exists()

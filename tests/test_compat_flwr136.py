@@ -24,6 +24,7 @@ import pytest
 from fedx.deploy.local import FederationSpec, LocalFederation, free_port
 from fedx.strategies import OLDEST_FLWR
 from tests.deployment import REPO, WIRE_APP, run_app
+from tests.helpers import skip_unless_package_index
 
 PIN = "flwr==" + ".".join(OLDEST_FLWR.split(".")[:2]) + ".*"
 VENV = (
@@ -72,6 +73,7 @@ def compat_environment() -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one builder at a time
         if _usable(VENV):
             return VENV
+        skip_unless_package_index()  # building it installs Flower 1.36 from the index
         shutil.rmtree(VENV, ignore_errors=True)
         python = VENV / "bin" / "python"
         _run([sys.executable, "-m", "venv", VENV], timeout=300)

@@ -44,21 +44,25 @@ run_step() {  # name cap command...: run it under its budget, log to $OUT/name.l
 export PYTHONUNBUFFERED=1 FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
 export FEDX_CACHE_DIR=${FEDX_CACHE_DIR:-/tmp/fedx-cache} FLWR_HOME=${FLWR_HOME:-/tmp/flwr-home}
 py=${PYTHON:-python3}
+site=${SITE:-/tmp/site}
 if [ "${INSTALL:-1}" = 1 ] && [[ " $STEPS " == *" install "* ]]; then
   stamp "install"
-  mkdir -p /tmp/site
+  mkdir -p "$site"
   "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .gpu/*.whl || exit 1
-  tar -C /tmp/site -xJf .gpu/ray-2.55.1-stripped.tar.xz || exit 1
-  export PYTHONPATH=$(pwd):/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-  # fedx starts Flower's and its own commands from its interpreter's folder.
-  bin=$(dirname "$("$py" -c 'import sys; print(sys.executable)')")
-  for f in /tmp/site/bin/*; do ln -sf "$f" "$bin/"; done
-  for entry in fedx-deploy:fedx.deploy.cli fedx-compare:fedx.compare.cli \
-      fedx-superexec:fedx.deploy.superexec fedx-supernode:fedx.deploy.supernode; do
-    printf '#!%s\nimport sys\nfrom %s import main\nsys.exit(main())\n' \
-      "$("$py" -c 'import sys; print(sys.executable)')" "${entry#*:}" > "$bin/${entry%%:*}"
-    chmod +x "$bin/${entry%%:*}"
+    --target "$site" "${WHEELS:-.gpu}"/*.whl || exit 1
+  tar -C "$site" -xJf "${WHEELS:-.gpu}"/ray-*-stripped.tar.xz || exit 1
+  export PYTHONPATH=$(pwd):$site${PYTHONPATH:+:$PYTHONPATH}
+  # fedx starts Flower's and its own commands from its interpreter's folder: Flower's from the
+  # wheels, fedx's as pyproject.toml's [project.scripts] name them (fedx is not installed here).
+  python_path=$("$py" -c 'import sys; print(sys.executable)')
+  bin=$(dirname "$python_path")
+  for f in "$site"/bin/*; do ln -sf "$f" "$bin/"; done
+  "$py" -c 'import sys, tomllib
+for name, target in tomllib.load(open("pyproject.toml", "rb"))["project"]["scripts"].items():
+    print(name, target)' | while read -r name target; do
+    printf '#!%s\nimport sys\nfrom %s import %s\nsys.exit(%s())\n' \
+      "$python_path" "${target%%:*}" "${target#*:}" "${target#*:}" > "$bin/$name"
+    chmod +x "$bin/$name"
   done
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
