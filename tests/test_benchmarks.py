@@ -190,7 +190,7 @@ def test_gpu_round_quick(capsys):
     """The plain loops of the round on tiny CIFAR-shaped data: every variant times its rounds."""
     gpu_round = load_script("gpu_round")
     rows = gpu_round.main(["--quick"])
-    assert [row.variant for row in rows] == ["loader", "device", "device-det", "vmap"]
+    assert [row.variant for row in rows] == ["loader", "device", "device-det", "group"]
     for row in rows:
         assert row.error is None, row.error
         assert len(row.round_seconds) == 2 and min(row.round_seconds) > 0
@@ -199,48 +199,6 @@ def test_gpu_round_quick(capsys):
     out = capsys.readouterr().out
     assert "x target" in out and "target 0.6 s a round" in out
     assert f"{rows[0].per_round / gpu_round.TARGET_SECONDS:.2f}" in out
-
-
-@pytest.mark.parametrize(("architecture", "epochs", "batches"), [("cnn", 2, 4), ("resnet20", 1, 2)])
-def test_the_vmap_lever_trains_each_client_as_train_does(architecture, epochs, batches):
-    """Clients trained together: each one's weights and BatchNorm statistics are train()'s."""
-    # pylint: disable=import-outside-toplevel  (torch only for the tests that need it)
-    import numpy as np
-    import torch
-
-    from fedx.data import DeviceBatches, DeviceImages, ImageTransform
-    from fedx.models import build_model
-    from fedx.training import train
-
-    gpu_round = load_script("gpu_round")
-
-    cpu = torch.device("cpu")
-    rng = np.random.default_rng(0)
-    pixels = rng.integers(0, 256, size=(64, 32, 32, 3), dtype=np.uint8)
-    images = DeviceImages(
-        pixels, rng.integers(0, 10, 64), ImageTransform((0.5,) * 3, (0.25,) * 3), cpu
-    )
-    torch.manual_seed(0)
-    model = build_model(architecture, (3, 32, 32), 10)
-    start = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
-    shares = [torch.arange(0, 8 * batches), torch.arange(32, 32 + 8 * batches)]  # other samples
-    settings = {"epochs": epochs, "learning_rate": 0.05, "momentum": 0.9, "device": cpu}
-
-    def batches_of(share):
-        return DeviceBatches(images, share, 8, shuffle=False, augment=False)
-
-    together = gpu_round.train_together(
-        model, [start, start], [batches_of(s) for s in shares], **settings
-    )
-    for share, mine in zip(shares, together, strict=True):
-        alone = build_model(architecture, (3, 32, 32), 10)
-        alone.load_state_dict({k: torch.from_numpy(v) for k, v in start.items()})
-        train(alone, batches_of(share), **settings)
-        for name, tensor in alone.state_dict().items():
-            # Batched convolutions add in another order: 1.2e-7 at most here,
-            # against weights that moved by 0.07 and more.
-            np.testing.assert_allclose(mine[name], tensor.numpy(), rtol=0, atol=1e-6, err_msg=name)
-    assert any(not np.array_equal(together[0][k], together[1][k]) for k in start)
 
 
 def test_gpu_monitor_summarises_the_samples_of_a_stretch():

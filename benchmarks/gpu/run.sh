@@ -10,13 +10,15 @@
 #              metrics.json and model.pt; model.pt loads where no GPU is; what the setting costs
 #   suite    : the tests that train on the GPU (SUITE=all: the whole suite) with pytest-xdist
 #              (SUITE_WORKERS workers, default 8; SUITE_CAP seconds, default 240)
-#   round    : benchmarks/gpu_round.py, issue 25's round (ROUND_ARGS adds options)
+#   round    : benchmarks/gpu_round.py, issue 25's round (ROUND_ARGS adds options: e.g.
+#              "--variants sim sim-groups group device": 10 actors against client groups)
 #   peak     : benchmarks/gpu_configs.py on VGG-16 alone (PEAK_ARGS), for the card's peak memory
 #              with nothing else on it: run it outside a "+" group
 #   timeline : benchmarks/message_timeline.py: real processes, warm executor, CUDA per task
 #   configs  : benchmarks/gpu_configs.py with what time is left (CONFIG_ARGS: which files, e.g.
 #              "--shard 2/4"; default: the six dataset x model families' IID files, FedMR only)
-#   mps      : gpu_round.py's simulation again with NVIDIA's MPS daemon running
+#   mps      : gpu_round.py's simulations (actors, and client groups) with NVIDIA's MPS daemon
+#              running (MPS_ARGS; default "--variants sim sim-groups")
 # Elsewhere (a CPU machine, for a dry run; SCALE multiplies every step's cap):
 #   INSTALL=0 QUICK=1 SCALE=10 DEADLINE=3000 STEPS="checks round" OUT=/tmp/out bash benchmarks/gpu/run.sh
 set -u
@@ -109,8 +111,8 @@ one_step() {
     mkdir -p /tmp/mps-pipe /tmp/mps-log
     if nvidia-cuda-mps-control -d; then
       stamp "MPS started"
-      run_step mps 200 "$py" benchmarks/gpu_round.py $quick --data-root "$data" --variants sim \
-        ${ROUND_ARGS:-}
+      run_step mps 240 "$py" benchmarks/gpu_round.py $quick --data-root "$data" \
+        ${MPS_ARGS:---variants sim sim-groups}
       echo quit | nvidia-cuda-mps-control
     else
       stamp "MPS not available (nvidia-cuda-mps-control)"
