@@ -116,8 +116,8 @@ class RunConfig:
         Integer(1),
         "simulation only: a ClientApp actor trains up to this many of a round's clients as one "
         "batched step (torch.func over their stacked weights; each client's result is its own "
-        "training's); 1 = one client at a time. Clients whose model cannot be batched (an LSTM, "
-        "FedMe's) train one by one",
+        "training's); 1 = one client at a time. Clients whose model cannot be batched (an LSTM) "
+        "or whose method trains its own way train one by one",
     )
     fraction_train: float = _app(
         1.0,

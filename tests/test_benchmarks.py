@@ -333,6 +333,8 @@ def test_the_prepared_ray_starts_its_binaries(tmp_path):
     site = _pack_and_unpack(wheel, tmp_path)
     for binary in pack_ray.BINARIES:
         assert os.access(site / binary, os.X_OK), binary
+        # It runs: gflags' --help lists its flags (and exits 1); a file it could not execute
+        # would raise PermissionError here.
         done = subprocess.run([str(site / binary), "--help"], capture_output=True, timeout=60)
-        assert done.returncode == 0 and b"--" in done.stdout + done.stderr, binary
+        assert b"type: string" in done.stdout + done.stderr, (binary, done)
     assert not (site / "ray" / "rllib").exists()

@@ -9,7 +9,7 @@ accepts) train as one batched step (:func:`fedx.group_training.train_group`),
 each reply what :func:`fedx.client.handlers.train_model` would have sent for
 it alone, within float rounding. The others train one by one through the
 ClientApp, with one log line that says why: a method that trains its own way
-(FedMe's mutual learning of two models, its clients' mixed architectures), a
+(mutual learning of two models, clients of mixed architectures), a
 secure-recombination round (the model stays on the node), a model ``vmap``
 cannot batch (the LSTM).
 """
