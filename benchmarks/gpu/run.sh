@@ -66,6 +66,10 @@ for name, target in tomllib.load(open("pyproject.toml", "rb"))["project"]["scrip
       "$python_path" "${target%%:*}" "${target#*:}" "${target#*:}" > "$bin/$name"
     chmod +x "$bin/$name"
   done
+  # Ray is unpacked, not pip-installed: its `ray` command (the Ray cluster tests start nodes).
+  printf '#!%s\nimport sys\nfrom ray.scripts.scripts import main\nsys.exit(main())\n' \
+    "$python_path" > "$bin/ray"
+  chmod +x "$bin/ray"
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
 "$py" -c "import torch, flwr, ray; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'flwr', flwr.__version__, 'ray', ray.__version__)" || exit 1
