@@ -2,7 +2,7 @@
 """Check what a Flower process in a fedx container needs, then become that process.
 
 ``fedx-entrypoint PROGRAM [ARGS...]`` (the ENTRYPOINT of fedx's images) runs
-PROGRAM (flower-superlink, flower-supernode, flower-superexec or flwr) with
+PROGRAM (flower-superlink, fedx-supernode, flower-superexec or flwr) with
 ARGS after checking, in this order:
 
 1. every file a flag names (certificates, keys, secrets) exists and is
@@ -38,7 +38,7 @@ Flower's processes retry unreachable or untrusted peers for ever, which
 looks like a hang.
 
 Standard library only, plus ``cryptography`` (a Flower dependency), and
-fedx in the SuperExec image.
+fedx in the SuperExec and SuperNode images.
 """
 
 import datetime

@@ -22,6 +22,7 @@ SLOW_MODULES = (
     "test_ray_cluster.py",
     "test_compat_flwr136.py",
     "test_deployment_faults.py",
+    "test_stopped_runs.py",
     "test_link_faults.py",
     "test_warm_executor.py",
     "test_app_e2e.py",

@@ -55,6 +55,7 @@ def probe(spec) -> None:
     sockets = socket_fds()
     torch_loaded = "torch" in sys.modules
     this = sys.modules.get(__name__)  # None: dropped before the task, imported afresh below
+    from flwr.supercore import heartbeat  # pylint: disable=C0415
     from flwr.supercore.inflatable.inflatable_utils import pull_objects  # pylint: disable=C0415
 
     import tests.executor_probe as module  # pylint: disable=import-outside-toplevel
@@ -68,6 +69,7 @@ def probe(spec) -> None:
         "object-pulls": {
             k: pull_objects.__kwdefaults__[k] for k in ("initial_backoff", "backoff_cap")
         },
+        "task-heartbeat-interval": heartbeat.HEARTBEAT_DEFAULT_INTERVAL,
         "app-module-at-start": this is not None,
         "imported-in-this-process": module.IMPORTED_IN == os.getpid(),
         "tasks-before": list(module.TASKS),

@@ -16,7 +16,14 @@ import pytest
 
 from fedx.compare.cli import main, parse_override, parse_seeds
 from fedx.compare.plan import RUN_RECORD, Setting, app_defaults, plan_runs
-from fedx.compare.report import load_result, summarize_runs, write_report
+from fedx.compare.report import (
+    METHOD_STYLES,
+    load_result,
+    method_style,
+    results_from_csv,
+    summarize_runs,
+    write_report,
+)
 from fedx.compare.runner import finished_record, stop_reason, write_run_config
 from fedx.config import ConfigError
 from fedx.outputs import METRICS_FILE
@@ -267,6 +274,35 @@ def test_diverged_runs_are_reported_as_diverged_not_as_numbers(tmp_path):
         per_run = list(csv.DictReader(file))
     assert [r["final_accuracy"] for r in per_run] == ["0.8000", "diverged", "diverged", "diverged"]
     assert per_run[1]["stop_reason"] == reason
+
+
+def test_the_report_draws_again_from_its_csvs_alone(tmp_path):
+    """curves.csv and runs.csv hold every run's curve and timings: the plots need no run folder."""
+    settings = [write_setting(tmp_path / f"{name}.toml") for name in ("skewed", "iid")]
+    runs = plan_runs(settings, ["fedavg", "fedmut"], [0, 1], {}, DEFAULTS, tmp_path / "out")
+    for i, run in enumerate(runs):
+        # values the CSVs' four decimals hold exactly
+        fake_finished_run(run, [0.125, 0.25 + i / 16, 0.375 + i / 16], wall=2.0 + i)
+    _, paths = write_report(tmp_path / "out", runs, target=None)
+    out = tmp_path / "out"
+    assert {out / "curves.csv", out / "overview.png", out / "skewed.png", out / "iid.png"} <= set(
+        paths
+    )
+    assert (out / "overview.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    again = results_from_csv(out / "runs.csv", out / "curves.csv")
+    assert again == [load_result(run) for run in runs]
+    assert summarize_runs(again, None) == summarize_runs([load_result(r) for r in runs], None)
+
+
+def test_every_method_keeps_one_style_in_every_plot():
+    """Built-ins have fixed, distinct styles; FedAvg and FedProx differ in colour and line."""
+    styles = {m: method_style(m) for m in METHOD_STYLES}
+    colours = [s["color"] for s in styles.values()]
+    assert len(set(colours)) == len(colours)
+    assert styles["fedavg"]["linestyle"] != styles["fedprox"]["linestyle"]
+    other = method_style("someone-elses-method")
+    assert other == method_style("someone-elses-method")  # the same in every figure
+    assert other["color"] not in colours
 
 
 # --------------------------------------------------------------------------- end to end

@@ -328,22 +328,18 @@ def test_supernode_containers_cut_off_or_killed_are_dropped_and_sampled_again(fe
         assert max(slots[r] for r in range(3, 13)) == 3, slots
 
 
-# After the fault test: the resumed ServerApp's run is stopped while the
-# SuperNodes pull its messages, and Flower 1.41's SuperNode keeps such a
-# message unanswered; when a later task of the node is lost (the network cut
-# above), the SuperNode stores an error reply for it and from then on pushes
-# every reply one message late (seen here: the reconnected node never
-# replied in time again).
-#
 # The ServerApp is killed right after round 1's checkpoint, often while it
-# pushes round 2's model: each SuperNode has then created that message's
-# task and stored the message before pulling its objects, and when the run
-# is stopped Flower 1.41's SuperNode leaves both (the stop ends its pull with
-# a BaseException that skips the clean-up), so the ClientApp forked for that
-# task asks for objects that never arrive, until Flower gives up after 2
-# hours. With one ClientApp at a time per SuperNode (3 SuperNodes on 2
-# cores) that task once kept the resumed run's tasks from ever starting; a
-# task waiting for its input holds no slot of the warm executor's
+# pushes round 2's model: each SuperNode has then received that message and
+# created its task, but the message's objects never come. Flower 1.41's
+# SuperNode left both when the run was stopped (the stop ends its pull with
+# a BaseException that skips the clean-up): the ClientApp forked for the
+# task asked for the objects until Flower gave up after 2 hours, and once
+# such a task was lost (the network cut of the fault test) the SuperNode
+# pushed every reply one message late (seen here: the reconnected node
+# never replied in time again). The compose file's SuperNodes are
+# fedx-supernode, which drops the message and ends its task when the run is
+# stopped (fedx.flower.stopped_runs; with processes: tests/test_stopped_runs.py).
+# A task waiting for its input holds no slot of the warm executor's either
 # (fedx.flower.task_input).
 def test_a_killed_serverapp_container_resumes_with_resume_from_to_the_same_pool(
     federation, reference

@@ -230,7 +230,7 @@ def load_compose(*names: str) -> dict:
 
 ENTRYPOINTS = {
     "superlink": "flower-superlink",
-    "supernode": "flower-supernode",
+    "supernode": "fedx-supernode",  # Flower's, on which a stopped run leaves nothing behind
     "superexec": "flower-superexec",
 }
 TOOLS = ["flwr", "fedx-deploy"]
@@ -303,6 +303,7 @@ def test_compose_builds_each_image_once_from_the_dockerfile_for_the_installed_fl
     assert re.findall(r"^FROM (\S+) AS (\S+)", dockerfile, re.M) == [
         ("${BASE_IMAGE}", "flower"),
         ("flower", "superlink"),
+        ("flower", "fedx"),
         ("flower", "supernode"),
         ("flower", "requirements"),
         ("flower", "superexec"),
@@ -314,7 +315,7 @@ def test_compose_builds_each_image_once_from_the_dockerfile_for_the_installed_fl
     # Every pip install reads the wheels a cache mount keeps; nothing is installed around it.
     runs = re.findall(r"^RUN (.*?)(?<!\\)$", dockerfile, re.M | re.S)
     installs = [run for run in runs if "pip install" in run]
-    assert len(installs) == 3
+    assert len(installs) == 4  # Flower; fedx's dependencies; fedx in the superexec and supernode
     assert all(
         r.startswith("--mount=type=cache,target=/var/cache/fedx-wheels") and "--no-index" in r
         for r in installs

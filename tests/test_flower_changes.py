@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Error, Message, RecordDict
 from flwr.server.superlink.fleet.vce import vce_api
 from flwr.server.superlink.fleet.vce.backend import raybackend
 from flwr.supercore.inflatable import inflatable_utils
@@ -42,6 +42,7 @@ from fedx.flower import (
     message_feeder,
     object_pulls,
     ray_backend,
+    stopped_runs,
     superexec_executor,
     superlink_middleware,
     supernode_waits,
@@ -421,6 +422,249 @@ def test_a_warm_task_says_while_it_waits_for_its_input(monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="flwr"):
         assert not task_input.report_input_waits(reported.append)
     assert "holds its slot" in caplog.text
+
+
+# ----------------------------------------------------------------------
+# stopped_runs: fedx-supernode's stopped runs and replies (end to end: tests/test_stopped_runs.py)
+# ----------------------------------------------------------------------
+
+RUN, NODE = 7, 11
+
+
+@pytest.fixture
+def supernode_loop(monkeypatch):
+    """Flower's SuperNode loop module, whose functions are put back after the test."""
+    loop = importlib.import_module(stopped_runs.LOOP)
+    for name in ("_pull_and_store_message", "_push_messages"):
+        monkeypatch.setattr(loop, name, getattr(loop, name))
+    monkeypatch.delenv(stopped_runs.VARIABLE, raising=False)
+    return loop
+
+
+class OneRunSuperNode:
+    """A SuperNode's state as Flower keeps it, a stand-in SuperLink and ClientApps, for one run.
+
+    ``receive(stage, step)`` runs a receive stage of the SuperNode's loop on
+    the SuperLink's message number ``step`` (whose objects the SuperLink
+    gives, or refuses once the run is ``stopped``); ``take()`` is a
+    ClientApp task taking a message of the run as Flower's Runtime API hands
+    them out; ``reply`` stores a task's reply; ``push(stage)`` runs a push
+    stage, and ``sent`` lists the messages its replies answered.
+    """
+
+    def __init__(self, loop) -> None:
+        # pylint: disable=import-outside-toplevel
+        from flwr.supercore.object_store import ObjectStoreFactory
+        from flwr.supercore.run import Run
+        from flwr.supernode.nodestate import NodeStateFactory
+
+        self.loop = loop
+        factory = NodeStateFactory(ObjectStoreFactory())
+        self.state, self.store = factory.state(), factory.objectstore_factory.store()
+        self.state.set_node_id(NODE)
+        self.run = Run.create_empty(RUN)
+        self.state.store_run(self.run)  # a known run: the receive stage asks for no FAB
+        self.stopped = False
+        self.sent: list[str] = []
+
+    def refuse_a_stopped_run(self, *args) -> None:
+        """What the SuperLink answers about a stopped run (HTTP 403, raised as this)."""
+        from flwr.supercore.run import RunNotRunningException  # pylint: disable=C0415
+
+        del args
+        if self.stopped:
+            raise RunNotRunningException
+
+    def receive(self, stage, step: int) -> tuple[Message, int | None]:
+        """The message number ``step``, and what the receive stage returned for it."""
+        # pylint: disable=import-outside-toplevel
+        from flwr.app import Metadata
+        from flwr.supercore.inflatable.inflatable_object import (
+            get_all_nested_objects,
+            get_object_tree,
+        )
+
+        content = RecordDict({"arrays": ArrayRecord([np.full(4, step, dtype=np.float32)])})
+        metadata = Metadata(RUN, "", 0, NODE, "", "1", time.time(), 3600.0, "train")
+        message = Message(metadata=metadata, content=content)
+        message.metadata.__dict__["_message_id"] = message.object_id
+        objects = {i: o.deflate() for i, o in get_all_nested_objects(message).items()}
+
+        def pull_object(run_id: int, object_id: str) -> bytes:
+            self.refuse_a_stopped_run()
+            return objects[object_id]
+
+        def get_run(run_id: int):
+            self.refuse_a_stopped_run()
+            return self.run
+
+        run_id = stage(
+            state=self.state,
+            object_store=self.store,
+            node_config={},
+            receive=lambda: (message, get_object_tree(message)),
+            get_run=get_run,
+            get_fab=None,
+            pull_object=pull_object,
+            confirm_message_received=self.refuse_a_stopped_run,
+            trusted_entities=None,
+        )
+        return message, run_id
+
+    def take(self) -> tuple[int, Message | None]:
+        """A ClientApp task starts (the oldest pending) and takes a message of the run."""
+        from flwr.common.constant import Status  # pylint: disable=import-outside-toplevel
+
+        (task, *_) = self.state.get_tasks(statuses=[Status.PENDING], order_by="pending_at")
+        assert self.state.claim_task(task.task_id) and self.state.activate_task(task.task_id)
+        taken = self.state.get_messages_legacy(run_ids=[RUN], is_reply=False, limit=1)
+        return task.task_id, (taken[0] if taken else None)
+
+    def reply(self, message: Message, answer: RecordDict | Error) -> None:
+        """A reply to ``message``: a ClientApp's content, or an error reply."""
+        reply = Message(answer, reply_to=message)
+        self.loop._insert_message(reply, self.state, self.store)  # pylint: disable=W0212
+
+    def push(self, stage) -> None:
+        def send(message, object_tree, runtime):
+            del object_tree, runtime
+            self.refuse_a_stopped_run()
+            self.sent.append(message.metadata.reply_to_message_id)
+            return set(), "session"
+
+        stage(state=self.state, object_store=self.store, send=send, push_object=print)
+
+    def status(self, task_id: int) -> tuple[str, str]:
+        (task,) = self.state.get_tasks(task_ids=[task_id])
+        return task.status.status, task.status.sub_status
+
+
+def test_a_message_of_a_run_stopped_while_it_is_received_is_dropped(supernode_loop, caplog):
+    flower = OneRunSuperNode(supernode_loop)
+    flower.stopped = True  # the SuperLink refuses the message's objects: the run was stopped
+    message, run_id = flower.receive(supernode_loop._pull_and_store_message, 1)
+    assert run_id is None
+    # Flower 1.41 leaves the message's task to start and the message for it to
+    # take, with objects that never come.
+    task_id, taken = flower.take()
+    assert taken is not None and taken.metadata.message_id == message.metadata.message_id
+    assert message.metadata.message_id in flower.store
+    assert flower.status(task_id)[0] == "running"
+
+    assert stopped_runs.install()
+    fedx = OneRunSuperNode(supernode_loop)
+    fedx.stopped = True
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        message, run_id = fedx.receive(supernode_loop._pull_and_store_message, 1)
+    assert run_id is None
+    (task,) = fedx.state.get_tasks(run_ids=[RUN])
+    assert fedx.status(task.task_id) == ("finished", "stopped")  # no ClientApp starts for it
+    assert fedx.state.get_messages_legacy(run_ids=[RUN]) == []
+    assert len(fedx.store) == 0  # the message's objects (registered, never arrived) are gone
+    assert f"message {message.metadata.message_id} of run {RUN} dropped" in caplog.text
+
+
+def test_the_reply_to_the_message_received_goes_out_not_an_older_ones(supernode_loop):
+    """Flower 1.41 pushes whichever reply is there once it has received a message: an error reply
+    to a stopped run's message, left behind and answered when its task was lost, goes out in place
+    of the reply to the next message, which leaves one message late. fedx's waits for its own."""
+    flowers_receive = supernode_loop._pull_and_store_message
+    pushed = {}
+    for name in ("flower", "fedx"):
+        if name == "fedx":
+            assert stopped_runs.install()
+        node = OneRunSuperNode(supernode_loop)
+        node.stopped = True  # a stopped run's message, left behind by Flower's receive...
+        orphan, _ = node.receive(flowers_receive, 0)
+        node.take()
+        node.reply(orphan, Error(0, "ClientApp stopped responding"))  # ...its task lost
+        node.stopped = False  # (one run stands for both: the SuperLink takes either reply)
+        message, run_id = node.receive(supernode_loop._pull_and_store_message, 1)
+        assert run_id == RUN
+        _, taken = node.take()
+        answer = threading.Timer(0.3, node.reply, (taken, RecordDict({"arrays": ArrayRecord()})))
+        answer.start()
+        node.push(supernode_loop._push_messages)
+        answer.join()
+        ids = {orphan.metadata.message_id: "orphan", message.metadata.message_id: "message"}
+        pushed[name] = [ids[replied_to] for replied_to in node.sent]
+    # Flower's: the reply to `message` waits in the SuperNode for the next message.
+    assert pushed == {"flower": ["orphan"], "fedx": ["orphan", "message"]}
+
+
+def test_a_clientapp_whose_run_stops_is_ended_and_its_message_dropped(
+    supernode_loop, monkeypatch, caplog
+):
+    monkeypatch.setattr(stopped_runs, "RUN_CHECK", 0.05)
+    monkeypatch.setattr(stopped_runs, "REPLY_WAIT", 0.01)
+    assert stopped_runs.install()
+    node = OneRunSuperNode(supernode_loop)
+    message, _ = node.receive(supernode_loop._pull_and_store_message, 1)
+    task_id, _ = node.take()  # trains, and would reply much later
+    token = node.state.task_token_store[task_id].token
+    threading.Timer(0.2, setattr, (node, "stopped", True)).start()  # flwr stop
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        node.push(supernode_loop._push_messages)  # returns without a reply: the run stopped
+    assert node.status(task_id) == ("finished", "stopped") and node.sent == []
+    assert node.state.get_task_by_token(token) is None  # its next request is refused (HTTP 401)
+    assert message.metadata.message_id not in node.store
+    assert "dropped (the run was stopped); its ClientApp task" in caplog.text
+    # A task that ends without a reply (it could not push one) ends the wait too.
+    node.stopped = False
+    message, _ = node.receive(supernode_loop._pull_and_store_message, 2)
+    task_id, _ = node.take()
+    threading.Timer(0.2, node.state.finish_task, (task_id, "failed", "no reply")).start()
+    node.push(supernode_loop._push_messages)
+    assert node.sent == [] and message.metadata.message_id not in node.store
+
+
+def test_a_warm_task_hears_within_seconds_that_its_supernode_ended_it(monkeypatch):
+    from flwr.supercore import heartbeat  # pylint: disable=import-outside-toplevel
+
+    monkeypatch.setattr(
+        heartbeat, "HEARTBEAT_DEFAULT_INTERVAL", heartbeat.HEARTBEAT_DEFAULT_INTERVAL
+    )
+    waits = []
+
+    def one_heartbeat_wait() -> float:
+        """Flower's heartbeat sender's wait after its first heartbeat."""
+        sender = heartbeat.HeartbeatSender(lambda: True)
+        sender._stop_event.wait = lambda seconds: waits.append(seconds) or sender._stop_event.set()
+        sender._run()  # pylint: disable=protected-access
+        return waits[-1]
+
+    assert 17.5 <= one_heartbeat_wait() <= 22.5  # Flower's
+    assert stopped_runs.hear_of_an_end_sooner()
+    assert 3.5 <= one_heartbeat_wait() <= 4.5
+
+
+def test_another_flowers_supernode_keeps_its_own_loop(supernode_loop, monkeypatch, caplog):
+    flowers = supernode_loop._pull_and_store_message
+
+    def pull_and_store_message(state, object_store, fetch):  # another signature
+        del state, object_store, fetch
+
+    monkeypatch.setattr(supernode_loop, "_pull_and_store_message", pull_and_store_message)
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        assert not stopped_runs.install()
+    assert supernode_loop._pull_and_store_message is pull_and_store_message
+    assert "stopped runs are left as Flower leaves them" in caplog.text
+    # Flower 1.41's loop, and FEDX_STOPPED_RUNS=flower: kept as it is, on purpose.
+    monkeypatch.setattr(supernode_loop, "_pull_and_store_message", flowers)
+    monkeypatch.setenv(stopped_runs.VARIABLE, "flower")
+    assert not stopped_runs.install()
+    assert supernode_loop._pull_and_store_message is flowers
+
+
+def test_fedx_supernode_installs_the_change(supernode_loop, monkeypatch):
+    from fedx.deploy import supernode  # pylint: disable=import-outside-toplevel
+
+    ran = []
+    monkeypatch.setattr(supernode, "run_flower_supernode", ran.append)
+    supernode.main(["--insecure", "--superlink", "127.0.0.1:1"])
+    assert ran == [["--insecure", "--superlink", "127.0.0.1:1"]]
+    assert isinstance(supernode_loop._push_messages.__self__, stopped_runs._Loop)
+    assert stopped_runs.install()  # again: the loop is changed once
 
 
 # ----------------------------------------------------------------------

@@ -29,6 +29,7 @@ from fedx.deploy.cores import ClientAppCores
 from fedx.deploy.credentials import write_supernode_keys, write_tls_certificates
 from fedx.deploy.local import FederationSpec, LocalFederation
 from fedx.deploy.superexec import WarmExecutor
+from fedx.deploy.superexec import _parser as superexec_options
 from tests.deployment import deploy_up_faked, run_app, spec_on_free_ports
 from tests.executor_probe import probe
 from tests.helpers import REPO
@@ -97,6 +98,8 @@ def test_every_task_starts_clean_from_the_warm_interpreter(executor, tmp_path):
         assert seen["run-clientapp-loaded-at-start"]  # ...and Flower's run_clientapp
         # Its message's objects are asked for again every 0.1 s (Flower: after 1, 2, 4 ... s).
         assert seen["object-pulls"] == {"initial_backoff": 0.1, "backoff_cap": 0.1}
+        # Its heartbeat every 3.5-4.5 s: it hears within seconds that its SuperNode ended it.
+        assert seen["task-heartbeat-interval"] == 10  # Flower's 30: every 17.5-22.5 s
         # The app's own package is imported afresh in the task, with fresh state.
         assert not seen["app-module-at-start"] and seen["imported-in-this-process"]
         assert seen["tasks-before"] == []
@@ -343,6 +346,9 @@ def test_warm_and_fast_poll_commands_use_only_flags_flower_has(tmp_path):
                 secret = str(spec.superexec_secret(index))
                 assert node[node.index("--superexec-auth-secret-file") + 1] == secret
                 assert superexec[superexec.index("--superexec-auth-secret-file") + 1] == secret
+    light = FederationSpec(2, tmp_path, insecure=True, executor="warm", warm_preload=())
+    options = superexec_options().parse_known_args(light.superexec_command(0, 4242)[1:])[0]
+    assert (options.preload_app, options.preload) == ("", [""])  # a numpy app's: nothing ahead
     fast = FederationSpec(2, tmp_path, insecure=True, poll_interval=0.5, superlink="fedx")
     assert Path(fast.supernode_command(0)[0]).name == "fedx-supernode"
     superlink = fast.superlink_command()  # fedx-superlink takes flower-superlink's flags
@@ -353,9 +359,9 @@ def test_warm_and_fast_poll_commands_use_only_flags_flower_has(tmp_path):
         "flower-superlink"
     )
     assert fast.environment()["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] == "0.5"
-    assert (
+    assert (  # without options too: on it a stopped run leaves nothing behind
         Path(FederationSpec(2, tmp_path, insecure=True).supernode_command(0)[0]).name
-        == "flower-supernode"
+        == "fedx-supernode"
     )
     with pytest.raises(ValueError, match="need Flower 1.41"):
         FederationSpec(

@@ -8,28 +8,39 @@ deviation over seeds, the rounds needed to reach a target accuracy, and
 the wall time of a run. A run that the app stopped because it diverged
 (``stop-reason`` in its ``metrics.json``) is reported as diverged, never as
 a number: the means, targets and curves are those of the other seeds.
+
+A method has one colour and line style in every plot (:func:`method_style`),
+and the legends sit beside the axes, not on the curves. The report's CSV
+files hold everything the plots and tables are made of: a report can be
+drawn again from them alone (:func:`results_from_csv`), without the runs'
+folders.
 """
 
 import csv
 import json
 import math
 import statistics
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")  # no display on servers and in CI
 import matplotlib.pyplot as plt  # noqa: E402  pylint: disable=wrong-import-position
 import numpy as np  # noqa: E402  pylint: disable=wrong-import-position
+from matplotlib.ticker import MaxNLocator  # noqa: E402  pylint: disable=wrong-import-position
 
 from fedx.compare.plan import DONE, RUN_RECORD, PlannedRun  # noqa: E402
 from fedx.outputs import METRICS_FILE  # noqa: E402
 
 SUMMARY_CSV = "results.csv"
 RUNS_CSV = "runs.csv"
+CURVES_CSV = "curves.csv"
 SUMMARY_MARKDOWN = "results.md"
+OVERVIEW_PLOT = "overview.png"
 #: Without an explicit target, a setting's target is this share of the best
 #: method's mean final accuracy: how fast each method gets close to the best.
 DEFAULT_TARGET_SHARE = 0.95
@@ -216,6 +227,43 @@ def write_runs_csv(path: Path, results: list[RunResult]) -> None:
     )  # fmt: skip
 
 
+def write_curves_csv(path: Path, results: list[RunResult]) -> None:
+    """One line per run and evaluated round: the learning curves the plots draw."""
+    _write_csv(
+        path,
+        "setting method seed round accuracy",
+        ([r.setting, r.method, r.seed, x, f"{a:.4f}"] for r in results for x, a in r.curve),
+    )
+
+
+def results_from_csv(runs_csv: Path, curves_csv: Path) -> list[RunResult]:
+    """The runs of a report, read back from its ``runs.csv`` and ``curves.csv``.
+
+    What :func:`write_report` wrote, for drawing the plots or the tables
+    again without the runs' folders (the metric is the runs' own).
+    """
+    curves: dict[tuple[str, str, int], list[tuple[int, float]]] = {}
+    with curves_csv.open() as file:
+        for row in csv.DictReader(file):
+            key = (row["setting"], row["method"], int(row["seed"]))
+            curves.setdefault(key, []).append((int(row["round"]), float(row["accuracy"])))
+    results = []
+    with runs_csv.open() as file:
+        for row in csv.DictReader(file):
+            key = (row["setting"], row["method"], int(row["seed"]))
+            results.append(
+                RunResult(
+                    *key,
+                    metric=row["metric"],
+                    curve=tuple(sorted(curves[key])),
+                    wall_seconds=float(row["wall_seconds"]),
+                    round_seconds=float(row["round_seconds"]),
+                    stop_reason=row.get("stop_reason") or None,
+                )
+            )
+    return results
+
+
 def markdown_table(rows: list[MethodSummary]) -> str:
     """The rows of one setting as a Markdown table."""
     target = rows[0].target
@@ -253,10 +301,42 @@ def write_markdown(path: Path, rows: list[MethodSummary], results: list[RunResul
     path.write_text("\n".join(sections))
 
 
-def plot_setting(path: Path, setting: str, results: list[RunResult]) -> None:
-    """Mean accuracy per round of every method on one setting, ± one std over seeds."""
-    figure, axes = plt.subplots(figsize=(7, 4.5))
-    methods = dict.fromkeys(r.method for r in results if r.setting == setting)
+#: Each built-in method's colour and line style, the same in every plot: the
+#: baselines black and grey (FedProx dashed, so that it shows where it lies on
+#: FedAvg), the others the Okabe-Ito colours, which colour-blind readers tell apart.
+METHOD_STYLES: dict[str, dict[str, Any]] = {
+    "fedavg": {"color": "#000000", "linestyle": "-"},
+    "fedprox": {"color": "#8c8c8c", "linestyle": (0, (4, 2))},
+    "fedavg-ft": {"color": "#555555", "linestyle": "-."},
+    "fedmr": {"color": "#0072B2", "linestyle": "-"},
+    "fedmr-two-stage": {"color": "#56B4E9", "linestyle": "-"},
+    "fedindep": {"color": "#CC79A7", "linestyle": "-"},
+    "fedmut": {"color": "#D55E00", "linestyle": "-"},
+    "fedcross": {"color": "#009E73", "linestyle": "-"},
+    "fedme": {"color": "#E69F00", "linestyle": "-"},
+}
+#: Colours for methods registered by other packages, chosen by name (so a
+#: method keeps its colour from plot to plot); none is a built-in's.
+_OTHER_COLOURS = ("#7f3c8d", "#a5aa99", "#11a579", "#3969ac", "#f2b701", "#e73f74", "#80ba5a")
+
+
+def method_style(method: str) -> dict[str, Any]:
+    """The colour and line style of ``method`` in every plot."""
+    if method in METHOD_STYLES:
+        return dict(METHOD_STYLES[method])
+    colour = _OTHER_COLOURS[zlib.crc32(method.encode()) % len(_OTHER_COLOURS)]
+    return {"color": colour, "linestyle": (0, (1, 1))}
+
+
+def _method_order(methods: Iterable[str]) -> list[str]:
+    """Built-in methods in a fixed order (baselines first), then the others as they come."""
+    methods = list(dict.fromkeys(methods))
+    known = [m for m in METHOD_STYLES if m in methods]
+    return known + [m for m in methods if m not in METHOD_STYLES]
+
+
+def _draw_curves(axes: Any, setting: str, results: list[RunResult], methods: list[str]) -> None:
+    """Each method's mean accuracy per round on ``setting``, ± one std over seeds."""
     for method in methods:
         runs = [r for r in results if r.setting == setting and r.method == method]
         group = [r for r in runs if not r.diverged]
@@ -268,35 +348,98 @@ def plot_setting(path: Path, setting: str, results: list[RunResult]) -> None:
         seeds = f"{len(group)} seed" if len(group) == 1 else f"{len(group)} seeds"
         if len(group) < len(runs):
             seeds += f", {len(runs) - len(group)} diverged"
-        (line,) = axes.plot(rounds, mean, label=f"{method} ({seeds})")
-        axes.fill_between(rounds, mean - std, mean + std, color=line.get_color(), alpha=0.15)
+        style = method_style(method)
+        axes.plot(rounds, mean, label=f"{method} ({seeds})", linewidth=1.8, **style)
+        axes.fill_between(rounds, mean - std, mean + std, color=style["color"], alpha=0.12)
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole
     axes.set_xlabel("round")
     axes.set_ylabel("test accuracy")
     axes.set_title(setting)
     axes.grid(alpha=0.3)
-    axes.legend(fontsize="small")
+
+
+def plot_setting(path: Path, setting: str, results: list[RunResult]) -> None:
+    """Mean accuracy per round of every method on one setting, ± one std over seeds.
+
+    The legend sits to the right of the axes.
+    """
+    methods = _method_order(r.method for r in results if r.setting == setting)
+    figure, axes = plt.subplots(figsize=(8.5, 4.5))
+    _draw_curves(axes, setting, results, methods)
+    axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def plot_overview(path: Path, results: list[RunResult]) -> None:
+    """Every setting's curves side by side (two a row), with one legend below them."""
+    settings = list(dict.fromkeys(r.setting for r in results))
+    methods = _method_order(r.method for r in results)
+    rows = math.ceil(len(settings) / 2)
+    columns = 1 if len(settings) == 1 else 2
+    figure, grid = plt.subplots(
+        rows,
+        columns,
+        figsize=(5.2 * columns, 3.3 * rows + 0.6),
+        squeeze=False,
+        layout="constrained",
+    )
+    for axes, setting in zip(grid.flat, settings, strict=False):
+        _draw_curves(axes, setting, results, methods)
+    for axes in grid.flat[len(settings) :]:
+        axes.set_visible(False)
+    handles: dict[str, Any] = {}
+    for axes in grid.flat[: len(settings)]:
+        for handle, label in zip(*axes.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label.split(" (")[0], handle)
+    shown = [m for m in methods if m in handles]
+    figure.legend(
+        [handles[m] for m in shown],
+        shown,
+        loc="outside lower center",
+        ncol=min(len(shown), 5),
+        frameon=False,
+    )
+    figure.savefig(path, dpi=110)
     plt.close(figure)
 
 
 def write_report(
     out_dir: Path, runs: list[PlannedRun], target: float | None
 ) -> tuple[list[MethodSummary], list[Path]]:
-    """Write results.md, results.csv, runs.csv and one plot per setting.
+    """Write results.md, results.csv, runs.csv, curves.csv and the plots.
 
-    Returns the table rows and the files written; runs that have not
-    finished are left out.
+    One plot per setting, and with two settings or more ``overview.png``
+    with all of them. Returns the table rows and the files written; runs
+    that have not finished are left out.
     """
     results = [result for run in runs if (result := load_result(run)) is not None]
     if not results:
         return [], []
     rows = summarize_runs(results, target)
-    paths = [out_dir / SUMMARY_MARKDOWN, out_dir / SUMMARY_CSV, out_dir / RUNS_CSV]
+    paths = [
+        out_dir / SUMMARY_MARKDOWN,
+        out_dir / SUMMARY_CSV,
+        out_dir / RUNS_CSV,
+        out_dir / CURVES_CSV,
+    ]
     write_markdown(paths[0], rows, results)
     write_csv(paths[1], rows)
     write_runs_csv(paths[2], results)
-    for setting in dict.fromkeys(r.setting for r in results):
+    write_curves_csv(paths[3], results)
+    paths += write_plots(out_dir, results)
+    return rows, paths
+
+
+def write_plots(out_dir: Path, results: list[RunResult]) -> list[Path]:
+    """One plot per setting, and ``overview.png`` when there are several settings."""
+    paths = []
+    settings = list(dict.fromkeys(r.setting for r in results))
+    for setting in settings:
         paths.append(out_dir / f"{setting}.png")
         plot_setting(paths[-1], setting, results)
-    return rows, paths
+    if len(settings) > 1:
+        paths.append(out_dir / OVERVIEW_PLOT)
+        plot_overview(paths[-1], results)
+    return paths

@@ -118,8 +118,8 @@ def _parser() -> argparse.ArgumentParser:
         "--poll-interval",
         type=float,
         metavar="SECONDS",
-        help="idle poll of the SuperNodes (Flower: 3 s; they then run as fedx-supernode) and "
-        "of their SuperExecs (Flower: 1 s); default: Flower's",
+        help="idle poll of the SuperNodes (Flower: 3 s) and of their SuperExecs (Flower: 1 s); "
+        "default: Flower's",
     )
     up.add_argument(
         "--superlink-database",
@@ -141,9 +141,8 @@ def _parser() -> argparse.ArgumentParser:
         "--objects-in-flight",
         type=int,
         metavar="N",
-        help="objects of a message each SuperNode pulls or pushes at once (Flower: 2; they "
-        "then run as fedx-supernode): for SuperNodes at distant sites, where each object "
-        "costs a round trip",
+        help="objects of a message each SuperNode pulls or pushes at once (Flower: 2): for "
+        "SuperNodes at distant sites, where each object costs a round trip",
     )
     up.add_argument(
         "--clientapp-threads",

@@ -1,4 +1,4 @@
-"""``fedx-supernode``: Flower's SuperNode with a shorter idle poll.
+"""``fedx-supernode``: Flower's SuperNode with a shorter idle poll, and nothing left of stopped runs.
 
 ``fedx-supernode --poll-interval SECONDS [flower-supernode options]`` runs
 ``flower-supernode`` unchanged except for two waits of its loop: the 3 s it
@@ -9,15 +9,20 @@ happens under another Flower), and so does the first wait before it asks the
 SuperLink again for an object of a message that is not there yet (Flower:
 1 s, :mod:`fedx.flower.object_pulls`). ``--objects-in-flight N`` (or
 ``FEDX_OBJECTS_IN_FLIGHT=N``) makes it pull and push N objects of a message
-at once (:mod:`fedx.flower.objects_in_flight`; Flower: 2). Without either
-option it is ``flower-supernode``.
+at once (:mod:`fedx.flower.objects_in_flight`; Flower: 2).
+
+With or without options, a run stopped while the SuperNode works for it
+leaves nothing behind: its messages are dropped, their ClientApp tasks
+ended, and each reply goes to its own message
+(:mod:`fedx.flower.stopped_runs`; Flower 1.41's SuperNode keeps such a
+message, and pushes every reply one message late once its task is lost).
 """
 
 import argparse
 import sys
 from collections.abc import Sequence
 
-from fedx.flower import objects_in_flight
+from fedx.flower import objects_in_flight, stopped_runs
 from fedx.flower.object_pulls import retry_object_pulls_after
 from fedx.flower.supernode_waits import IDLE_WAIT, run_flower_supernode, shorten_loop_waits
 
@@ -38,8 +43,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="fedx-supernode",
         add_help=False,
-        description="flower-supernode whose idle poll of the SuperLink waits --poll-interval "
-        "seconds instead of 3; every other option is flower-supernode's.",
+        description="flower-supernode on which a stopped run leaves nothing behind, whose idle "
+        "poll of the SuperLink waits --poll-interval seconds instead of 3; every other option is "
+        "flower-supernode's.",
     )
     parser.add_argument(
         "--poll-interval",
@@ -70,6 +76,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 objects_in_flight.set_objects_in_flight(in_flight)
         except (ValueError, RuntimeError) as err:
             raise SystemExit(f"fedx-supernode: {err}") from None
+        stopped_runs.install()
     run_flower_supernode(flower_args)
 
 

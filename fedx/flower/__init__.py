@@ -35,6 +35,9 @@ The changes:
   the process's cores.
 - :mod:`~fedx.flower.supernode_waits`: the SuperNode loop's 3 s and 0.5 s
   waits become ``fedx-supernode --poll-interval``.
+- :mod:`~fedx.flower.stopped_runs`: ``fedx-supernode``'s loop drops a
+  stopped run's messages and ends their tasks, and pushes each reply for
+  its own message; a warm task's heartbeat tells it of its end sooner.
 - :mod:`~fedx.flower.superlink_middleware`: the SuperLink app's
   ``_get_middleware`` scopes seven of its nine middleware to the requests
   they act on (``fedx-superlink``).

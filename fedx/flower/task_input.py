@@ -31,9 +31,10 @@ Why
     such a stop stalled at its first message (tests/test_containers.py, 2
     runs of 2 since the task limit; py-spy: the stopped run's task in
     ``pull_task_input`` -> ``pull_objects``, ObjectUnavailable at every
-    ask). Not counted while it waits, such a task holds up no one; it still
-    waits, as a process of Flower's own executor would, until Flower gives
-    up.
+    ask). Not counted while it waits, such a task holds up no one; under
+    ``flower-supernode`` it still waits, as a process of Flower's own
+    executor would, until Flower gives up (``fedx-supernode`` ends it at
+    once: :mod:`fedx.flower.stopped_runs`).
 
 Checked against
     flwr 1.41.0 (:data:`fedx.flower.CHECKED_FLWR`).

@@ -15,7 +15,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from fedx.strategies import (
@@ -127,10 +127,41 @@ def run_one(name: str, grid: Grid, config) -> dict:
     }
 
 
+def stall(grid: Grid, config) -> None:
+    """Send every node a train message, the first node's without its content; wait to be stopped.
+
+    The first node (lowest id) sees what a ServerApp killed while it pushes
+    a round leaves: a message whose objects never arrive. The others train
+    (for ``train-delay`` seconds).
+    """
+    # A test app's fault: Flower's grid is told to push no objects of a message.
+    from flwr.superlink.grid import http_grid  # pylint: disable=import-outside-toplevel
+
+    deadline = time.monotonic() + 60.0
+    while len(node_ids := sorted(grid.get_node_ids())) < int(config["min-nodes"]):
+        assert time.monotonic() < deadline, f"only {len(node_ids)} nodes connected"
+        time.sleep(0.2)
+    content = {
+        "arrays": ArrayRecord({n: Array(a) for n, a in initial_model(config).items()}),
+        "config": ConfigRecord({"server-round": 1, "train-delay": float(config["train-delay"])}),
+    }
+
+    def messages(nodes: list[int]) -> list[Message]:
+        return [Message(RecordDict(content), dst_node_id=n, message_type="train") for n in nodes]
+
+    grid.push_messages(messages(node_ids[1:]))
+    http_grid.push_objects = lambda *args, **kwargs: None
+    grid.push_messages(messages(node_ids[:1]))
+    while True:
+        time.sleep(60.0)
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Run each strategy of ``strategies`` in turn; write what happened to ``result-file``."""
     config = context.run_config
+    if config.get("stall"):
+        stall(grid, config)
     summary = {"flwr-version": version("flwr"), "strategies": {}}
     for name in str(config["strategies"]).split(","):
         summary["strategies"][name] = run_one(name, grid, config)

@@ -1,0 +1,389 @@
+"""Change: a stopped run leaves nothing on a SuperNode, and each reply goes to its own message.
+
+What it changes
+    In the process of ``fedx-supernode`` (:func:`install`): two module
+    globals of ``flwr.supernode.start_client_internal``, the SuperNode's
+    loop, which receives one message from the SuperLink
+    (``_pull_and_store_message``), then pushes replies
+    (``_push_messages``), and again. The receiving is wrapped
+    (``_Loop.receive``): Flower's function runs as before, and when it
+    gives up on a message because the run was stopped while it pulled the
+    message's objects, the message and its objects are deleted and the
+    message's task is finished as stopped. The pushing is replaced
+    (``_Loop.push``): it waits for the reply *to the message just
+    received*, pushing every other reply it finds on the way with Flower's
+    own ``_push_messages``; while it waits it asks the SuperLink every
+    :data:`RUN_CHECK` seconds whether the message's run still runs, and when
+    it does not, drops the message and finishes its task as stopped. A task
+    that ends without a reply ends the wait too (the message is dropped,
+    with a warning). In the process of a ClientApp task that fedx's warm
+    executor forks (:func:`hear_of_an_end_sooner`): Flower's task
+    heartbeat, the request by which a running task learns that its
+    SuperNode has ended it, goes out every 3.5-4.5 s instead of 17.5-22.5 s.
+
+Why
+    Flower 1.41's SuperNode pairs replies with messages by count, not by
+    identity, and a run stopped while the SuperNode receives one of its
+    messages leaves it one message too many (line numbers of flwr 1.41.0):
+
+    1. ``_pull_and_store_message`` (``start_client_internal.py``) creates
+       the message's task (``state.create_task``, line 388) and stores the
+       message (``state.store_message``, line 411) before it pulls the
+       message's objects (line 415). When the run is stopped meanwhile (a
+       ServerApp killed while it pushed a round, then ``flwr stop``), the
+       pull ends with ``RunNotRunningException``, a ``BaseException`` that
+       passes the ``except Exception`` which would delete the message and
+       finish the task (lines 425-439); the outer ``except
+       RunNotRunningException`` (lines 441-455) only logs "Run ID ... is
+       not in `RUNNING` status. Ignoring message ...". The task stays
+       claimable, the message stored, its objects never arrive, and the
+       ClientApp started for the task asks for them until Flower's
+       ``max_time`` (2 hours), then ends without a reply.
+    2. A ClientApp takes whichever message of its run is there
+       (``runtime_handlers.pull_messages``, line 174:
+       ``get_messages_legacy(run_ids=[run_id], is_reply=False, limit=1)``),
+       so when a task's heartbeat stops (its process killed, its network
+       cut), ``InMemoryNodeState._store_error_replies``
+       (``in_memory_nodestate.py``, lines 194-223) answers *every* message
+       of the run that a ClientApp took and nobody answered, the stopped
+       run's one included, with "ClientApp stopped responding".
+    3. ``_push_messages`` waits for *any* reply (lines 469-470: ``while not
+       (reply_messages := state.get_messages_legacy(is_reply=True))``),
+       pushes what it found and returns, and ``start_client_internal``'s
+       loop calls it only after it received a message (lines 260-264: no
+       message, ``time.sleep(3)`` and ``continue``). The one reply more than
+       messages, the stopped run's error reply, goes out in place of the
+       reply to the next message; that reply waits in the SuperNode until
+       the message after it arrives, and so on: from then on every reply
+       leaves one message late, after its round has given up on the node,
+       until the SuperNode is restarted. The container tests saw it (a
+       reconnected SuperNode never replied in time again);
+       ``tests/test_stopped_runs.py`` shows it with processes: no reply from
+       that node in any round of the next run.
+
+    And a ClientApp of a stopped run that trains runs to its end, while its
+    SuperNode takes no other message. With this change the ClientApp of a
+    task finished this way ends at its next request to its SuperNode, which
+    refuses the task's token (HTTP 401; Flower's client then stops its own
+    process, as on SIGINT, within Flower's 5 s exit): a task waiting for its
+    message's objects at once, a running one at its next heartbeat. In
+    ``tests/test_stopped_runs.py`` (2-core machine, load average 35-45,
+    three runs) the waiting task ended 1.6-2.0 s and the training one 7-9 s
+    after ``flwr stop`` returned; with Flower's SuperNode both still ran 30 s
+    later. With the
+    warm executor that is within 15 s (up to :data:`RUN_CHECK` until the
+    SuperNode sees the stop, 4.5 s to the heartbeat, 5 s to exit); with
+    Flower's ``flwr-clientapp`` processes, whose heartbeat this does not
+    change, up to about 33 s. The cost: while a ClientApp runs longer than
+    :data:`RUN_CHECK`, one ``GetRun`` request to the SuperLink every
+    :data:`RUN_CHECK` seconds per SuperNode (the SuperLink logs each at
+    INFO); a warm task's heartbeat every 4 s to its own SuperNode.
+
+Checked against
+    flwr 1.41.0 (:data:`fedx.flower.CHECKED_FLWR`).
+
+Under another Flower
+    :func:`install` and :func:`hear_of_an_end_sooner` change nothing, with
+    one warning in the process's log, where the Flower code they rely on
+    has other parameters or is missing: the SuperNode then leaves stopped
+    runs and pairs replies as that Flower does. ``FEDX_STOPPED_RUNS=flower``
+    keeps Flower's behaviour on purpose (for comparisons), with one line.
+"""
+
+import importlib
+import inspect
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from logging import INFO, WARNING
+from typing import Any
+
+#: The SuperNode's loop (the module whose globals :func:`install` changes).
+LOOP = "flwr.supernode.start_client_internal"
+#: Seconds between two questions to the SuperLink whether the run of the
+#: message whose reply the SuperNode waits for still runs.
+RUN_CHECK = 5.0
+#: Flower's wait between two looks for a reply (through the loop's ``time``,
+#: which ``fedx-supernode --poll-interval`` shortens: fedx.flower.supernode_waits).
+REPLY_WAIT = 0.5
+#: ``HEARTBEAT_DEFAULT_INTERVAL`` of a warm task's heartbeat: Flower sends it
+#: every (interval - 5 s) x 0.7-0.9, 3.5-4.5 s with 10 (Flower's 30: 17.5-22.5 s).
+TASK_HEARTBEAT_INTERVAL = 10
+#: ``FEDX_STOPPED_RUNS=flower``: Flower's behaviour (for comparisons).
+VARIABLE = "FEDX_STOPPED_RUNS"
+
+#: The Flower code this change relies on, with the fingerprint of its source
+#: (SHA-256, first 16 hex digits) as checked: tests/test_flower_changes.py.
+FLOWER_CODE = {
+    "flwr.supernode.start_client_internal:start_client_internal": "9e89a6eb68fbec68",
+    "flwr.supernode.start_client_internal:_pull_and_store_message": "eaf5d0e36dc34e4c",
+    "flwr.supernode.start_client_internal:_push_messages": "00bb86faffdec114",
+    "flwr.supernode.nodestate.in_memory_nodestate:InMemoryNodeState._store_error_replies": "3af03090bfae3ea7",
+    "flwr.supernode.servicer.runtime.runtime_handlers:pull_messages": "49089949d9fd1246",
+    "flwr.supercore.corestate.in_memory_corestate:InMemoryCoreState.finish_task": "74802c12902fb68b",
+    "flwr.supercore.retry.http_retry:make_simple_http_retry_invoker": "49e12326a4b17e26",
+    "flwr.superlink.servicer.fleet.fleet_handlers:get_run": "004ad390c8b38c0e",
+    "flwr.supercore.heartbeat:HeartbeatSender._run": "b176ff96c68dbee2",
+}
+#: What to re-check in that code when it changes.
+RECHECK = (
+    "that start_client_internal still calls _pull_and_store_message(state=, object_store=, "
+    "receive=, get_run=, ...) and, after it returned a run id, _push_messages(state=, "
+    "object_store=, send=, push_object=); that _pull_and_store_message creates the message's "
+    "task with state.create_task and stores the message before it pulls the objects, and "
+    "still leaves both when the pull raises RunNotRunningException (if it cleans up now, "
+    "that part of this change only does it again); that _push_messages still pushes the "
+    "replies state.get_messages_legacy(is_reply=True) returns and deletes them; that a "
+    "finished task's token is revoked (finish_task) and a Runtime API client answered 401 "
+    "stops its process; that the SuperLink's GetRun refuses a stopped run (HTTP 403, "
+    "RunNotRunningException on the SuperNode); and that HeartbeatSender._run still waits "
+    "(HEARTBEAT_DEFAULT_INTERVAL - HEARTBEAT_CALL_TIMEOUT) x (0.8 +- 0.1) between heartbeats"
+)
+
+#: Parameters the change passes on to, or reads of, Flower's loop functions.
+_PULL_PARAMETERS = {"state", "object_store", "receive", "get_run"}
+_PUSH_PARAMETERS = {"state", "object_store", "send", "push_object"}
+
+
+def _warn(what: str) -> None:
+    from flwr.common import log  # pylint: disable=import-outside-toplevel
+
+    log(
+        WARNING,
+        "fedx: %s (fedx's change is for flwr 1.41): stopped runs are left as Flower leaves them",
+        what,
+    )
+
+
+def _takes(function: Any, parameters: set[str]) -> bool:
+    """Whether ``function`` is a callable that takes every one of ``parameters`` by keyword."""
+    try:
+        return parameters <= set(inspect.signature(function).parameters)
+    except (TypeError, ValueError):
+        return False
+
+
+@dataclass
+class _Received:
+    """The message the SuperNode received last and handed to a ClientApp task."""
+
+    message_id: str
+    run_id: int
+    task_id: int | None
+    get_run: Callable[[int], Any]
+
+
+class _NotingState:
+    """The SuperNode's state, as Flower's ``_pull_and_store_message`` uses it: notes the task it creates."""
+
+    def __init__(self, state: Any) -> None:
+        self._state = state
+        self.task_id: int | None = None
+
+    def create_task(self, *args: Any, **kwargs: Any) -> int | None:
+        self.task_id = self._state.create_task(*args, **kwargs)
+        return self.task_id
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._state, name)
+
+
+class _HandedReplies:
+    """The SuperNode's state, whose ``get_messages_legacy`` hands Flower's ``_push_messages`` these replies."""
+
+    def __init__(self, state: Any, replies: list[Any]) -> None:
+        self._state = state
+        self._replies = replies
+
+    def get_messages_legacy(self, **kwargs: Any) -> list[Any]:
+        del kwargs
+        replies, self._replies = self._replies, []
+        return replies
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._state, name)
+
+
+class _Loop:
+    """Flower's receive and push stages of the SuperNode loop, with fedx's changes around them."""
+
+    def __init__(self, loop: Any) -> None:
+        self.loop = loop
+        self.flowers_pull = loop._pull_and_store_message  # pylint: disable=protected-access
+        self.flowers_push = loop._push_messages  # pylint: disable=protected-access
+        self.received: _Received | None = None
+
+    def receive(self, *, state: Any, receive: Callable[[], Any], **rest: Any) -> int | None:
+        """Flower's ``_pull_and_store_message``; a message of a run stopped meanwhile is dropped."""
+        # pylint: disable=import-outside-toplevel
+        from flwr.common.constant import Status
+
+        received: list[Any] = []
+
+        def receive_and_note():
+            got = receive()
+            if got is not None:
+                received.append(got[0])
+            return got
+
+        noting = _NotingState(state)
+        run_id = self.flowers_pull(state=noting, receive=receive_and_note, **rest)
+        self.received = None
+        if not received:
+            return run_id
+        message = received[0]
+        if run_id is None and noting.task_id is not None:
+            tasks = state.get_tasks(task_ids=[noting.task_id])
+            if tasks and tasks[0].status.status != Status.FINISHED:
+                # Flower gave up on the message without cleaning up: its run was
+                # stopped while the message's objects were pulled.
+                self._drop(
+                    state,
+                    rest["object_store"],
+                    message.metadata.message_id,
+                    message.metadata.run_id,
+                    noting.task_id,
+                )
+            return run_id
+        if run_id is not None:
+            self.received = _Received(
+                message.metadata.message_id, run_id, noting.task_id, rest["get_run"]
+            )
+        return run_id
+
+    def push(self, *, state: Any, object_store: Any, send: Any, push_object: Any) -> None:
+        """Push replies until the one to the message received last is pushed (or will never come)."""
+        # pylint: disable=import-outside-toplevel
+        from flwr.common.constant import Status
+        from flwr.supercore.run import RunNotRunningException
+
+        received, self.received = self.received, None
+        if received is None:  # not after fedx's receive: Flower's own wait for any reply
+            self.flowers_push(
+                state=state, object_store=object_store, send=send, push_object=push_object
+            )
+            return
+        next_check = time.monotonic() + RUN_CHECK
+        task_ended = False
+        while True:
+            replies = list(state.get_messages_legacy(is_reply=True))
+            if replies:
+                self.flowers_push(
+                    state=_HandedReplies(state, replies),
+                    object_store=object_store,
+                    send=send,
+                    push_object=push_object,
+                )
+            if any(r.metadata.reply_to_message_id == received.message_id for r in replies):
+                return
+            if task_ended:  # ended before the look above, and no reply came
+                self._drop(
+                    state,
+                    object_store,
+                    received.message_id,
+                    received.run_id,
+                    None,
+                    why="its ClientApp task ended without a reply",
+                    level=WARNING,
+                )
+                return
+            if received.task_id is None:  # no task to wait for (Flower's FAB errors reply at once)
+                return
+            tasks = state.get_tasks(task_ids=[received.task_id])
+            task_ended = not tasks or tasks[0].status.status == Status.FINISHED
+            if task_ended:
+                continue  # a reply stored before the task ended is there now: look once more
+            if time.monotonic() >= next_check:
+                try:
+                    received.get_run(received.run_id)
+                except RunNotRunningException:
+                    self._drop(
+                        state, object_store, received.message_id, received.run_id, received.task_id
+                    )
+                    return
+                except Exception:  # pylint: disable=broad-exception-caught
+                    pass  # the SuperLink out of reach: the reply is still awaited
+                next_check = time.monotonic() + RUN_CHECK
+            self.loop.time.sleep(REPLY_WAIT)  # the loop's own `time` (fedx-supernode's waits)
+
+    @staticmethod
+    def _drop(
+        state: Any,
+        object_store: Any,
+        message_id: str,
+        run_id: int,
+        task_id: int | None,
+        why: str = "the run was stopped",
+        level: int = INFO,
+    ) -> None:
+        """Delete a message and its objects; finish its task, if given, as stopped."""
+        from flwr.common import log  # pylint: disable=import-outside-toplevel
+        from flwr.common.constant import SubStatus  # pylint: disable=import-outside-toplevel
+
+        state.delete_messages(message_ids=[message_id])
+        object_store.delete(message_id)
+        if task_id is not None:
+            state.finish_task(task_id, sub_status=SubStatus.STOPPED, details=f"fedx: {why}")
+        log(
+            level,
+            "fedx: message %s of run %s dropped (%s)%s",
+            message_id,
+            run_id,
+            why,
+            f"; its ClientApp task {task_id} ended" if task_id is not None else "",
+        )
+
+
+def install() -> bool:
+    """In this process, make Flower's SuperNode loop drop stopped runs' messages and pair replies.
+
+    Idempotent. Returns whether the loop is changed now: False, with a
+    warning, under a Flower whose loop functions take other parameters, and
+    when ``FEDX_STOPPED_RUNS=flower`` asks for Flower's behaviour.
+    """
+    if os.environ.get(VARIABLE, "").strip().lower() == "flower":
+        from flwr.common import log  # pylint: disable=import-outside-toplevel
+
+        log(INFO, "fedx: %s=flower: stopped runs are left as Flower leaves them", VARIABLE)
+        return False
+    loop = importlib.import_module(LOOP)
+    pull = getattr(loop, "_pull_and_store_message", None)
+    push = getattr(loop, "_push_messages", None)
+    if isinstance(getattr(pull, "__self__", None), _Loop):
+        return True
+    if not (_takes(pull, _PULL_PARAMETERS) and _takes(push, _PUSH_PARAMETERS)):
+        _warn(f"{LOOP} has no _pull_and_store_message / _push_messages with the parameters used")
+        return False
+    try:
+        from flwr.supercore.run import RunNotRunningException  # noqa: F401
+    except ImportError:
+        _warn("flwr.supercore.run has no RunNotRunningException")
+        return False
+    changed = _Loop(loop)
+    loop._pull_and_store_message = changed.receive  # pylint: disable=protected-access
+    loop._push_messages = changed.push  # pylint: disable=protected-access
+    return True
+
+
+def hear_of_an_end_sooner() -> bool:
+    """In this ClientApp task's process, send Flower's task heartbeat every 3.5-4.5 s.
+
+    A task's heartbeat is how its process learns that its SuperNode has
+    ended the task (the SuperNode refuses the token, and Flower's client
+    stops the process). Returns whether it is changed: False, with a
+    warning, under a Flower whose heartbeat sender does not wait
+    ``HEARTBEAT_DEFAULT_INTERVAL`` of its own module.
+    """
+    from flwr.supercore import heartbeat  # pylint: disable=import-outside-toplevel
+
+    sender = getattr(heartbeat, "HeartbeatSender", None)
+    try:
+        waits = "HEARTBEAT_DEFAULT_INTERVAL" in inspect.getsource(sender._run)  # type: ignore[union-attr]
+    except (AttributeError, OSError, TypeError):
+        waits = False
+    if not waits or not isinstance(getattr(heartbeat, "HEARTBEAT_DEFAULT_INTERVAL", None), int):
+        _warn("flwr.supercore.heartbeat's task heartbeat waits otherwise")
+        return False
+    heartbeat.HEARTBEAT_DEFAULT_INTERVAL = TASK_HEARTBEAT_INTERVAL  # type: ignore[attr-defined]
+    return True
