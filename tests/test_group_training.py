@@ -199,6 +199,45 @@ def test_the_group_handler_replies_as_the_clientapp_does(caplog):
     assert "train one by one: model lstm" in caplog.text
 
 
+@pytest.mark.usefixtures("server_task_identity")
+def test_an_actor_answers_each_message_of_a_group_from_its_own_node():
+    """The actor's group call, without Ray: partitions of different sizes, given out of order;
+    each reply is for its own message, from its own node, counts its own partition's examples."""
+    from fedx.client.task import ClientTask  # pylint: disable=import-outside-toplevel
+    from fedx.simulation.actor import ClientAppActor  # pylint: disable=import-outside-toplevel
+
+    torch.manual_seed(0)
+    record = ArrayRecord(build_model("cnn", (1, 8, 8), 10).state_dict())
+    partitions = [1, 0, 3]  # 56, 169 and 79 examples of 12 partitions
+    messages, contexts = [], []
+    for partition in partitions:
+        message = train_message(record, 100 + partition)
+        message.metadata.__dict__["_message_id"] = f"message {partition}"  # as Flower's state does
+        messages.append(message)
+        context = node_context(partition, **{"local-epochs": 1})
+        contexts.append(
+            Context(1, 100 + partition, context.node_config, RecordDict(), context.run_config)
+        )
+    sizes = [len(ClientTask(m, c).training_data()) for m, c in zip(messages, contexts, strict=True)]
+    assert len(set(sizes)) == len(sizes)
+    actor = ClientAppActor.__ray_actor_class__()
+    answers = actor.run_group(
+        lambda: client_app.app,
+        client_app.GROUP_HANDLER,
+        messages,
+        [str(p) for p in partitions],
+        contexts,
+    )
+    for partition, size, context, (cid, reply, its_context) in zip(
+        partitions, sizes, contexts, answers, strict=True
+    ):
+        assert cid == str(partition) and its_context is context
+        assert isinstance(reply, Message) and not reply.has_error(), reply
+        assert reply.metadata.reply_to_message_id == f"message {partition}"
+        assert reply.metadata.src_node_id == 100 + partition
+        assert reply.content["metrics"]["num-examples"] == size
+
+
 # ----------------------------------------------------------------------
 # The simulation's side: which messages go to which actor
 # ----------------------------------------------------------------------
@@ -292,41 +331,100 @@ def test_groups_never_exceed_their_size_and_a_lone_message_runs_alone():
 # ----------------------------------------------------------------------
 
 
-@pytest.mark.system  # flwr run: a Ray simulation
-@pytest.mark.xfail(
-    strict=False,
-    reason="open: with groups, round 1's train-loss came out 1.293388 against 1.294047 "
-    "without (rel. 5e-4); the same four clients grouped in-process (2+2 or 4) give train()'s "
-    "weights within 9e-8 and its losses within 1e-7, so the difference is in the simulation's "
-    "path, not found yet",
-)
-def test_a_simulation_with_client_groups_gives_the_run_without_them(
-    superlink, app, plain_fedmr_run, tmp_path
-):
-    """The plain FedMR run (4 nodes, 2 actors) again, each round's 4 clients in 2 groups of 2."""
+#: Round 1, where every client starts from the same model: how far a loss of the run with groups
+#: may lie from the run without (relative). Measured on the plain FedMR run: 5.1e-4 for round 1's
+#: train-loss with groups, and 5.0e-4 for the run without groups against itself with 2 torch
+#: threads instead of 1; a reply that counts another client's examples moves it by 2-9% (which
+#: reply answers which message is checked message by message above).
+#: Accuracy (absolute; 360 test images) came out the same in all three runs.
+FIRST_ROUND_REL, FIRST_ROUND_ACCURACY = 5e-3, 0.01
+#: Later rounds, where the clients' differences compound through the pool: losses (relative) and
+#: accuracy (absolute; 360 test images). Measured by round 3: up to 2.2e-2 and 2 images with
+#: groups, up to 7.3e-3 and 1 image for the run without groups with 2 torch threads.
+LATER_ROUNDS_REL, LATER_ROUNDS_ACCURACY = 0.1, 0.03
+
+
+@pytest.fixture(scope="module")
+def grouped_fedmr_run(superlink, app, tmp_path_factory):
+    """The plain FedMR run (4 nodes, 2 actors) again, each round's 4 clients in 2 groups of 2;
+    the rows of its ``metrics.json`` and of the plain run's, by round."""
     from tests.helpers import PLAIN_FEDMR, metrics_rows  # pylint: disable=import-outside-toplevel
     from tests.simulation import run_app  # pylint: disable=import-outside-toplevel
 
-    plain_directory, _ = plain_fedmr_run
+    outputs = tmp_path_factory.mktemp("grouped-fedmr")
     settings = (
         f"num-server-rounds={PLAIN_FEDMR['rounds']} seed={PLAIN_FEDMR['seed']} round-timeout=120.0"
         " deterministic=true client-group-size=2"
     )
-    output = run_app(superlink, app, f'{settings} run-name="groups" output-dir="{tmp_path}"')
-    assert (tmp_path / "groups" / "metrics.json").exists(), output[-3000:]
+    output = run_app(superlink, app, f'{settings} run-name="groups" output-dir="{outputs}"')
+    assert (outputs / "groups" / "metrics.json").exists(), output[-3000:]
     assert "client groups of up to 2 training messages per actor" in output
     assert re.search(r"client groups run: (\d+) of 2", output), output[-3000:]
-    plain, grouped = metrics_rows(plain_directory), metrics_rows(tmp_path / "groups")
+    return output, metrics_rows(outputs / "groups")
+
+
+def compared_rows(plain_fedmr_run, grouped_fedmr_run):
+    """Per round: the plain run's metrics and the grouped run's, timings left out."""
+    from tests.helpers import PLAIN_FEDMR, metrics_rows  # pylint: disable=import-outside-toplevel
+
+    plain, (_, grouped) = metrics_rows(plain_fedmr_run[0]), grouped_fedmr_run
     assert sorted(grouped) == sorted(plain) == list(range(PLAIN_FEDMR["rounds"] + 1))
-    compared = 0
+    rows = []
     for round_number, row in plain.items():
-        for key, value in row.items():
-            if "seconds" in key or not isinstance(value, float):
-                assert grouped[round_number][key] == value or "seconds" in key, key
-                continue
-            assert grouped[round_number][key] == pytest.approx(value, rel=1e-5, abs=1e-6), (
-                round_number,
-                key,
-            )
+        theirs = {key: value for key, value in row.items() if "seconds" not in key}
+        ours = {key: value for key, value in grouped[round_number].items() if "seconds" not in key}
+        assert sorted(ours) == sorted(theirs), round_number
+        rows.append((round_number, theirs, ours))
+    return rows
+
+
+@pytest.mark.system  # flwr run: a Ray simulation
+def test_a_simulation_with_client_groups_gives_the_run_without_them(
+    plain_fedmr_run, grouped_fedmr_run
+):
+    """Within float32's spread: as the run without groups agrees with itself under another
+    order of float additions.
+
+    The batched step adds in other orders than ``train()`` (grouped convolutions, batched
+    matrix products), its weights some 1e-8 from ``train()``'s; where a step's gradient jumps
+    (a ReLU or max pooling window within rounding of its switch) such a difference can pick the
+    other side, and the client's training goes on from another step. ``train()`` alone does the
+    same when only its number of torch threads changes, and in float64 the two give the same
+    weights (:func:`test_in_float64_a_group_is_train_to_the_last_digits`). So: round 0 (no
+    training) exactly, round 1 within :data:`FIRST_ROUND_REL` and :data:`FIRST_ROUND_ACCURACY`,
+    later rounds within :data:`LATER_ROUNDS_REL` and :data:`LATER_ROUNDS_ACCURACY`.
+    """
+    from tests.helpers import PLAIN_FEDMR  # pylint: disable=import-outside-toplevel
+
+    compared = 0
+    for round_number, theirs, ours in compared_rows(plain_fedmr_run, grouped_fedmr_run):
+        for key, value in theirs.items():
+            if round_number == 0 or key in ("round", "trained-slots"):
+                expected = value  # nothing trained yet, or a count
+            elif key == "accuracy":
+                tolerance = FIRST_ROUND_ACCURACY if round_number == 1 else LATER_ROUNDS_ACCURACY
+                expected = pytest.approx(value, rel=0, abs=tolerance)
+            else:
+                tolerance = FIRST_ROUND_REL if round_number == 1 else LATER_ROUNDS_REL
+                expected = pytest.approx(value, rel=tolerance)
+            assert ours[key] == expected, (round_number, key, ours[key], value)
             compared += 1
     assert compared >= 3 * PLAIN_FEDMR["rounds"]  # accuracy, loss, train-loss at least
+
+
+@pytest.mark.system  # flwr run: a Ray simulation
+@pytest.mark.xfail(
+    strict=False,
+    reason="float32 rounding, not a fault: in round 1 client 1 of 4 (458 examples, 50 steps) "
+    "ends with train-loss 1.156002 grouped against train()'s 1.158050 (weights 2.1e-2 apart) "
+    "from the same inputs; in float64 the group gives train()'s weights within 1.4e-16, and "
+    "train() itself gives 1.156002 with 2 torch threads instead of 1",
+)
+def test_a_simulation_with_client_groups_gives_the_run_without_them_to_float_rounding(
+    plain_fedmr_run, grouped_fedmr_run
+):
+    """Every metric within 1e-5 relative: holds only where no client's float32 training meets
+    a step whose gradient jumps within rounding (see the test above)."""
+    for round_number, theirs, ours in compared_rows(plain_fedmr_run, grouped_fedmr_run):
+        for key, value in theirs.items():
+            assert ours[key] == pytest.approx(value, rel=1e-5, abs=1e-6), (round_number, key)
