@@ -2,7 +2,7 @@
 
 Build (the dev extra installs Sphinx, MyST and the theme)::
 
-    sphinx-build -W --keep-going docs docs/_build/html
+    sphinx-build -W docs docs/_build/html
     python docs/check_site.py docs/_build/html   # every page in headless Chromium
 
 Pages are Markdown (MyST); the API reference comes from the code's
@@ -44,6 +44,10 @@ napoleon_numpy_docstring = True
 napoleon_use_ivar = True
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
+# Types go into the fields the docstrings describe, never into a list of their own:
+# with the constructor shown apart from its class ("separated"), autodoc would
+# otherwise list every typed __init__ parameter a second time, undescribed.
+autodoc_typehints_description_target = "documented_params"
 autodoc_class_signature = "separated"
 # The API pages document the packages' public names (their __all__), not their inner modules.
 autodoc_default_options = {"members": True, "show-inheritance": True}

@@ -188,12 +188,17 @@ def check(argument: str, value: Any, allowed: Allowed) -> Any:
     return int(value) if allowed.kind is int else value
 
 
-#: Shared ranges.
+# Shared ranges.
+#: A number in (0, inf).
 POSITIVE = Number(0.0, math.inf, low_open=True)
+#: A number in [0, inf).
 NON_NEGATIVE = Number(0.0, math.inf)
-FRACTION = Number(0.0, 1.0, low_open=True)  # (0, 1]
-PROPER_FRACTION = Number(0.0, 1.0, low_open=True, high_open=True)  # (0, 1)
-UNIT_INTERVAL = Number(0.0, 1.0)  # [0, 1]
+#: A number in (0, 1].
+FRACTION = Number(0.0, 1.0, low_open=True)
+#: A number in (0, 1).
+PROPER_FRACTION = Number(0.0, 1.0, low_open=True, high_open=True)
+#: A number in [0, 1].
+UNIT_INTERVAL = Number(0.0, 1.0)
 
 
 class renamed:  # pylint: disable=invalid-name

@@ -95,11 +95,16 @@ class Variant:
         ``requires(config)`` says what a setting lacks for the variant
         (``"needs proximal-mu > 0 ..."``), ``None`` when it suits it: FedProx
         without a proximal term is FedAvg.
+    style : Mapping[str, Any]
+        Its colour and line style in fedx-compare's plots (matplotlib's
+        ``color`` and ``linestyle``), the same in every figure; a variant
+        without one gets a colour chosen by its name.
     """
 
     name: str
     keys: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     requires: Callable[[Any], str | None] | None = None
+    style: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True)
@@ -146,6 +151,8 @@ class Method:
         (``function(task) -> Message``, given a :class:`fedx.client.task.ClientTask`).
     variants : tuple[Variant, ...]
         How fedx-compare runs it; by default one variant named as the method.
+    style : Mapping[str, Any]
+        The plot style of that default variant (:attr:`Variant.style`).
     """
 
     name: str
@@ -160,11 +167,12 @@ class Method:
     checks_arguments: bool = True
     client_train: str | None = None
     variants: tuple[Variant, ...] = ()
+    style: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
     def comparison_variants(self) -> tuple[Variant, ...]:
         """The variants fedx-compare offers (the method itself when none are declared)."""
-        return self.variants or (Variant(self.name),)
+        return self.variants or (Variant(self.name, style=self.style),)
 
     def key(self, argument: str) -> Key | None:
         """The method's key that feeds ``argument``, if any."""

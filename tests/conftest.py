@@ -1,5 +1,6 @@
 """Shared fixtures: small models made of real arrays, the app's defaults, a simulation SuperLink, a simulation's state."""
 
+import fcntl
 import os
 from typing import Any
 
@@ -8,7 +9,13 @@ import pytest
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedx.ops import Model
+
+# The container modules' fixtures: the images, the projects' folder.
+from tests.containers import container_workdir, images  # noqa: F401
 from tests.helpers import DEFAULTS, PLAIN_FEDMR, make_model
+
+# A test that starts a system without the `system` mark errors (tests/system_mark.py).
+from tests.system_mark import pytest_runtest_setup, pytest_runtest_teardown  # noqa: F401
 
 # The modules that take longest (each a minute or more of process start-ups
 # and federated runs), longest first. xdist hands out modules in collection
@@ -18,6 +25,7 @@ SLOW_MODULES = (
     "test_containers.py",
     "test_compare.py",
     "test_benchmarks.py",
+    "test_container_checks.py",
     "test_deployment.py",
     "test_ray_cluster.py",
     "test_compat_flwr136.py",
@@ -156,17 +164,34 @@ def superlink(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def plain_fedmr_run(superlink, app, tmp_path_factory):
-    """FedMR on digits through `flwr run`: 4 nodes, 3 rounds, seed 3; the run's folder and output."""
-    from tests.simulation import run_app  # pylint: disable=import-outside-toplevel
+def plain_fedmr_run(request, tmp_path_factory, worker_id):
+    """FedMR on digits through `flwr run`: 4 nodes, 3 rounds, seed 3; the run's folder and output.
 
-    outputs = tmp_path_factory.mktemp("plain-fedmr")
-    # Deterministic kernels: tests/test_ray_cluster.py compares a cluster's run with this
-    # one to the last bit, which on a GPU only these kernels promise.
-    settings = (
-        f"num-server-rounds={PLAIN_FEDMR['rounds']} seed={PLAIN_FEDMR['seed']} round-timeout=120.0"
-        " deterministic=true"
-    )
-    return outputs / "plain", run_app(
-        superlink, app, f'{settings} run-name="plain" output-dir="{outputs}"'
-    )
+    Run once for the whole session: under pytest-xdist the first worker to ask
+    runs it (on its own simulation SuperLink, the ``superlink`` fixture) and
+    the others, waiting on a lock in the session's shared folder, read what it
+    left there. Three modules compare with it, and each run is a simulation's
+    start-up and 3 rounds of 4 clients.
+    """
+    shared = tmp_path_factory.getbasetemp()
+    if worker_id != "master":
+        shared = shared.parent  # the session's folder, above every worker's own
+    outputs = shared / "plain-fedmr"
+    printed = outputs / "flwr-run.txt"
+    with open(shared / "plain-fedmr.lock", "w", encoding="utf-8") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not printed.exists():
+            from tests.simulation import run_app  # pylint: disable=import-outside-toplevel
+
+            superlink = request.getfixturevalue("superlink")
+            app = request.getfixturevalue("app")
+            outputs.mkdir(exist_ok=True)
+            # Deterministic kernels: tests/test_ray_cluster.py compares a cluster's run with this
+            # one to the last bit, which on a GPU only these kernels promise.
+            settings = (
+                f"num-server-rounds={PLAIN_FEDMR['rounds']} seed={PLAIN_FEDMR['seed']}"
+                " round-timeout=120.0 deterministic=true"
+            )
+            output = run_app(superlink, app, f'{settings} run-name="plain" output-dir="{outputs}"')
+            printed.write_text(output)
+    return outputs / "plain", printed.read_text()

@@ -9,6 +9,8 @@ from the checkout and rebuilt only when a file they are built from changes
 own layer cache).
 """
 
+import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -23,9 +25,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from fedx.deploy.local import free_port
+from tests.helpers import in_ci, skip_unless_ci
 
 REPO = Path(__file__).resolve().parents[1]
 # What the images are built from (docker/Dockerfile, its COPY lines, the build context rules).
@@ -47,6 +51,9 @@ PROJECT_FILES = [
     "tests/wire_app",
 ]
 LOCAL_BASE = "localhost/fedx-base:bookworm"
+SUPERNODES = ["supernode-1", "supernode-2", "supernode-3"]
+#: The hosts the certificates name: the SuperLink's and the SuperNodes' services.
+HOSTS = ["superlink", *SUPERNODES]
 APP_UID = 49999  # Flower's user "app" in every image
 NODE_ID = re.compile(r"SuperNode ID: (\d+)")
 STAMP = (
@@ -121,9 +128,22 @@ def base_image_problem(environment: dict[str, str]) -> str | None:
     return None
 
 
+@functools.cache
 def container_problem() -> str | None:
-    """What this machine lacks to run fedx's containers (one line), or None."""
+    """What this machine lacks to run fedx's containers (one line), or None (asked once)."""
     return engine_problem() or base_image_problem(build_environment())
+
+
+def skip_module_without_containers() -> None:
+    """Where containers cannot run, skip the calling test module in one line, at its import.
+
+    Before any fixture starts (a session fixture such as a simulation run
+    would otherwise start first). Under CI the fixture :func:`images` fails
+    instead.
+    """
+    problem = container_problem()
+    if problem is not None and not in_ci():
+        pytest.skip(f"no container tests: {problem}", allow_module_level=True)
 
 
 def build_environment() -> dict[str, str]:
@@ -193,6 +213,15 @@ def make_local_base(environment: dict[str, str], timeout: float = 1800) -> str |
         last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
         return f"the base image {base} could not be made: {last}"
     return None
+
+
+@contextmanager
+def build_lock() -> Iterator[None]:
+    """One builder of the images at a time (two container modules may start together)."""
+    STAMP.parent.mkdir(parents=True, exist_ok=True)
+    with open(STAMP.parent / "container-images.lock", "w", encoding="utf-8") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def ensure_images(project: "ComposeProject", timeout: float = 3600) -> str:
@@ -463,3 +492,48 @@ class ComposeProject:
         (20-30 s a project here, for the same end).
         """
         remove_project(self.name)
+
+
+def certs_arguments(hosts=HOSTS) -> list[str]:
+    """``fedx-deploy``'s arguments for certificates naming ``hosts``, as docs/deployment/containers.md gives them."""
+    args = ["certs", "--out", "certificates"]
+    for host in hosts:
+        args += ["--host", host]
+    return args
+
+
+# ----------------------------------------------------------------------
+# The container modules' fixtures (tests/conftest.py makes them everyone's)
+# ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def container_workdir():
+    """The projects' folders: not under pytest's basetemp, which another pytest
+    run of the same user may delete while the containers still mount it."""
+    directory = Path(tempfile.mkdtemp(prefix="fedx-containers-"))
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def images(container_workdir) -> str:
+    """The images, built unless the last build from the same files still exists.
+
+    Under CI (.ci/run installs podman, runc and debootstrap) a missing tool
+    fails the test; elsewhere its module was skipped when it was imported
+    (:func:`skip_module_without_containers`). First, whatever an earlier run
+    of these tests left behind when it was killed (its pytest is gone) is
+    removed: its containers hold ports and memory.
+    """
+    problem = container_problem()
+    if problem is not None:
+        skip_unless_ci(f"no container tests: {problem}")
+    with build_lock():
+        problem = make_local_base(build_environment())
+        if problem is not None:
+            skip_unless_ci(f"no container tests: {problem}")
+        remove_stale_projects()
+        project = ComposeProject(container_workdir / "build", f"fedxbuild{os.getpid()}")
+        project.prepare()
+        return ensure_images(project)

@@ -6,8 +6,12 @@ conftest.py), on free 127.0.0.1 ports with a private FLWR_HOME.
 
 import json
 
+import pytest
+
 from fedx.registry import builtin_methods
 from tests.simulation import run_app
+
+pytestmark = pytest.mark.system
 
 
 def test_fedmr_on_digits_writes_metrics_curve_and_model(plain_fedmr_run):

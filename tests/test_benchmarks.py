@@ -113,13 +113,25 @@ def test_round_bytes_quick(server_task_identity, capsys):
     assert "down/FedAvg" in out and "fedmr-secure" in out
 
 
+@pytest.mark.system
 def test_simulation_overhead_quick(app, capsys, monkeypatch):
-    """One FedAvg run through `flwr run` against the plain loop; nothing left running after."""
+    """One FedAvg run through `flwr run` against the plain loop; nothing left running after.
+
+    The smallest case (2 clients, 2 rounds): the wiring, not the figures, is under test.
+    """
     simulation_overhead = load_script("simulation_overhead")
+    quick = simulation_overhead.parse_arguments(["--quick"])
+    assert (quick.cases, quick.rounds, quick.local_epochs) == (
+        [simulation_overhead.Case(10, 1.0)],
+        3,
+        1,
+    )
     monkeypatch.setattr(simulation_overhead, "APP", app)  # a copy that packs quickly
-    report = simulation_overhead.main(["--quick", "--strategies", "fedavg", "--rounds", "2"])
+    report = simulation_overhead.main(
+        ["--quick", "--strategies", "fedavg", "--rounds", "2", "--cases", "2:1.0"]
+    )
     (row,) = report.rows
-    assert (row.case.clients, row.case.fraction, row.strategy, row.app) == (10, 1.0, "fedavg", 0)
+    assert (row.case.clients, row.case.fraction, row.strategy, row.app) == (2, 1.0, "fedavg", 0)
     simulation, plain = row.simulation, row.plain
     for timing in (simulation, plain):
         assert timing.error is None, timing.error
@@ -161,14 +173,21 @@ def test_fast_setup_runs_the_readme_command_with_nothing_exported(tmp_path, monk
         fast_setup.readme_command(readme)
 
 
+@pytest.mark.system
 def test_deployment_quick(capsys):
-    """The job on real processes (warm executor, short polls), its secure stage and the cold start."""
+    """The job on real processes (warm executor, short polls), its secure stage and the cold start.
+
+    ``--quick`` with 0.5 s polls and a second of idle measurement: the wiring, not the
+    figures, is under test, and 4 SuperNodes polling every 0.1 s cost half a core.
+    """
     deployment = load_script("deployment")
-    report = deployment.main(["--quick"])
+    quick = deployment.parse_arguments(["--quick"])
+    assert quick.setups == [deployment.Setup("warm", 0.1, "memory")] and quick.idle_seconds == 3
+    report = deployment.main(["--quick", "--setups", "warm:0.5:memory", "--idle-seconds", "1"])
     assert report.simulation is None
     plain = report.plain
     ((real,),) = [report.real]
-    assert real.setup == deployment.Setup("warm", 0.1, "memory")
+    assert real.setup == deployment.Setup("warm", 0.5, "memory")
     for timing in (plain, real.timing):
         assert timing.error is None, timing.error
         assert timing.first > 0 and len(timing.later) == 1 and timing.per_round > 0
@@ -223,6 +242,7 @@ def test_gpu_monitor_summarises_the_samples_of_a_stretch():
     assert absent.reading().samples == 0
 
 
+@pytest.mark.system
 def test_gpu_configs_quick(capsys):
     """A paper config's methods on fake CIFAR files, in a simulation whose processes accept them."""
     gpu_configs = load_script("gpu_configs")

@@ -1,9 +1,11 @@
 """fedx.strategies on Flower 1.36, the last release whose Fleet API is gRPC.
 
 The test builds (once; later runs and other checkouts reuse it) a virtual
-environment with ``flwr==1.36.*`` and numpy only, no torch, under
-``$XDG_CACHE_HOME/fedx/tests/`` (else ``~/.cache/fedx/tests/``), outside the
-repository as pip's own cache is; its processes import fedx from this
+environment with what ``pip install fedx`` installs, no extras (the
+``dependencies`` of ``pyproject.toml``), Flower pinned to ``flwr==1.36.*``:
+no torch. It lives under ``$XDG_CACHE_HOME/fedx/tests/`` (else
+``~/.cache/fedx/tests/``), outside the repository as pip's own cache is, and
+is built again when that list changes; its processes import fedx from this
 checkout through ``PYTHONPATH``. It then starts a 1.36
 SuperLink (Fleet and Control API over gRPC) and three 1.36 SuperNodes on
 free 127.0.0.1 ports and runs the numpy test app (tests/wire_app) with
@@ -17,14 +19,18 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
 from fedx.deploy.local import FederationSpec, LocalFederation, free_port
 from fedx.strategies import OLDEST_FLWR
 from tests.deployment import REPO, WIRE_APP, run_app
 from tests.helpers import skip_unless_package_index
+
+pytestmark = pytest.mark.system
 
 PIN = "flwr==" + ".".join(OLDEST_FLWR.split(".")[:2]) + ".*"
 VENV = (
@@ -34,6 +40,13 @@ VENV = (
     / f"venv-{PIN.replace('==', '-').rstrip('.*')}-py{sys.version_info.major}.{sys.version_info.minor}"
 )
 READY = VENV / "fedx-ready.txt"
+#: The light install's requirements (``pip install fedx``, no extras), Flower pinned to 1.36.
+REQUIREMENTS = [
+    PIN if Requirement(text).name == "flwr" else text
+    for text in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+]
+#: What the app extra brings and the light install must not.
+HEAVY = ("torch", "torchvision", "matplotlib", "ray")
 # fedx comes from this checkout, whichever checkout runs the test.
 CHECKOUT_PATH = {"PYTHONPATH": str(REPO)}
 
@@ -52,10 +65,14 @@ def _run(command: list, timeout: float) -> None:
         )
 
 
+def _ready_text() -> str:
+    return f"{' '.join(REQUIREMENTS)}; fedx from PYTHONPATH\n"
+
+
 def _usable(venv: Path) -> bool:
-    """Whether a built environment imports Flower and numpy."""
+    """Whether a built environment holds today's requirements and imports Flower and numpy."""
     python = venv / "bin" / "python"
-    if not (READY.exists() and python.exists()):
+    if not (READY.exists() and python.exists() and READY.read_text() == _ready_text()):
         return False
     probe = subprocess.run(
         [str(python), "-c", "import flwr, numpy"],
@@ -67,7 +84,7 @@ def _usable(venv: Path) -> bool:
 
 
 def compat_environment() -> Path:
-    """The cached Flower 1.36 environment; (re)built first if missing or stale."""
+    """The cached light install on Flower 1.36; (re)built first if missing or stale."""
     VENV.parent.mkdir(parents=True, exist_ok=True)
     with open(VENV.parent / "build.lock", "w", encoding="utf-8") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one builder at a time
@@ -78,8 +95,8 @@ def compat_environment() -> Path:
         python = VENV / "bin" / "python"
         _run([sys.executable, "-m", "venv", VENV], timeout=300)
         pip = [python, "-m", "pip", "install", "--disable-pip-version-check", "--quiet"]
-        _run([*pip, PIN, "numpy"], timeout=900)
-        READY.write_text(f"{PIN} + numpy; fedx from PYTHONPATH\n")
+        _run([*pip, *REQUIREMENTS], timeout=900)
+        READY.write_text(_ready_text())
         return VENV
 
 
@@ -107,9 +124,11 @@ def flower136(tmp_path_factory):
 
 
 def test_the_environment_has_flower_136_and_no_torch(flower136):
+    """The light install: what fedx's users import works, and the app extra is not there."""
     python = flower136.spec.bin_dir / "python"
     code = (
-        "import sys, importlib.metadata as m, fedx.strategies; "
+        "import sys, importlib.metadata as m, fedx.strategies, fedx.ops, fedx.registry, "
+        "fedx.secure.client, fedx.protocol.fedme; "
         "print(m.version('flwr')); print(any(n == 'torch' or n.startswith('torch.') for n in sys.modules)); "
         "print(fedx.strategies.__file__)"
     )
@@ -125,10 +144,16 @@ def test_the_environment_has_flower_136_and_no_torch(flower136):
     assert flwr_version.startswith(OLDEST_FLWR.rsplit(".", 1)[0] + ".")
     assert torch_loaded == "False"
     assert Path(location) == REPO / "fedx" / "strategies" / "__init__.py"
-    missing = subprocess.run(
-        [str(python), "-c", "import torch"], capture_output=True, timeout=120, check=False
+    installed = subprocess.run(
+        [str(python), "-m", "pip", "list", "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
     )
-    assert missing.returncode != 0, "the compatibility environment must not have torch"
+    names = {package["name"].lower() for package in json.loads(installed.stdout)}
+    assert {"flwr", "numpy", "scikit-learn"} <= names
+    assert not names & set(HEAVY), "the light install must not have the app extra's packages"
 
 
 def test_fedmr_fedmut_fedcross_run_on_grpc_supernodes(flower136, tmp_path):

@@ -15,49 +15,36 @@ container. On it:
   log names the lost nodes, the reconnected and the restarted ones are
   sampled again.
 
-Besides it: the auth variant (a registered SuperNode container gets in, an
-unregistered one is refused), and bad input (no certificates, certificates
-that do not name the hosts, an unwritable outputs/) stops a container with
-one line. Everything started is removed at the end. The images are built
-once and reused while the files they are built from are unchanged
-(tests/containers.py); the first build takes 10-20 minutes.
+Everything started is removed at the end. The images are built once and
+reused while the files they are built from are unchanged
+(tests/containers.py); the first build takes 10-20 minutes. The auth variant
+and bad input: tests/test_container_checks.py, in a module of its own so
+that another worker runs it while this one's rounds wait.
 """
 
 import json
 import os
 import re
-import shutil
 import subprocess
-import tempfile
-import time
 from datetime import UTC, datetime
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from fedx.deploy.cores import usable_cores
-from fedx.deploy.credentials import write_tls_certificates
 from tests.containers import (
-    APP_UID,
+    HOSTS,
+    SUPERNODES,
     ComposeProject,
-    build_environment,
-    container_problem,
-    ensure_images,
-    make_local_base,
-    remove_stale_projects,
+    certs_arguments,
+    skip_module_without_containers,
 )
 from tests.deployment import wait_for
-from tests.helpers import in_ci, skip_unless_ci
 
-# Checked once, when the module is collected (podman info: a fraction of a second).
-_PROBLEM = container_problem()
-# Skipped here, in one line, before any fixture starts (a session fixture such as a
-# simulation run would otherwise start first). Under CI the module's fixture fails instead.
-if _PROBLEM is not None and not in_ci():
-    pytest.skip(f"no container tests: {_PROBLEM}", allow_module_level=True)
+skip_module_without_containers()
 
-SUPERNODES = ["supernode-1", "supernode-2", "supernode-3"]
+pytestmark = pytest.mark.system
+
 SERVICES = [
     "superlink",
     "superexec-serverapp",
@@ -66,7 +53,6 @@ SERVICES = [
     "superexec-clientapp-2",
     "superexec-clientapp-3",
 ]
-HOSTS = ["superlink", *SUPERNODES]
 RECEIVED = "Receiving: train message"
 # A SuperNode's reply has reached the SuperLink (the line after "Sending: train message").
 SENT = "Sent successfully"
@@ -74,17 +60,8 @@ SENT = "Sent successfully"
 # default's 5 epochs took 40 s of round 1 on 2 cores; 1 epoch left the accuracy
 # at 0.22 after round 2, short of the 0.2 more than round 0 the test asks).
 JOB = "num-server-rounds=2 min-available-nodes=3 local-epochs=3"
-EX_CONFIG = 78
 # What fedx-superexec, the ClientApp executor of docker-compose.yml, logs for every message.
 CLIENTAPP_FORKED = r"ClientApp task \d+ forked from the warm interpreter"
-
-
-def certs_arguments(hosts=HOSTS) -> list[str]:
-    """``fedx-deploy``'s arguments for certificates naming ``hosts``, as docs/deployment/containers.md gives them."""
-    args = ["certs", "--out", "certificates"]
-    for host in hosts:
-        args += ["--host", host]
-    return args
 
 
 def make_certificates(project: ComposeProject, hosts=HOSTS) -> None:
@@ -93,45 +70,10 @@ def make_certificates(project: ComposeProject, hosts=HOSTS) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-@pytest.fixture(scope="module", autouse=True)
-def container_engine():
-    """Under CI (.ci/run installs podman, runc and debootstrap), a missing one fails the tests.
-
-    Elsewhere the module was skipped when it was imported.
-    """
-    if _PROBLEM is not None:
-        skip_unless_ci(f"no container tests: {_PROBLEM}")
-
-
 @pytest.fixture(scope="module")
-def workdir():
-    """The projects' folders: not under pytest's basetemp, which another pytest
-    run of the same user may delete while the containers still mount it."""
-    directory = Path(tempfile.mkdtemp(prefix="fedx-containers-"))
-    yield directory
-    shutil.rmtree(directory, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def images(workdir) -> str:
-    """The images, built unless the last build from the same files still exists.
-
-    First, whatever an earlier run of these tests left behind when it was
-    killed (its pytest is gone) is removed: its containers hold ports and memory.
-    """
-    problem = make_local_base(build_environment())
-    if problem is not None:
-        skip_unless_ci(f"no container tests: {problem}")
-    remove_stale_projects()
-    project = ComposeProject(workdir / "build", f"fedxbuild{os.getpid()}")
-    project.prepare()
-    return ensure_images(project)
-
-
-@pytest.fixture(scope="module")
-def federation(images, workdir):
+def federation(images, container_workdir):
     del images
-    project = ComposeProject(workdir / "federation", f"fedxtest{os.getpid()}")
+    project = ComposeProject(container_workdir / "federation", f"fedxtest{os.getpid()}")
     project.prepare()
     try:
         make_certificates(project)
@@ -387,135 +329,3 @@ def test_a_killed_serverapp_container_resumes_with_resume_from_to_the_same_pool(
     assert sorted(final[0].files) == sorted(final[1].files) and len(final[0].files) > 8
     for name in final[0].files:  # the pool of 3 models and the global model, bit for bit
         np.testing.assert_array_equal(final[0][name], final[1][name], err_msg=name)
-
-
-# ----------------------------------------------------------------------
-# SuperNode authentication
-# ----------------------------------------------------------------------
-
-
-def register(project: ComposeProject, public_key: str):
-    """``flwr supernode register`` through the flwr tool container, once the SuperLink answers."""
-    done = project.run_tool("flwr", "supernode", "register", public_key)
-    return done if done.returncode == 0 else None
-
-
-def test_auth_variant_lets_registered_supernode_containers_in_and_refuses_others(images, workdir):
-    del images
-    project = ComposeProject(
-        workdir / "auth",
-        f"fedxauth{os.getpid()}",
-        files=("docker-compose.yml", "docker-compose.auth.yml"),
-    )
-    project.prepare()
-    try:
-        # The certificates and the keys from one start of the tool container.
-        credentials = project.run_tool(
-            "fedx-deploy",
-            "-c",
-            f"fedx-deploy {' '.join(certs_arguments())} && "
-            "fedx-deploy keys --out keys --supernodes 2",
-            entrypoint="sh",
-        )
-        assert credentials.returncode == 0, credentials.stdout + credentials.stderr
-        project.compose("up", "-d", "superlink", timeout=300)
-        # Only supernode-1's key is registered; supernode-2's never is.
-        registered = wait_for(
-            lambda: register(project, "/app/keys/supernode-1.pub"),
-            180,
-            "the SuperLink to register a key",
-            interval=1.0,
-        )
-        assert "registered" in registered.stdout + registered.stderr
-        project.compose("up", "-d", "--no-deps", "supernode-1", timeout=300)
-        wait_for(lambda: project.node_id("supernode-1"), 180, "the registered SuperNode to connect")
-        refused = project.compose(
-            "run", "--rm", "-T", "--no-deps", "supernode-2", timeout=300, check=False
-        )
-        output = refused.stdout + refused.stderr
-        assert refused.returncode != 0, output[-3000:]
-        assert "Failed to activate SuperNode" in output, output[-3000:]
-        assert "SuperNode ID:" not in output
-    finally:
-        project.down()
-    assert project.leftovers() == []
-
-
-# ----------------------------------------------------------------------
-# Bad input: one line and an exit, never a hang
-# ----------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def unprepared(images, workdir):
-    """A project folder of its own, for breaking its certificates and folders."""
-    del images
-    project = ComposeProject(workdir / "bad", f"fedxbad{os.getpid()}")
-    project.prepare()
-    yield project
-    project.down()
-    assert project.leftovers() == []
-
-
-def one_line_error(project: ComposeProject, service: str, *args: str) -> str:
-    """Start ``service`` alone as compose would; it must exit at once with status 78 and one line."""
-    started = time.monotonic()
-    done = project.compose(
-        "run",
-        "--rm",
-        "-T",
-        "--no-deps",
-        "-e",
-        "FEDX_FAILURE_DELAY=0",
-        service,
-        *args,
-        timeout=120,
-        check=False,
-    )
-    lines = [
-        line
-        for line in done.stderr.splitlines() + done.stdout.splitlines()
-        if line.startswith("fedx: ")
-    ]
-    assert done.returncode == EX_CONFIG, done.stdout + done.stderr
-    assert len(lines) == 1, done.stdout + done.stderr
-    assert time.monotonic() - started < 60
-    return lines[0]
-
-
-def write_app_certificates(folder: Path, hosts: list[str]) -> None:
-    """Certificates naming ``hosts`` in ``folder``, owned by the containers' user."""
-    write_tls_certificates(folder, hosts)
-    for path in folder.iterdir():
-        os.chown(path, APP_UID, APP_UID)
-
-
-def test_bad_certificates_and_folders_stop_the_containers_with_one_line(unprepared):
-    certificates = unprepared.directory / "certificates"
-    line = one_line_error(unprepared, "superlink")
-    assert (
-        "--ssl-certfile /app/certificates/server.pem does not exist: make the certificates first"
-        in line
-    )
-    assert "does not exist" in one_line_error(unprepared, "supernode-1")
-
-    # Certificates for processes on one machine: they do not name the service hosts.
-    write_app_certificates(certificates, ["localhost", "127.0.0.1"])
-    line = one_line_error(unprepared, "supernode-1")
-    assert (
-        "server.pem does not name 'superlink'" in line and "it names localhost, 127.0.0.1" in line
-    )
-    assert "does not name 'supernode-2'" in one_line_error(unprepared, "superexec-clientapp-2")
-    flwr = unprepared.run_tool("flwr", "run", ".", "--stream", timeout=120)
-    assert flwr.returncode == EX_CONFIG and "does not name 'superlink'" in flwr.stderr, flwr.stderr
-
-    # Right certificates (written here as `fedx-deploy certs` writes them: the
-    # federation's fixture runs the tool), but an outputs/ the ServerApp's user cannot write.
-    write_app_certificates(certificates, HOSTS)
-    os.chown(unprepared.directory / "outputs", 0, 0)
-    line = one_line_error(unprepared, "superexec-serverapp")
-    assert "/app/outputs (written by this container) is not writable by uid 49999" in line
-    flwr = unprepared.run_tool("flwr", "run", ".", "--stream", timeout=120)
-    assert flwr.returncode == EX_CONFIG and "is not writable by uid 49999" in flwr.stderr, (
-        flwr.stderr
-    )

@@ -2,13 +2,19 @@
 
 The federation starts once for the module on free ports with its own state
 directory and FLWR_HOME, as fedx-deploy starts it, and is stopped (with
-every process it started) at the end. TLS and SuperNode authentication are
-on. The fedx app runs FedMR on it and writes metrics.json and checkpoints;
+every process it started) at the end. It is fedx's fast setup with every
+safeguard on: fedx-superlink (whose scoped middleware must still
+authenticate), fedx-supernode with a short idle poll, and the warm ClientApp
+executor (fedx-superexec); TLS on every link, SuperNode authentication and
+SuperExec authentication. The fedx app runs FedMR on it, its ClientApps
+forked from the warm interpreters, and writes metrics.json and checkpoints;
 unregistered and plain-text SuperNodes are refused; the numpy test app
 (tests/wire_app) sends bad replies at the wire, and its ServerApp crashes
 after a round and resumes.
 
-A SuperNode killed mid-round: tests/test_deployment_faults.py.
+A SuperNode killed mid-round (Flower's own SuperLink and executor):
+tests/test_deployment_faults.py. The warm executor's own rules:
+tests/test_warm_executor.py.
 """
 
 import json
@@ -17,6 +23,7 @@ import socket
 import ssl
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -35,15 +42,28 @@ from tests.deployment import (
     wait_for,
 )
 
+pytestmark = pytest.mark.system
+
 
 @pytest.fixture(scope="module")
 def secure(tmp_path_factory):
-    """TLS + SuperNode authentication; keys 1-3 registered, key 4 never."""
+    """TLS + SuperNode authentication (keys 1-3 registered, key 4 never) + SuperExec authentication;
+    fedx-superlink, fedx-supernode (0.5 s idle polls) and the warm executor, every interpreter ready."""
     base = tmp_path_factory.mktemp("secure")
     tls = write_tls_certificates(base / "certificates", ["localhost", "127.0.0.1"])
     write_supernode_keys(base / "keys", 4)
-    spec = spec_on_free_ports(3, base / "state", tls=tls, auth_keys=base / "keys")
+    spec = spec_on_free_ports(
+        3,
+        base / "state",
+        tls=tls,
+        auth_keys=base / "keys",
+        executor="warm",
+        poll_interval=0.5,
+        superlink="fedx",
+    )
     with running(spec) as federation:
+        for index in range(3):
+            federation.wait_for_warm_executor(index, timeout=300)
         yield federation
 
 
@@ -52,11 +72,18 @@ def secure(tmp_path_factory):
 # ----------------------------------------------------------------------
 
 
-def test_fedmr_over_tls_with_supernode_authentication_writes_metrics(secure, app, tmp_path):
+def test_fedmr_over_tls_with_authentication_on_warm_executors_writes_metrics(secure, app, tmp_path):
+    spec = secure.spec
+    assert "--superexec-auth-secret-file" in spec.supernode_command(0)
+    assert Path(spec.supernode_command(0)[0]).name == "fedx-supernode"
+    assert Path(spec.superlink_command()[0]).name == "fedx-superlink"
+    logs = [spec.log_dir / f"supernode-{index}.log" for index in range(3)]
+    before = [len(log.read_text(errors="replace")) for log in logs]  # this run's lines only
     output = run_app(
         secure,
         app,
-        f'num-server-rounds=2 local-epochs=1 min-available-nodes=3 run-name="tls" output-dir="{tmp_path}"',
+        "num-server-rounds=2 local-epochs=1 min-available-nodes=3 deterministic=true "
+        f'run-name="tls" output-dir="{tmp_path}"',
         timeout=480,
     )
     directory = tmp_path / "tls"
@@ -73,6 +100,31 @@ def test_fedmr_over_tls_with_supernode_authentication_writes_metrics(secure, app
     assert (checkpoint["round"], checkpoint["strategy"]) == (2, "FedMR")
     assert (directory / checkpoint["arrays-file"]).stat().st_size > 10_000
     assert "3 nodes get 3 different pool models (K=3)" in output
+    # Every ClientApp was forked from its SuperNode's warm interpreter.
+    for index, (log, offset) in enumerate(zip(logs, before, strict=True)):
+        whole = log.read_text(errors="replace")
+        this_run = whole[offset:]
+        received = this_run.count("Receiving: ")
+        forked = this_run.count("forked from the warm interpreter")
+        assert received >= 2 and forked == received, (index, received, forked)  # 2 rounds (+ query)
+        warm_pid = secure.wait_for_warm_executor(index)
+        assert f"warm ClientApp interpreter (pid {warm_pid}) ready" in whole
+        # ...having imported what fedx's ClientApp imports on its first training message.
+        assert "imported: torch, fedx.client.handlers, fedx.client_app" in whole
+        # Every forked task trained with the deterministic kernels the run config asked for.
+        deterministic = this_run.count("fedx: deterministic kernels in this process")
+        assert deterministic == received - this_run.count("Receiving: query"), (
+            index,
+            deterministic,
+        )
+        assert "Traceback" not in this_run, this_run[-3000:]
+        # The SuperNode's Runtime API, where the tasks' tokens travel, speaks TLS only.
+        context = ssl.create_default_context(cafile=str(spec.tls.ca_cert))
+        with socket.create_connection(
+            ("127.0.0.1", spec.supernode_ports[index]), timeout=10
+        ) as raw:
+            with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+                assert tls.version() in ("TLSv1.2", "TLSv1.3")
 
 
 def test_the_superlink_speaks_tls_only(secure):

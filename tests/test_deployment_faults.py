@@ -1,10 +1,11 @@
 """A SuperNode killed mid-round, on real Flower 1.41 processes on 127.0.0.1.
 
-The federation has self-registering SuperNodes without TLS (asked for): the
-killed one comes back with a new node id at once. (A registered SuperNode
-keeps its id but is let back in only once the SuperLink has given up on the
-dead connection, up to a minute later.) Everything started is stopped at
-the end.
+The federation is Flower's SuperLink (flower-superlink) and Flower's
+executor (a fresh flwr-clientapp per message) under fedx-deploy's
+SuperNodes, over TLS, with SuperNodes that register themselves: the killed
+one comes back with a new node id at once. (A registered SuperNode keeps
+its id but is let back in only once the SuperLink has given up on the dead
+connection, up to a minute later.) Everything started is stopped at the end.
 """
 
 import json
@@ -14,6 +15,7 @@ import signal
 
 import pytest
 
+from fedx.deploy.credentials import write_tls_certificates
 from tests.deployment import (
     WIRE_APP,
     count_in_log,
@@ -23,37 +25,42 @@ from tests.deployment import (
     wait_for,
 )
 
+pytestmark = pytest.mark.system
+
 CLIENTAPP_STARTED = r"Start `flwr-clientapp` process"
 
 
 @pytest.fixture
-def plain(tmp_path):
-    """No TLS (asked for), SuperNodes that register themselves: Flower's default."""
-    with running(spec_on_free_ports(3, tmp_path / "state", insecure=True)) as federation:
+def federation(tmp_path):
+    """TLS, SuperNodes that register themselves (Flower's default), flower-superlink, Flower's executor."""
+    tls = write_tls_certificates(tmp_path / "certificates", ["localhost", "127.0.0.1"])
+    with running(spec_on_free_ports(3, tmp_path / "state", tls=tls)) as federation:
         yield federation
 
 
-def test_a_supernode_killed_mid_round_is_dropped_and_a_returning_one_used(plain, tmp_path):
-    victim = plain.node_id(2)
-    started_before = count_in_log(plain, "supernode-2", CLIENTAPP_STARTED)
+def test_a_supernode_killed_mid_round_is_dropped_and_a_returning_one_used(federation, tmp_path):
+    victim = federation.node_id(2)
+    started_before = count_in_log(federation, "supernode-2", CLIENTAPP_STARTED)
     log = tmp_path / "run.log"
     # The round with the dead node waits round-timeout (the SuperLink
     # declares a silent node gone only after two missed 30 s heartbeats).
     # Normal rounds of this app take 8-20 s, even on a busy 2-core machine.
     settings = "num-server-rounds=3 train-delay=1.0 round-timeout=30.0"
     run = start_flwr_run(
-        plain, WIRE_APP, f'{settings} result-file="{tmp_path / "result.json"}"', log
+        federation, WIRE_APP, f'{settings} result-file="{tmp_path / "result.json"}"', log
     )
     try:
         # Round 2's ClientApp runs on SuperNode 2 (it waits 1 s before replying): kill it.
         wait_for(
-            lambda: count_in_log(plain, "supernode-2", CLIENTAPP_STARTED) >= started_before + 2,
+            lambda: (
+                count_in_log(federation, "supernode-2", CLIENTAPP_STARTED) >= started_before + 2
+            ),
             240,
             "round 2 on SuperNode 2",
             interval=0.2,
         )
-        plain.kill_supernode(2, signal.SIGKILL)
-        back = plain.rejoin_supernode(2, timeout=180)  # self-registered: a new node id
+        federation.kill_supernode(2, signal.SIGKILL)
+        back = federation.rejoin_supernode(2, timeout=180)  # self-registered: a new node id
         run.wait(timeout=300)
     finally:
         if run.poll() is None:

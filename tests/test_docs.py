@@ -10,21 +10,31 @@ broken anchor, a missing image and an error in the console. The front page's
 screenshot stays in the module's temporary folder (``front-page.png``).
 """
 
+import doctest
+import html
+import importlib
 import re
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import pytest
 
 from fedx.config import APP_KEYS
 from fedx.reference import _toml  # pylint: disable=protected-access
-from fedx.registry import builtin_methods
+from fedx.registry import ENTRY_POINT_GROUP, builtin_methods
+from tests.doc_commands import _fences, doc_pages
 from tests.helpers import REPO, skip_unless_ci, skip_unless_importable
 
 CHECK = REPO / "docs" / "check_site.py"
+#: The pages written for people who write code against fedx: every fedx name
+#: their prose gives is something to import, and the API reference documents it.
+CODE_PAGES = ("README.md", "docs/own-project.md", "docs/own-method.md",
+              "docs/secure-recombination.md", "docs/tutorial.md")  # fmt: skip
 BROWSER = ("/usr/bin/chromium", "/usr/bin/chromedriver")
 
 
@@ -89,6 +99,127 @@ def test_the_run_config_page_is_the_registrys(site):
     assert "fixed:&lt;name&gt;" in rows["fedme-initial-architecture"][2]
 
 
+def _resolve(name: str) -> Any:
+    """The module or object a dotted ``fedx....`` name stands for (``None``: none)."""
+    parts = name.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found: Any = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attribute in parts[cut:]:
+            found = getattr(found, attribute, None)
+        return found
+    return None
+
+
+def imported_names() -> dict[str, str]:
+    """What the pages tell users to import, by dotted name: where each is told.
+
+    Every ``import``/``from ... import`` of fedx in a page's Python blocks
+    and code spans, and every ``fedx.`` name in the code spans of
+    :data:`CODE_PAGES` (``fedx.simulation.install()`` is an instruction to
+    import it).
+    """
+    names: dict[str, str] = {}
+    for page in doc_pages():
+        relative = page.relative_to(REPO).as_posix()
+        text = page.read_text()
+        code = [c for _, _, language, c in _fences(text) if language == "python"]
+        code += re.findall(r"`((?:from|import) fedx[^`]*)`", text)
+        for snippet in code:
+            for match in re.finditer(r"^\s*from (fedx[\w.]*) import \(?([\w, ]+)", snippet, re.M):
+                names.setdefault(match.group(1), relative)
+                for name in match.group(2).replace(" ", "").split(","):
+                    if name:
+                        names.setdefault(f"{match.group(1)}.{name}", relative)
+            for match in re.finditer(r"^\s*import (fedx[\w.]*)", snippet, re.M):
+                names.setdefault(match.group(1), relative)
+        if relative in CODE_PAGES:
+            for span in re.findall(r"(?<!`)`([^`]+)`(?!`)", text):
+                if span.startswith(("python -m", "pip ")):
+                    continue  # a tool, not an import
+                for match in re.finditer(r"\b(fedx(?:\.\w+)+)", span):
+                    if match.group(1) != ENTRY_POINT_GROUP:
+                        names.setdefault(match.group(1), relative)
+    return names
+
+
+def _documented(site: Path) -> tuple[set[str], list[Any], str]:
+    """The modules the API pages document, the objects they document, and their HTML."""
+    text = "".join(page.read_text() for page in (site / "api").glob("*.html"))
+    modules, objects = set(), []
+    for anchor in re.findall(r'id="([\w.-]+)"', text):
+        if anchor.startswith("module-fedx"):
+            modules.add(anchor.removeprefix("module-"))
+        elif anchor.startswith("fedx."):
+            objects.append(_resolve(anchor))
+    return modules, objects, text
+
+
+def test_the_api_reference_covers_what_the_pages_tell_users_to_import(site):
+    names = imported_names()
+    assert {"fedx.secure.client", "fedx.protocol.fedme", "fedx.strategies.FedMR"} <= set(names)
+    modules, objects, text = _documented(site)
+    missing = []
+    for name, page in sorted(names.items()):
+        found = _resolve(name)
+        assert found is not None, f"{page}: {name} is no module or object of fedx"
+        if isinstance(found, ModuleType):
+            covered = found.__name__ in modules
+        elif isinstance(found, (str, int, float, bool, tuple)):  # a constant: by its name
+            covered = f'id="{name}"' in text
+        else:  # wherever it is documented: fedx.ops.Model is fedx.ops.model.Model
+            covered = any(found is documented for documented in objects)
+        if not covered:
+            missing.append(f"{page}: {name}")
+    assert not missing, "not in the API reference:\n" + "\n".join(missing)
+
+
+def _section(page: str, anchor: str) -> str:
+    """The HTML of one documented object: from its anchor to the next object of the page."""
+    start = page.index(f'id="{anchor}"')
+    following = re.search(r'<dl class="py (class|function|exception)', page[start + 1 :])
+    return page[start : start + 1 + following.start()] if following else page[start:]
+
+
+STRATEGIES = ("FedMR", "FedIndep", "FedMut", "FedCross", "FedMe", "FedAvgFT")
+
+
+def test_the_strategy_pages_list_each_parameter_once(site):
+    page = (site / "api" / "strategies.html").read_text()
+    for name in STRATEGIES:
+        section = _section(page, f"fedx.strategies.{name}")
+        constructor_at = section.find(f'id="fedx.strategies.{name}.__init__"')
+        if constructor_at >= 0:
+            # The constructor shows its signature, not a second, undescribed list of parameters.
+            constructor = section[constructor_at:]
+            assert "Parameters" not in constructor[: constructor.index("</dl>")], name
+            section = section[:constructor_at]
+        fields = re.findall(r"<strong>([*\w]+)</strong>", section)
+        assert fields and len(fields) == len(set(fields)), (name, fields)
+    fedmr = html.unescape(re.sub(r"<[^>]+>", "", _section(page, "fedx.strategies.FedMR")))
+    low = re.search(
+        r"secure_min_layers \(int \(default: 2\)\) – (.*?)secure_max_layers", fedmr, re.S
+    )
+    high = re.search(r"secure_max_layers \(int \(default: 4\)\) – (.*?)\*\*kwargs", fedmr, re.S)
+    assert low and high and low.group(1).strip() != high.group(1).strip()
+
+
+@pytest.mark.parametrize("name", STRATEGIES)
+def test_each_strategy_class_has_an_example_that_runs(name):
+    import fedx.strategies  # pylint: disable=import-outside-toplevel
+
+    (test,) = doctest.DocTestFinder(recurse=False).find(
+        getattr(fedx.strategies, name), name, globs={}
+    )
+    assert len(test.examples) >= 2, f"{name}'s docstring has no example"
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    output: list[str] = []
+    result = runner.run(test, out=output.append)
+    assert result.failed == 0, "".join(output)
+
+
 def _check(site: Path, screenshot: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, str(CHECK), str(site), "--screenshot", str(screenshot)],
@@ -105,6 +236,7 @@ def browser():
         )
 
 
+@pytest.mark.system
 def test_every_page_opens_in_chromium_without_a_problem(site, browser):
     screenshot = site.parent / "front-page.png"
     done = _check(site, screenshot)
@@ -114,6 +246,7 @@ def test_every_page_opens_in_chromium_without_a_problem(site, browser):
     assert screenshot.stat().st_size > 20_000  # a rendered page, not a blank one
 
 
+@pytest.mark.system
 def test_the_check_fails_on_a_broken_link_a_broken_anchor_a_missing_image_and_a_console_error(
     site, browser, tmp_path
 ):

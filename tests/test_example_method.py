@@ -130,6 +130,7 @@ def test_register_in_process_and_its_own_app_config(monkeypatch):
     )
 
 
+@pytest.mark.system
 def test_fedx_runs_it_by_name_in_simulation(installed, app, tmp_path):
     with simulation_superlink(tmp_path / "flwr-home", PYTHONPATH=str(installed)) as env:
         output = run_app(

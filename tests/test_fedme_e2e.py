@@ -10,12 +10,15 @@ test_fedme_client.py: a second `flwr run` would double this file's time.
 import json
 
 import numpy as np
+import pytest
 import torch
 
 from fedx.models import build_model
 from fedx.strategies.fedme import FedMe
 from tests.helpers import metrics_rows
 from tests.simulation import run_app
+
+pytestmark = pytest.mark.system
 
 ARCHITECTURES = ("cnn-1", "cnn-2", "cnn-3", "cnn-4")
 

@@ -166,6 +166,7 @@ def local_ray():
     ray.shutdown()
 
 
+@pytest.mark.system
 def test_a_simulations_actor_trains_with_the_kernels_each_run_asks_for(local_ray):
     """fedx's ClientApp actor, one process answering two runs' messages in turn."""
     actor = ClientAppActor.options(num_cpus=1).remote()

@@ -33,6 +33,8 @@ from tests.deployment import WIRE_APP, count_in_log, start_flwr_run, wait_for
 from tests.helpers import skip_unless_ci
 from tests.test_benchmarks import load_script
 
+pytestmark = pytest.mark.system
+
 links = load_script("_links")
 RATE_MBIT, DELAY = 20.0, 0.01
 VICTIM = 2

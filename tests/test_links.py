@@ -15,6 +15,8 @@ import pytest
 
 from tests.test_benchmarks import load_script
 
+pytestmark = pytest.mark.system
+
 links = load_script("_links")
 RATE_MBIT, DELAY = 20.0, 0.025
 SITE = links.site(0)

@@ -105,6 +105,7 @@ def plugin_run(request, plugin_runs):
     return plugin_runs[request.param]
 
 
+@pytest.mark.system
 def test_every_round_completes_with_the_users_clientapp(plugin_run):
     strategy, result = plugin_run
     assert result is not None, "the ServerApp did not finish"
@@ -115,6 +116,7 @@ def test_every_round_completes_with_the_users_clientapp(plugin_run):
     assert accuracy > 0.8
 
 
+@pytest.mark.system
 def test_each_node_received_a_different_model(plugin_run):
     strategy, _ = plugin_run
     # FedMut's mutations of a two-tensor model repeat with some luck (2 x 2 sign
@@ -130,6 +132,7 @@ def test_each_node_received_a_different_model(plugin_run):
     assert all(np.array_equal(m["weight"], first[0]["weight"]) for m in first)
 
 
+@pytest.mark.system
 def test_fedmr_sends_the_previous_uploads_recombined(plugin_runs):
     """FedMR only: every layer it sends is a layer uploaded the round before."""
     strategy, _ = plugin_runs["fedmr"]

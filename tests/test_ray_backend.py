@@ -196,6 +196,7 @@ def local_ray():
     ray.shutdown()
 
 
+@pytest.mark.system
 def test_fedx_clientapp_actor_passes_the_apps_errors_on_as_flowers_does(
     local_ray, server_task_identity
 ):
@@ -224,6 +225,7 @@ def test_fedx_clientapp_actor_passes_the_apps_errors_on_as_flowers_does(
         ray.kill(actor)
 
 
+@pytest.mark.system
 def test_the_pool_replaces_an_actor_that_died_and_reruns_its_message(local_ray, caplog):
     caplog.set_level(logging.INFO, logger="flwr")
     pool = ActorPool(
@@ -266,6 +268,7 @@ def test_the_pool_replaces_an_actor_that_died_and_reruns_its_message(local_ray, 
     assert "ClientApp messages per Ray node: " in caplog.text
 
 
+@pytest.mark.system
 def test_a_busy_actor_gets_a_message_queued_only_while_more_wait_than_there_are_actors(local_ray):
     pool = ActorPool({"num_cpus": 1}, Worker.remote, watch_interval=0.2)
     try:
@@ -292,6 +295,7 @@ def test_a_busy_actor_gets_a_message_queued_only_while_more_wait_than_there_are_
         pool.shutdown()
 
 
+@pytest.mark.system
 def test_messages_wait_for_actors_that_start_slowly(local_ray, monkeypatch, caplog):
     """A busy machine may take minutes to start actors: that is no reason to fail messages."""
     monkeypatch.setattr("fedx.simulation.pool.NO_ACTOR_TIMEOUT", 0.5)
@@ -311,6 +315,7 @@ def _no_fedx():
     raise ModuleNotFoundError("No module named 'fedx'")
 
 
+@pytest.mark.system
 @pytest.mark.parametrize(
     ("app_fn", "preload", "missing"),
     [

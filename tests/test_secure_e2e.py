@@ -6,8 +6,12 @@ at the same seed and number of rounds. Uses the tests' own SuperLink
 and the shared plain FedMR run (conftest.py).
 """
 
+import pytest
+
 from tests.helpers import PLAIN_FEDMR, metrics_rows
 from tests.simulation import run_app
+
+pytestmark = pytest.mark.system
 
 ROUNDS = PLAIN_FEDMR["rounds"]  # compared with the shared plain FedMR run
 

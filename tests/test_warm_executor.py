@@ -6,17 +6,15 @@ imported torch: every task starts clean with the torch threads it was
 given, a crashing task loses only itself, no more tasks run at once than
 the limit and the others wait their turn.
 Then the commands fedx-deploy builds (fedx-superexec, fedx-supernode with a
-shorter idle poll). The last test runs fedx's app on a SuperLink and 3 SuperNodes whose
+shorter idle poll). fedx's app on a SuperLink and 3 SuperNodes whose
 ClientApps come from fedx-superexec, with TLS on every link, SuperNode
-authentication and SuperExec authentication.
+authentication and SuperExec authentication: tests/test_deployment.py.
 """
 
 import json
 import logging
 import os
 import signal
-import socket
-import ssl
 import time
 from pathlib import Path
 
@@ -26,13 +24,12 @@ from flwr.supercore.superexec.executor import ExecutionSpec, LaunchResult
 
 from fedx.deploy import superexec
 from fedx.deploy.cores import ClientAppCores
-from fedx.deploy.credentials import write_supernode_keys, write_tls_certificates
-from fedx.deploy.local import FederationSpec, LocalFederation
+from fedx.deploy.credentials import write_tls_certificates
+from fedx.deploy.local import FederationSpec
 from fedx.deploy.superexec import WarmExecutor
 from fedx.deploy.superexec import _parser as superexec_options
-from tests.deployment import deploy_up_faked, run_app, spec_on_free_ports
+from tests.deployment import deploy_up_faked
 from tests.executor_probe import probe
-from tests.helpers import REPO
 from tests.test_deploy_static import flags, help_flags
 
 #: Threads of the module's executor's tasks: not a machine's core count, so not torch's default.
@@ -390,74 +387,3 @@ def test_deploy_up_starts_warm_supernodes_with_short_polls(tmp_path, monkeypatch
     assert started["spec"].superlink == "fedx"
     assert started["warm"] == [0, 1]  # the app runs once the warm interpreters are ready
     assert "warm ClientApp executor" in capsys.readouterr().out
-
-
-# ----------------------------------------------------------------------
-# fedx's app on SuperNodes with fedx-superexec, TLS and authentication
-# ----------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def warm_federation(tmp_path_factory):
-    """3 SuperNodes (--isolation process) + fedx-superexec each; TLS, SuperNode and SuperExec auth.
-
-    The SuperNodes are fedx-supernode with a 0.1 s idle poll (their SuperExecs poll as often);
-    the SuperLink is fedx-superlink, whose scoped middleware must still authenticate them.
-    """
-    base = tmp_path_factory.mktemp("warm")
-    tls = write_tls_certificates(base / "certificates", ["localhost", "127.0.0.1"])
-    write_supernode_keys(base / "keys", 3)
-    spec = spec_on_free_ports(
-        3,
-        base / "state",
-        tls=tls,
-        auth_keys=base / "keys",
-        executor="warm",
-        poll_interval=0.1,
-        superlink="fedx",
-    )
-    with LocalFederation(spec) as federation:
-        federation.start()
-        for index in range(3):
-            federation.node_id(index, timeout=180)
-        warm_pids = [federation.wait_for_warm_executor(index, timeout=300) for index in range(3)]
-        yield federation, warm_pids
-
-
-def test_fedmr_runs_on_warm_executors_over_tls_with_authentication(warm_federation, tmp_path):
-    federation, warm_pids = warm_federation
-    spec = federation.spec
-    assert "--superexec-auth-secret-file" in spec.supernode_command(0)
-    assert Path(spec.supernode_command(0)[0]).name == "fedx-supernode"
-    assert Path(spec.superlink_command()[0]).name == "fedx-superlink"
-    output = run_app(
-        federation,
-        REPO,
-        f"num-server-rounds=2 local-epochs=1 min-available-nodes=3 deterministic=true "
-        f'run-name="warm" output-dir="{tmp_path}"',
-        timeout=480,
-    )
-    metrics_file = tmp_path / "warm" / "metrics.json"
-    assert metrics_file.exists(), output[-4000:]
-    rounds = {row["round"]: row for row in json.loads(metrics_file.read_text())["rounds"]}
-    assert sorted(rounds) == [0, 1, 2]
-    assert all(rounds[r]["trained-slots"] == 3 for r in (1, 2))
-    for index, warm_pid in enumerate(warm_pids):
-        log = (spec.log_dir / f"supernode-{index}.log").read_text(errors="replace")
-        received = log.count("Receiving: ")
-        forked = log.count("forked from the warm interpreter")
-        assert received >= 2 and forked == received, (index, received, forked)  # 2 rounds (+ query)
-        assert f"warm ClientApp interpreter (pid {warm_pid}) ready" in log
-        # ...having imported what fedx's ClientApp imports on its first training message.
-        assert "imported: torch, fedx.client.handlers, fedx.client_app" in log
-        # Every forked task trained with the deterministic kernels the run config asked for.
-        deterministic = log.count("fedx: deterministic kernels in this process")
-        assert deterministic == received - log.count("Receiving: query"), (index, deterministic)
-        assert "Traceback" not in log, log[-3000:]
-        # The SuperNode's Runtime API, where the tasks' tokens travel, speaks TLS only.
-        context = ssl.create_default_context(cafile=str(spec.tls.ca_cert))
-        with socket.create_connection(
-            ("127.0.0.1", spec.supernode_ports[index]), timeout=10
-        ) as raw:
-            with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
-                assert tls.version() in ("TLSv1.2", "TLSv1.3")

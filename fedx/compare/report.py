@@ -33,7 +33,7 @@ import matplotlib.pyplot as plt  # noqa: E402  pylint: disable=wrong-import-posi
 import numpy as np  # noqa: E402  pylint: disable=wrong-import-position
 from matplotlib.ticker import MaxNLocator  # noqa: E402  pylint: disable=wrong-import-position
 
-from fedx.compare.plan import DONE, RUN_RECORD, PlannedRun  # noqa: E402
+from fedx.compare.plan import DONE, RUN_RECORD, PlannedRun, comparison_methods  # noqa: E402
 from fedx.outputs import METRICS_FILE  # noqa: E402
 
 SUMMARY_CSV = "results.csv"
@@ -301,38 +301,34 @@ def write_markdown(path: Path, rows: list[MethodSummary], results: list[RunResul
     path.write_text("\n".join(sections))
 
 
-#: Each built-in method's colour and line style, the same in every plot: the
-#: baselines black and grey (FedProx dashed, so that it shows where it lies on
-#: FedAvg), the others the Okabe-Ito colours, which colour-blind readers tell apart.
-METHOD_STYLES: dict[str, dict[str, Any]] = {
-    "fedavg": {"color": "#000000", "linestyle": "-"},
-    "fedprox": {"color": "#8c8c8c", "linestyle": (0, (4, 2))},
-    "fedavg-ft": {"color": "#555555", "linestyle": "-."},
-    "fedmr": {"color": "#0072B2", "linestyle": "-"},
-    "fedmr-two-stage": {"color": "#56B4E9", "linestyle": "-"},
-    "fedindep": {"color": "#CC79A7", "linestyle": "-"},
-    "fedmut": {"color": "#D55E00", "linestyle": "-"},
-    "fedcross": {"color": "#009E73", "linestyle": "-"},
-    "fedme": {"color": "#E69F00", "linestyle": "-"},
-}
-#: Colours for methods registered by other packages, chosen by name (so a
-#: method keeps its colour from plot to plot); none is a built-in's.
+#: Colours for methods that declare no style, chosen by name (so a method
+#: keeps its colour from plot to plot); none is a built-in's.
 _OTHER_COLOURS = ("#7f3c8d", "#a5aa99", "#11a579", "#3969ac", "#f2b701", "#e73f74", "#80ba5a")
 
 
+def _declared_styles() -> dict[str, dict[str, Any]]:
+    """The plot style each registered method's variants declare, in registry order."""
+    return {
+        name: dict(variant.style)
+        for name, (_, variant) in comparison_methods().items()
+        if variant.style
+    }
+
+
 def method_style(method: str) -> dict[str, Any]:
-    """The colour and line style of ``method`` in every plot."""
-    if method in METHOD_STYLES:
-        return dict(METHOD_STYLES[method])
+    """The colour and line style of ``method`` in every plot: as declared, else by its name."""
+    declared = _declared_styles().get(method)
+    if declared is not None:
+        return declared
     colour = _OTHER_COLOURS[zlib.crc32(method.encode()) % len(_OTHER_COLOURS)]
     return {"color": colour, "linestyle": (0, (1, 1))}
 
 
 def _method_order(methods: Iterable[str]) -> list[str]:
-    """Built-in methods in a fixed order (baselines first), then the others as they come."""
+    """Methods with a declared style in registry order (baselines first), then the others as they come."""
     methods = list(dict.fromkeys(methods))
-    known = [m for m in METHOD_STYLES if m in methods]
-    return known + [m for m in methods if m not in METHOD_STYLES]
+    known = [m for m in _declared_styles() if m in methods]
+    return known + [m for m in methods if m not in known]
 
 
 def _draw_curves(axes: Any, setting: str, results: list[RunResult], methods: list[str]) -> None:

@@ -17,6 +17,7 @@ FEDAVG = Method(
     description="Flower's FedAvg",
     takes=SAMPLING,
     checks_arguments=False,
+    style={"color": "#000000", "linestyle": "-"},
 )
 
 
@@ -41,5 +42,12 @@ FEDPROX = Method(
     ),
     takes=SAMPLING,
     checks_arguments=False,
-    variants=(Variant("fedprox", requires=_with_proximal_term),),
+    variants=(
+        Variant(
+            "fedprox",
+            requires=_with_proximal_term,
+            # Dashed grey: with a small proximal term it runs on top of FedAvg.
+            style={"color": "#8c8c8c", "linestyle": (0, (4, 2))},
+        ),
+    ),
 )

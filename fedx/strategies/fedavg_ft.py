@@ -55,6 +55,17 @@ class FedAvgFT(PerClientEvaluation, FedxStrategy[tuple[RoundInFlight[None], Mode
         Evaluate every this many rounds, and after the last.
     **kwargs
         Flower's FedAvg arguments; ``fraction_evaluate`` defaults to 1.0.
+
+    Examples
+    --------
+    FedAvg evaluated after one epoch of fine-tuning on each client, every
+    fifth round; its ClientApp's evaluate replies carry ``eval-acc``,
+    ``eval-loss``, ``num-examples`` and ``client-id``:
+
+    >>> from fedx.strategies import FedAvgFT
+    >>> strategy = FedAvgFT(finetune_epochs=1, evaluate_every=5, fraction_train=0.1)
+    >>> strategy.finetune_epochs, strategy.evaluate_every, strategy.fraction_evaluate
+    (1, 5, 1.0)
     """
 
     def __init__(self, *, finetune_epochs: int = 1, evaluate_every: int = 1, **kwargs: Any) -> None:
@@ -143,4 +154,5 @@ METHOD = Method(
         "eval-every",
     ),
     personalized=True,
+    style={"color": "#555555", "linestyle": "-."},
 )

@@ -54,6 +54,20 @@ class FedCross(MultiModelStrategy):
         Starting alpha of the dynamic schedule, in [0.5, alpha].
     **kwargs
         As for :class:`~fedx.strategies.MultiModelStrategy`.
+
+    Examples
+    --------
+    The paper's FedCross (alpha 0.99, the least similar collaborator) with
+    its PM-DA acceleration: propeller models for rounds 1-50, then alpha
+    growing from 0.5 over rounds 51-100. Start it as Flower's ``FedAvg``
+    (``strategy.start(grid=grid, initial_arrays=arrays, num_rounds=200)``):
+
+    >>> from fedx.strategies import FedCross
+    >>> strategy = FedCross(
+    ...     alpha=0.99, propeller_rounds=50, dynamic_alpha_rounds=50, fraction_train=0.1, seed=0
+    ... )
+    >>> strategy.selection, [round(strategy.alpha_at(r), 3) for r in (51, 76, 101)]
+    ('lowest_similarity', [0.5, 0.745, 0.99])
     """
 
     # pylint: disable=too-many-arguments
@@ -166,4 +180,5 @@ METHOD = Method(
             argument="alpha_start",
         ),
     ),
+    style={"color": "#009E73", "linestyle": "-"},
 )

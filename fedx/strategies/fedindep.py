@@ -19,6 +19,16 @@ class FedIndep(MultiModelStrategy):
     **kwargs
         As for :class:`~fedx.strategies.MultiModelStrategy` (``secure``
         included: the clients may swap layers before the shuffle).
+
+    Examples
+    --------
+    Ten models trained on their own, each round on other clients; start it as
+    Flower's ``FedAvg`` (``strategy.start(grid=grid, initial_arrays=arrays)``):
+
+    >>> from fedx.strategies import FedIndep
+    >>> strategy = FedIndep(fraction_train=0.1, seed=0)
+    >>> strategy.fraction_train
+    0.1
     """
 
     def update_pool(self, trained: PoolRound) -> list[Model]:
@@ -31,4 +41,5 @@ METHOD = Method(
     strategy=FedIndep,
     description="FedIndep (Hu et al., KDD'24): K independent models, shuffled whole (FedMR-p1.0)",
     keys=(POOL_MEAN_KEY,),
+    style={"color": "#CC79A7", "linestyle": "-"},
 )

@@ -166,6 +166,34 @@ class FedMe(PerClientEvaluation, FedxStrategy[_ExchangeRound]):
     weighted_by_key : str (default: "num-examples")
         The reply's metric that must be positive and weights the aggregated
         training metrics.
+
+    Examples
+    --------
+    Two architectures of a numpy model; ``initial_model_fn`` builds a
+    client's first model and ``predict_fn`` gives a model's class
+    probabilities on the server's unlabeled set (here 5 samples of 3
+    classes). The cluster count grows from 1 to 4 as in the paper. Start it
+    as Flower's ``FedAvg`` (``strategy.start(grid=grid,
+    initial_arrays=ArrayRecord(), num_rounds=300)``: it keeps a model per
+    client, so it needs no initial arrays):
+
+    >>> import numpy as np
+    >>> from fedx.strategies import FedMe
+    >>> widths = {"small": 4, "large": 16}
+    >>> def initial_model(architecture, client_id):
+    ...     rng = np.random.default_rng(client_id)
+    ...     return {"weight": rng.normal(size=(3, widths[architecture])).astype(np.float32)}
+    >>> def predict(architecture, model):
+    ...     return np.full((5, 3), 1 / 3)
+    >>> strategy = FedMe(
+    ...     architectures=["small", "large"],
+    ...     initial_model_fn=initial_model,
+    ...     predict_fn=predict,
+    ...     cluster_rounds=[150, 225, 275],
+    ...     seed=0,
+    ... )
+    >>> strategy.architectures, strategy.cluster_rounds
+    (('small', 'large'), (150, 225, 275))
     """
 
     # "offset" draws the architecture assignment's offset, once.
@@ -724,4 +752,5 @@ METHOD = Method(
     components="fedx.server_models:server_model_functions",
     prepare="fedx.server_models:load_run_unlabeled",
     client_train="fedx.client.fedme:train",
+    style={"color": "#E69F00", "linestyle": "-"},
 )

@@ -50,16 +50,31 @@ class FedMR(MultiModelStrategy):
         a :class:`~fedx.strategies.secure.SecureRecombination` as ``secure``.)
     secure_repeats : int (default: 3)
         r_s, repetitions of the exchange per round (at least 1).
-    secure_min_layers, secure_max_layers : int (default: 2, 4)
-        n_l <= n_u: each client sends n in [n_l, n_u] of its layers per
-        repetition (capped at the number of layers). "Layer" follows
-        ``grouping``. A client whose exchanges leave its trained model
-        unchanged does not upload it; more repetitions and layers make that
-        rarer (under 1% of uploads with the defaults and K >= 4).
+    secure_min_layers : int (default: 2)
+        n_l, the fewest layers a client sends its peers per repetition (at
+        least 1). Each client sends n in [n_l, n_u] of its layers, "layer"
+        as ``grouping`` says. A client whose exchanges leave its trained
+        model unchanged does not upload it; more repetitions and layers make
+        that rarer (under 1% of uploads with the defaults and K >= 4).
+    secure_max_layers : int (default: 4)
+        n_u, the most layers a client sends per repetition (at least n_l;
+        capped at the number of layers).
     **kwargs
         Sampling, record-key and seeding arguments of
         :class:`~fedx.strategies.MultiModelStrategy` (those of Flower's FedAvg
         plus ``num_models``, ``seed`` and ``node_wait_timeout``).
+
+    Examples
+    --------
+    Two-stage FedMR as the paper runs it on ResNet-20: 10% of the clients
+    per round, FedAvg for the first 100 rounds, then recombination. In a
+    ServerApp's ``main`` it starts as Flower's ``FedAvg`` does,
+    ``strategy.start(grid=grid, initial_arrays=arrays, num_rounds=500)``:
+
+    >>> from fedx.strategies import FedMR
+    >>> strategy = FedMR(first_stage_rounds=100, fraction_train=0.1, seed=0)
+    >>> strategy.first_stage_rounds, strategy.grouping, strategy.fraction_train
+    (100, 'tensor', 0.1)
     """
 
     def __init__(
@@ -161,8 +176,12 @@ METHOD = Method(
     ),
     variants=(
         # One-stage FedMR, whatever the setting's first stage.
-        Variant("fedmr", {"first-stage-rounds": 0}),
+        Variant("fedmr", {"first-stage-rounds": 0}, style={"color": "#0072B2", "linestyle": "-"}),
         # The setting's first stage: the papers' FedMR for ResNet-20 and VGG-16.
-        Variant("fedmr-two-stage", requires=_two_stage),
+        Variant(
+            "fedmr-two-stage",
+            requires=_two_stage,
+            style={"color": "#56B4E9", "linestyle": "-"},
+        ),
     ),
 )

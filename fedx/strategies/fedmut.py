@@ -37,6 +37,17 @@ class FedMut(MultiModelStrategy):
         ``T_b``, the round at which beta_t reaches 0 (authors' code: 100).
     **kwargs
         As for :class:`~fedx.strategies.MultiModelStrategy`.
+
+    Examples
+    --------
+    The paper's FedMut for ResNet-20 (alpha 4, beta0 0.5), 10% of the
+    clients per round; start it as Flower's ``FedAvg``
+    (``strategy.start(grid=grid, initial_arrays=arrays, num_rounds=200)``):
+
+    >>> from fedx.strategies import FedMut
+    >>> strategy = FedMut(alpha=4.0, beta0=0.5, fraction_train=0.1, seed=0)
+    >>> strategy.alpha, strategy.beta0, strategy.beta_rounds
+    (4.0, 0.5, 100)
     """
 
     def __init__(
@@ -113,4 +124,5 @@ METHOD = Method(
             argument="beta_rounds",
         ),
     ),
+    style={"color": "#D55E00", "linestyle": "-"},
 )

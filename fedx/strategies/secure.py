@@ -32,12 +32,15 @@ class SecureRecombination:
     ----------
     repeats : int (default: 3)
         r_s, repetitions of the exchange per round (at least 1).
-    min_layers, max_layers : int (default: 2, 4)
-        n_l <= n_u: each client sends n in [n_l, n_u] of its layers per
-        repetition (capped at the number of layers). A client whose
-        exchanges leave its trained model unchanged does not upload it; more
-        repetitions and layers make that rarer (under 1% of uploads with the
-        defaults and K >= 4).
+    min_layers : int (default: 2)
+        n_l, the fewest layers a client sends its peers per repetition (at
+        least 1): each client sends n in [n_l, n_u] of its layers. A client
+        whose exchanges leave its trained model unchanged does not upload
+        it; more repetitions and layers make that rarer (under 1% of uploads
+        with the defaults and K >= 4).
+    max_layers : int (default: 4)
+        n_u, the most layers a client sends per repetition (at least n_l;
+        capped at the number of layers).
     grouping : {"tensor", "module"} (default: "tensor")
         What one layer is (as FedMR's ``grouping``).
     """
