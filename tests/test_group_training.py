@@ -138,6 +138,45 @@ def test_in_float64_a_group_is_train_to_the_last_digits(case):
         assert mine.train_loss == pytest.approx(loss, rel=1e-12)
 
 
+@pytest.mark.usefixtures("server_task_identity")
+def test_the_client_a_grouped_simulation_trains_otherwise_in_float32_is_train_in_float64():
+    """Round 1 of the plain FedMR run (seed 3), client 1 of 4: 458 digits, 5 epochs of batches
+    of 50 from the run's initial CNN. In float32 its batched step and train() part at its 10th
+    step (a max pooling window whose two largest values lie 7.5e-9 apart in train() and equal
+    in the batched step) and end 2e-2 apart; in float64 they are the same arithmetic."""
+    from fedx.client.task import ClientTask  # pylint: disable=import-outside-toplevel
+    from tests.helpers import PLAIN_FEDMR  # pylint: disable=import-outside-toplevel
+
+    torch.manual_seed(PLAIN_FEDMR["seed"])  # as the ServerApp builds the initial model
+    model = build_model("cnn", (1, 8, 8), 10).double()
+    start = copy.deepcopy(model.state_dict())
+    run_config = {**DEFAULTS, "seed": PLAIN_FEDMR["seed"], "model": "cnn", "dataset": "digits"}
+    round_config = {"server-round": 1, "learning-rate": 0.05, "momentum": 0.9}
+    round_config |= {"weight-decay": 0.0, "batch-size": 50, "local-epochs": 5}
+    content = RecordDict({"arrays": ArrayRecord(start), "config": ConfigRecord(round_config)})
+    message = Message(content, dst_node_id=2, message_type="train")
+    task = ClientTask(message, Context(1, 2, {"partition-id": 1, "num-partitions": 4},
+                                       RecordDict(), run_config))  # fmt: skip
+    dataset = task.training_data()
+    assert len(dataset) == 458
+
+    class Doubles:
+        def __iter__(self):
+            for inputs, labels in task.train_loader(dataset):
+                yield inputs.double(), labels
+
+    settings = {"epochs": task.training.local_epochs, "device": CPU, **task.sgd()}
+    task.seed_torch()
+    loss = train(model, Doubles(), **settings)
+    task.seed_torch()
+    member = GroupMember(start, Doubles(), ClientRandom.capture(CPU))
+    (mine,) = train_group(build_model("cnn", (1, 8, 8), 10).double(), [member], **settings)
+    assert mine.steps == 50
+    for name, tensor in model.state_dict().items():
+        assert torch.allclose(mine.state[name], tensor, rtol=0, atol=1e-12), name
+    assert mine.train_loss == pytest.approx(loss, rel=1e-12)
+
+
 def test_an_lstm_or_unknown_randomness_is_not_batched():
     assert batching_obstacle(build_model("lstm", (80,), 80)) is not None
     assert "Dropout2d" in batching_obstacle(torch.nn.Sequential(torch.nn.Dropout2d()))
