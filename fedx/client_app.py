@@ -50,12 +50,14 @@ from fedx.secure.client import register_secure_handlers
 
 #: The train and evaluate handlers' work (torch, the data, the models).
 HANDLERS_MODULE = "fedx.client.handlers"
+#: What answers a client group's training messages in a simulation actor (``client-group-size``).
+GROUP_HANDLER = "fedx.client.groups:train_messages"
 
 # Inside Flower's simulation engine, ClientApps run on fedx's Ray backend: its
 # actor pool follows the nodes of a Ray cluster (fedx/simulation/). Its
 # actors import the handlers' module when they start, not in round 1.
 if simulation.in_simulation_engine():
-    simulation.install(actor_preload=(HANDLERS_MODULE,))
+    simulation.install(actor_preload=(HANDLERS_MODULE,), group_handler=GROUP_HANDLER)
 
 # Models may come packed, one array per model (fedx.client.packing); the
 # handlers read them as standard ArrayRecords.

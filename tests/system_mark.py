@@ -93,7 +93,8 @@ def system_start(args: str | bytes | os.PathLike | Sequence) -> str | None:
         if rest[:1] == ["-m"] and len(rest) > 1 and rest[1] in MODULE_PROGRAMS:
             program, rest = MODULE_PROGRAMS[rest[1]], rest[2:]
         elif rest and os.path.basename(rest[0]) in SYSTEM_SCRIPTS:
-            return " ".join(words)
+            # Asked for its --help only, the script starts nothing.
+            return None if INFORMATION & set(rest[1:]) else " ".join(words)
         else:
             return None
     if INFORMATION & set(rest):

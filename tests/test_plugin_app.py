@@ -23,6 +23,7 @@ from fedx.arrays import is_packed
 from fedx.strategies import FedCross, FedMR, FedMut, to_model
 from fedx.strategies.client_identity import query_client_ids
 from fedx.strategies.packing import PackingGrid
+from tests.helpers import environment_with_path
 
 PLUGIN_DIR = Path(__file__).resolve().parents[1] / "examples" / "numpy-plugin"
 NUM_NODES = 4
@@ -174,7 +175,7 @@ def test_the_plugin_app_imports_no_torch_and_no_scikit_learn():
         "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'torchvision', 'sklearn')]; "
         "assert not bad, bad"
     )
-    env = {**os.environ, "PYTHONPATH": str(PLUGIN_DIR)}
+    env = environment_with_path(PLUGIN_DIR)  # where Flower is on PYTHONPATH, it stays there
     completed = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True
     )

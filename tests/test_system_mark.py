@@ -42,6 +42,7 @@ def test_commands_that_start_a_system(command):
     [
         ["/venv/bin/flower-superlink", "--help"],  # what test_deploy_static reads of Flower
         ["fedx-superlink", "--version"],
+        [sys.executable, "docs/check_site.py", "--help"],  # what tests/doc_commands.py reads
         ["flwr", "new", "app"],
         ["fedx-deploy", "certs", "--out", "certificates"],
         [sys.executable, "-c", "import torch"],
