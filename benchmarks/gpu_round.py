@@ -13,6 +13,10 @@ Variants (``--variants``):
   SuperNodes of ``--client-cpus`` CPUs and ``--client-gpus`` of the GPU each
   (0.1: ten actors share the card); seconds per round from ``metrics.json``
   (``round-seconds``, rounds 2 to R).
+* ``sim-groups``: the same simulation with client groups: ``client-group-size``
+  = ``--group-size`` (default: the clients of a round) and actors of
+  ``--group-cpus`` CPUs and ``--group-gpus`` of the GPU (default 1: one actor
+  trains the whole round as one batched step).
 * ``loader``: one process trains the round's clients one after another with
   ``fedx.training.train`` on batches from torchvision's per-image transforms
   in a ``DataLoader`` (``fedx.data.batch_loader``): fedx's data path before
@@ -22,12 +26,12 @@ Variants (``--variants``):
 * ``device-det``: ``device`` with deterministic kernels
   (``fedx.training.deterministic_kernels``, the run config's
   ``deterministic = true``): what reproducibility costs.
-* ``vmap``: a lever, the round's clients trained together as one batched
-  step (:func:`train_together`): their parameters, BatchNorm statistics and
-  momentum stacked, each client's own batches (device path, a generator of
-  its own), the gradient of every client at once with ``torch.func.vmap``,
-  and SGD with momentum on the stacked tensors. Each client's training is
-  its own; the clients must hold equally many samples (IID shares do).
+* ``group``: the round's clients as one client group, as a simulation actor
+  trains them with ``client-group-size`` (``fedx.group_training.train_group``):
+  their parameters, BatchNorm statistics and momentum stacked, each client's
+  own batches (device path) and generator states, the gradient of every
+  client at once with ``torch.func.vmap``, SGD on the stacked tensors. Each
+  client's weights are what ``train()`` gives it alone (``tests/test_group_training.py``).
 * ``loader-data``, ``device-data``: the two data paths alone, every batch
   of the round made and moved to the device, no training.
 
@@ -53,7 +57,6 @@ This script reports; it is not a test, and it always exits with status 0.
 """
 
 import argparse
-import copy
 import statistics
 import tempfile
 import time
@@ -65,6 +68,7 @@ from pathlib import Path
 import torch
 
 from fedx.data import batch_loader, dataset_info, device_batches, load_partition
+from fedx.group_training import ClientRandom, GroupMember, train_group
 from fedx.models import build_model
 from fedx.ops import Model, average
 from fedx.training import deterministic_kernels, get_device, train
@@ -73,10 +77,11 @@ import _common as common
 import _gpu
 
 SETTING = _gpu.REPO / "configs" / "cifar10-resnet20-iid.toml"
-PLAIN_VARIANTS = ("loader", "device", "device-det", "vmap")
+PLAIN_VARIANTS = ("loader", "device", "device-det", "group")
 #: The data paths alone: every batch of the round made (and on the device), no training.
 DATA_VARIANTS = ("loader-data", "device-data")
-VARIANTS = ("sim", *PLAIN_VARIANTS, *DATA_VARIANTS)
+SIM_VARIANTS = ("sim", "sim-groups")
+VARIANTS = (*SIM_VARIANTS, *PLAIN_VARIANTS, *DATA_VARIANTS)
 #: The issue's target on one H100, seconds per round.
 TARGET_SECONDS = 0.6
 
@@ -87,6 +92,8 @@ class Row:
 
     variant: str
     round_seconds: list[float] = field(default_factory=list)
+    #: This process's CPU seconds per round (plain loops only): on a shared CPU, steadier than wall time.
+    cpu_seconds: list[float] = field(default_factory=list)
     reading: _gpu.Reading = field(default_factory=_gpu.Reading)
     error: str | None = None
 
@@ -146,83 +153,24 @@ def plain_round(
     return average(replies, weights=sizes) if replies else weights
 
 
-def train_together(
-    model: torch.nn.Module,
-    weights: list[Model],
-    batches: list,
-    *,
-    epochs: int,
-    learning_rate: float,
-    momentum: float,
-    device: torch.device,
-) -> list[Model]:
-    """Train one model per entry of ``weights`` on its own ``batches``, all as one batched step.
+def group_round(model, weights, parts, arguments, device, server_round) -> Model:
+    """The round's clients as one client group (``fedx.group_training``); FedAvg's average.
 
-    The same training as ``fedx.training.train`` on each (cross-entropy, SGD
-    with momentum, BatchNorm's running statistics updated from each client's
-    own batches), its steps taken together: ``torch.func.vmap`` of the
-    gradient over the stacked parameters, and torch's SGD update on the
-    stacked tensors. Every client needs the same number of batches of the
-    same sizes.
+    Each client is seeded as the ClientApp seeds it, and draws its shuffling,
+    crops and flips from its own generator states, as a simulation actor's
+    group does (``fedx.client.groups``).
     """
-    # pylint: disable=import-outside-toplevel,too-many-locals
-    from torch.func import functional_call, grad, vmap
-
-    base = copy.deepcopy(model).to("meta")
-    base.train()
-    names = {"params": [n for n, _ in model.named_parameters()]}
-    names["buffers"] = [n for n, _ in model.named_buffers()]
-
-    def stacked(kind: str) -> dict[str, torch.Tensor]:
-        return {
-            name: torch.stack([torch.from_numpy(w[name]) for w in weights]).to(device)
-            for name in names[kind]
-        }
-
-    params, buffers = stacked("params"), stacked("buffers")
-
-    def loss(p, b, inputs, labels):
-        return torch.nn.functional.cross_entropy(functional_call(base, (p, b), (inputs,)), labels)
-
-    step = vmap(grad(loss))
-    trained = list(params.values())
-    velocity: list[torch.Tensor] = []
-    for _ in range(epochs):
-        for client_batches in zip(*batches, strict=True):
-            inputs = torch.stack([x for x, _ in client_batches])
-            labels = torch.stack([y for _, y in client_batches])
-            grads = list(step(params, buffers, inputs, labels).values())
-            if not velocity:  # torch's SGD: the first step's momentum is the gradient itself
-                velocity = [g.clone() for g in grads]
-            else:
-                torch._foreach_mul_(velocity, momentum)
-                torch._foreach_add_(velocity, grads)
-            torch._foreach_add_(trained, velocity, alpha=-learning_rate)
-    state = {**params, **buffers}
-    return [
-        {name: state[name][i].detach().cpu().numpy() for name in model.state_dict()}
-        for i in range(len(weights))
-    ]
-
-
-def vmap_round(model, weights, parts, arguments, device, server_round) -> Model:
-    """The round's clients trained together (:func:`train_together`); FedAvg's average."""
-    batches = []
+    members = []
     for client, part in enumerate(parts):
-        generator = torch.Generator(device).manual_seed(client_seed(server_round, client))
-        made = device_batches(part, arguments.batch, device, shuffle=True)
-        assert made is not None, "CIFAR partitions take the device path"
-        made.generator = generator
-        batches.append(made)
-    replies = train_together(
-        model,
-        [weights] * len(parts),
-        batches,
-        epochs=arguments.epochs,
-        learning_rate=0.01,
-        momentum=0.9,
-        device=device,
+        torch.manual_seed(client_seed(server_round, client))
+        batches = device_batches(part, arguments.batch, device, shuffle=True)
+        assert batches is not None, "CIFAR partitions take the device path"
+        members.append(GroupMember(weights, batches, ClientRandom.capture(device)))
+    results = train_group(
+        model, members, epochs=arguments.epochs, learning_rate=0.01, momentum=0.9, device=device
     )
+    # The replies' copies to the host, as a ClientApp's ArrayRecords make them.
+    replies = [{k: v.cpu().numpy() for k, v in result.state.items()} for result in results]
     return average(replies, weights=[len(part) for part in parts])
 
 
@@ -241,14 +189,15 @@ def time_plain(variant: str, arguments: argparse.Namespace, root: Path, monitor)
     stamps = []
     for server_round in range(1, arguments.rounds + 1):
         _synchronize(device)
-        start = time.monotonic()
-        if variant == "vmap":
-            weights = vmap_round(model, weights, parts, arguments, device, server_round)
+        start, cpu_start = time.monotonic(), time.process_time()
+        if variant == "group":
+            weights = group_round(model, weights, parts, arguments, device, server_round)
         else:
             weights = plain_round(variant, model, weights, parts, arguments, device, server_round)
         _synchronize(device)
         stamps.append(start)
         row.round_seconds.append(time.monotonic() - start)
+        row.cpu_seconds.append(time.process_time() - cpu_start)
     if len(stamps) > 1:
         row.reading = monitor.reading(stamps[1], time.monotonic())
     return row
@@ -264,8 +213,10 @@ def _synchronize(device: torch.device) -> None:
 # ----------------------------------------------------------------------
 
 
-def time_simulation(arguments: argparse.Namespace, root: Path, work: Path, monitor) -> list[Row]:
-    """fedx-compare's runs of the round, one row per strategy."""
+def time_simulation(
+    arguments: argparse.Namespace, root: Path, work: Path, monitor, groups: bool = False
+) -> list[Row]:
+    """fedx-compare's runs of the round, one row per strategy (``groups``: with client groups)."""
     fraction = arguments.clients / arguments.partitions
     overrides = {
         "num-server-rounds": arguments.sim_rounds,
@@ -280,18 +231,28 @@ def time_simulation(arguments: argparse.Namespace, root: Path, work: Path, monit
         "device": arguments.device,
         "round-timeout": arguments.timeout,
     }
+    resources = arguments
+    if groups:
+        overrides["client-group-size"] = arguments.group_size or arguments.clients
+        resources = argparse.Namespace(
+            **{
+                **vars(arguments),
+                "client_cpus": arguments.group_cpus or arguments.client_cpus,
+                "client_gpus": arguments.group_gpus,
+            }
+        )
     comparison = _gpu.run_compare(
         SETTING,
         arguments.strategies,
-        work / "sim",
-        arguments,
+        work / ("sim-groups" if groups else "sim"),
+        resources,
         root=root,
         num_supernodes=arguments.partitions,
         overrides=overrides,
     )
     rows = []
     for method, run in comparison.runs.items():
-        row = Row(f"sim {method}", list(run.round_seconds))
+        row = Row(f"{'sim-groups' if groups else 'sim'} {method}", list(run.round_seconds))
         if len(run.rounds_at) > 1:
             row.reading = monitor.reading(run.rounds_at[0], run.rounds_at[-1])
         if not run.finished:
@@ -320,7 +281,7 @@ def print_header(arguments: argparse.Namespace) -> None:
         f"{arguments.client_cpus:g} CPU + {arguments.client_gpus:g} GPU a client; per round = "
         f"mean of rounds 2..R; target {TARGET_SECONDS} s a round (one H100)"
     )
-    print(f"{'variant':<16}{'s/round':>10}{'x target':>10}{'round 1 s':>11}  card")
+    print(f"{'variant':<16}{'s/round':>10}{'x target':>10}{'round 1 s':>11}{'CPU s':>8}  card")
 
 
 def print_row(row: Row) -> None:
@@ -328,7 +289,12 @@ def print_row(row: Row) -> None:
     seconds = "" if per_round is None else f"{per_round:.3f}"
     ratio = "" if per_round is None else f"{per_round / TARGET_SECONDS:.2f}"
     first = f"{row.round_seconds[0]:.2f}" if row.round_seconds else ""
-    print(f"{row.variant:<16}{seconds:>10}{ratio:>10}{first:>11}  {row.reading.text()}", flush=True)
+    later_cpu = row.cpu_seconds[1:]
+    cpu = f"{statistics.mean(later_cpu):.2f}" if later_cpu else ""  # rounds 2..R, as s/round
+    print(
+        f"{row.variant:<16}{seconds:>10}{ratio:>10}{first:>11}{cpu:>8}  {row.reading.text()}",
+        flush=True,
+    )
     common.print_error(row.error)
 
 
@@ -350,6 +316,18 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sim-rounds", type=int, default=5, help="rounds of each simulation")
     parser.add_argument("--strategies", nargs="+", default=["fedavg", "fedmr"])
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument(
+        "--group-size", type=int, default=0, help="sim-groups: client-group-size (0: --clients)"
+    )
+    parser.add_argument(
+        "--group-cpus", type=float, default=0.0, help="sim-groups: CPUs an actor (0: --client-cpus)"
+    )
+    parser.add_argument(
+        "--group-gpus",
+        type=float,
+        default=None,
+        help="sim-groups: GPU share of an actor (default: 1 where torch sees a GPU, else 0)",
+    )
     arguments = _gpu.parse_simulation_options(
         parser,
         argv,
@@ -363,6 +341,8 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         sim_rounds=2,
         model="cnn",
     )
+    if arguments.group_gpus is None:
+        arguments.group_gpus = 1.0 if arguments.client_gpus > 0 else 0.0
     if arguments.rounds < 2 or arguments.sim_rounds < 2:
         parser.error("--rounds and --sim-rounds must be at least 2 (round 1 is the start-up)")
     return arguments
@@ -379,8 +359,9 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
         with _gpu.GpuMonitor() as monitor:
             for variant in arguments.variants:
                 try:
-                    if variant == "sim":
-                        found = time_simulation(arguments, root, work, monitor)
+                    if variant in SIM_VARIANTS:
+                        groups = variant == "sim-groups"
+                        found = time_simulation(arguments, root, work, monitor, groups)
                     else:
                         found = [time_plain(variant, arguments, root, monitor)]
                 except Exception as err:  # a report, not a test: show the failure and go on

@@ -9,9 +9,10 @@ trip of 50 ms) between the sites and the SuperLink.
 
 The job: the numpy test app (``tests/wire_app``) with ``model=resnet20`` or
 ``model=vgg16``: FedMR, every node in every round, sends each node its pool
-model as a standard ``ArrayRecord`` holding exactly that fedx model's state
-dict (names, shapes, dtypes; ResNet-20 1.10 MB in 128 arrays, VGG-16
-61.0 MB in 32 arrays); the ClientApp changes every array by one step
+model holding exactly that fedx model's state dict (names, shapes, dtypes;
+ResNet-20 1.10 MB in 128 arrays, VGG-16 61.0 MB in 32 arrays), packed
+(one array per model, :mod:`fedx.arrays`) as fedx's ServerApp sends it to
+fedx's ClientApp, or as a standard ``ArrayRecord`` (``+wire=standard``); the ClientApp changes every array by one step
 without training (a numpy add: a few ms for ResNet-20, ~50 ms for VGG-16),
 so that all of it crosses back, and replies. A round is then the transfer
 and the fixed costs of an exchange. Seconds per round: the mean of rounds 2
@@ -48,8 +49,12 @@ is a base and ``+``-joined levers):
 * ``fast``: fedx's fast setup, the README's: the warm executor, 0.1 s polls,
   the SuperLink in memory and its middleware scoped (``fedx-deploy up
   --executor warm --poll-interval 0.1 --superlink-database memory
-  --superlink fedx``);
-* ``flower``: Flower's executor and polls, the SuperLink in memory;
+  --superlink fedx``), models packed;
+* ``flower``: Flower's executor and polls, the SuperLink in memory, models
+  standard;
+* ``+wire=packed|standard``: how models travel: packed, one array per model
+  (the ServerApp asks the nodes whether they read it, as fedx's does), or
+  as standard ``ArrayRecord`` s, one array each;
 * ``+inflight=N``: fedx's ``objects_in_flight`` (``fedx-deploy up
   --objects-in-flight N``): every process pulls and pushes N objects of a
   message at once (:mod:`fedx.flower.objects_in_flight`; Flower: 2);
@@ -103,10 +108,10 @@ REPO = Path(__file__).resolve().parents[1]
 APP = REPO / "tests" / "wire_app"
 MODELS = ("resnet20", "vgg16")
 DEFAULT_SETUPS = (
-    "fast+superlink=flower",
-    "fast",
-    "fast+inflight=4+superlink=flower",
+    "fast+inflight=4+wire=standard",
     "fast+inflight=4",
+    "fast+wire=standard",
+    "fast",
 )
 #: Flower's own settings, read when its modules are imported.
 FLOWER_PULLS, FLOWER_PUSHES = (
@@ -156,6 +161,11 @@ class Setup:
                 environment[FLOWER_CHUNK] = str(int(float(value) * MB))
         return environment
 
+    @property
+    def wire(self) -> str:
+        """How models travel: ``packed`` (the fast base) or ``standard``."""
+        return self.levers.get("wire", "packed" if self.base == "fast" else "standard")
+
 
 def setup_type(text: str) -> Setup:
     """A ``--setups`` entry, checked."""
@@ -167,11 +177,14 @@ def setup_type(text: str) -> Setup:
     except ValueError:
         raise argparse.ArgumentTypeError(f"levers are +NAME=VALUE, got {text!r}") from None
     for lever, value in levers.items():
-        if lever not in ("flwr-inflight", "inflight", "chunk", "superlink"):
+        if lever not in ("flwr-inflight", "inflight", "chunk", "superlink", "wire"):
             raise argparse.ArgumentTypeError(f"unknown lever {lever!r} in {text!r}")
         if lever == "superlink":
             if value not in ("flower", "fedx"):
                 raise argparse.ArgumentTypeError(f"superlink is flower or fedx in {text!r}")
+        elif lever == "wire":
+            if value not in ("packed", "standard"):
+                raise argparse.ArgumentTypeError(f"wire is packed or standard in {text!r}")
         elif not float(value) > 0:
             raise argparse.ArgumentTypeError(f"{lever} must be positive in {text!r}")
     return setup
@@ -214,6 +227,16 @@ class Outcome:
     cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds by host/program
     superlink_rss: int = 0
     superlink_threads: int = 0
+
+    @property
+    def superlink_cpu(self) -> float:
+        """CPU seconds of the SuperLink's process (its host's ``*superlink`` program)."""
+        return sum(
+            seconds
+            for name, seconds in self.cpu.items()
+            if name.startswith(f"{links.LINK}/") and name.endswith("superlink")
+        )
+
     error: str | None = None
 
     @property
@@ -297,7 +320,7 @@ def run_setup(
     result_file = state / "result.json"
     run_config = (
         f'model="{model}" num-server-rounds={arguments.rounds} min-nodes={arguments.supernodes} '
-        f'round-timeout={arguments.timeout} result-file="{result_file}"'
+        f'round-timeout={arguments.timeout} result-file="{result_file}" wire="{setup.wire}"'
     )
     round_two, round_last = (f"[ROUND {r}/{arguments.rounds}]" for r in (2, arguments.rounds))
     output: list[str] = []
@@ -334,7 +357,11 @@ def run_setup(
     if first is None or last is None or not result_file.exists():
         outcome.error = f"no result (see {state}):\n{''.join(output)[-3000:]}"
         return outcome
-    result = json.loads(result_file.read_text())["strategies"]["fedmr"]
+    summary = json.loads(result_file.read_text())
+    result = summary["strategies"]["fedmr"]
+    if setup.wire == "packed" and summary["wire"]["sent-standard"]:
+        outcome.error = f"models went standard: {summary['wire']} (see {state})"
+        return outcome
     if any(int(slots) != arguments.supernodes for slots in result["trained-slots"].values()):
         outcome.error = (
             f"replies were dropped: trained slots {result['trained-slots']} (see {state})"
@@ -388,7 +415,7 @@ def print_model(
     )
     header = (
         f"{'setup':<26} {'s/round':>8} {'ratio':>6} {'round 1':>8} {'requests':>8} "
-        f"{'down/KM':>7} {'up/KM':>6} {'CPU s':>6} {'SL MB':>6} {'SL thr':>6}"
+        f"{'down/KM':>7} {'up/KM':>6} {'CPU s':>6} {'SL CPU':>6} {'SL MB':>6} {'SL thr':>6}"
     )
     print(header)
     print("-" * len(header))
@@ -403,13 +430,13 @@ def print_model(
             f"{outcome.per_round / floor.seconds:>6.2f} {outcome.first:>8.2f} "
             f"{sum(outcome.requests.values()) / rounds:>8.0f} "
             f"{outcome.link['down'] / km:>7.3f} {outcome.link['up'] / km:>6.3f} "
-            f"{sum(outcome.cpu.values()) / rounds:>6.2f} "
+            f"{sum(outcome.cpu.values()) / rounds:>6.2f} {outcome.superlink_cpu / rounds:>6.2f} "
             f"{outcome.superlink_rss / MB:>6.0f} {outcome.superlink_threads:>6}"
         )
     print(
         "(requests: the SuperNodes' to the SuperLink; down/KM, up/KM: bytes on the SuperLink's "
-        "link over K·M; CPU s: every process of every host; all per round, rounds 2 to R-1. "
-        "SL MB, SL thr: the SuperLink's peak resident memory and threads)"
+        "link over K·M; CPU s: every process of every host; SL CPU: the SuperLink's; all per "
+        "round, rounds 2 to R-1. SL MB, SL thr: the SuperLink's peak resident memory and threads)"
     )
     for outcome in outcomes:
         if outcome.per_round is None:

@@ -1,25 +1,66 @@
-"""A model's arrays as Flower's messages carry them, read without ``np.load``'s header parsing.
+"""A model's arrays as Flower's messages carry them: standard ``Array`` s, or fedx's packed form.
 
-A Flower ``Array`` holds one array as the bytes of a NumPy ``.npy`` file
-(``np.save``). ``Array.numpy()`` reads them with ``np.load``, which parses
-the file's header with ``ast.literal_eval``: for digits' CNN that is most of
-the time it takes (0.21 ms for its 8 arrays, against 0.05 ms here), and a
-server reads K models every round, a simulation worker one or two per
-message. :func:`to_numpy` reads the header that ``np.save`` writes for a
-plain array (format 1.0, one type, C order) with a regular expression and
-gives anything else (another format version, a Fortran-ordered or a
-structured array, another serialization type, bytes of the wrong length) to
-``Array.numpy()``. Either way the result is what ``Array.numpy()`` gives: a
-writable array that owns its data.
+**Standard.** A Flower ``Array`` holds one array as the bytes of a NumPy
+``.npy`` file (``np.save``). ``Array.numpy()`` reads them with ``np.load``,
+which parses the file's header with ``ast.literal_eval``: for digits' CNN
+that is most of the time it takes (0.21 ms for its 8 arrays, against
+0.05 ms here), and a server reads K models every round, a simulation worker
+one or two per message. :func:`to_numpy` reads the header that ``np.save``
+writes for a plain array (format 1.0, one type, C order) with a regular
+expression and gives anything else (another format version, a
+Fortran-ordered or a structured array, another serialization type, bytes of
+the wrong length) to ``Array.numpy()``. Either way the result is what
+``Array.numpy()`` gives: a writable array that owns its data.
+
+**Packed.** Flower 1.41 moves a message as objects, one request each: the
+message, its records, every ``Array`` and every ``ArrayChunk`` (a piece of
+at most 5 MB of an ``Array``'s bytes). A standard ResNet-20 is 128 arrays,
+so 128 ``Array`` s and as many chunks. The packed form is one ``Array``
+per model, whatever its number of arrays: an ``ArrayRecord`` whose only
+entry (:data:`PACKED_NAME`) has ``stype`` :data:`PACKED_STYPE`, ``dtype``
+``"uint8"`` and the shape of its bytes, which are, in order:
+
+* the header's length in bytes, 4 bytes, little-endian;
+* the header: JSON, a list of ``[name, dtype, shape]``, one per array in
+  the model's order, ``dtype`` as numpy spells it with its byte order
+  (``dtype.str``: ``"<f4"``, ``"|b1"``, ``">i8"``);
+* each array's bytes in C order. An array that holds bytes starts at the
+  first multiple of :data:`ALIGNMENT` at or after the end of what came
+  before it, with zeros in between; the bytes end where the last array
+  ends. Reading checks all of that: bytes that do not hold what the header
+  says (truncated, extended, a size or a dtype that does not fit) fail
+  with a reason, and what a header can say without breaking the layout
+  (a shape of the same size) is what the strategies' check of a reply
+  against the model it was sent catches.
+
+Flower cuts the packed bytes into chunks with a ``memoryview`` (no copy)
+and reassembles them into one ``bytes``: the arrays are then read in place
+(``np.frombuffer``, aligned for every type) and copied once into arrays of
+their own, as :func:`to_numpy` copies. The sender writes the bytes once
+(``bytes.join`` of the arrays' buffers). The header rebuilds the state dict
+exactly: names and their order, shapes (0-d and empty arrays included),
+dtypes with their byte order, every bit. Object and structured dtypes have
+no packed form (:func:`pack` refuses them; a record holding one travels
+standard).
+
+Who reads it: a node says so in its answer to the identity query
+(:mod:`fedx.strategies.client_identity`); fedx's ClientApp does, through
+:func:`fedx.client.packing.packed_models`, and replies packed to what came
+packed. :func:`to_numpy_dict` reads both forms, so whatever reads a model
+(the strategies, the ClientApp, checkpoints) takes either. What the
+strategies hold and what is saved on disk is the same either way.
 
 numpy and Flower only, so the strategies and the ClientApp both use it.
 """
 
+import io
+import json
+import math
 import re
 from collections.abc import Mapping
 
 import numpy as np
-from flwr.app import Array, ArrayRecord
+from flwr.app import Array, ArrayRecord, RecordDict
 from flwr.common.constant import SType
 
 # What np.save writes before the data: magic string, format version 1.0, header length.
@@ -28,23 +69,266 @@ _HEADER = re.compile(
     rb"\{'descr': '([<>|=]?[a-zA-Z]\d*)', 'fortran_order': False, 'shape': \(([0-9, ]*)\), \} *\n"
 )
 
+#: The packed form's version; a node that reads it answers the identity query with it.
+PACKED_VERSION = 1
+#: The ``stype`` of a packed model's ``Array`` (a later version is another stype).
+PACKED_STYPE = f"fedx.packed.v{PACKED_VERSION}"
+#: The name of a packed model's ``Array`` in its ``ArrayRecord``.
+PACKED_NAME = "fedx.packed"
+#: Where the arrays of a packed model start: multiples of this many bytes.
+ALIGNMENT = 64
+_LENGTH_BYTES = 4
+
+
+def _plain_view(array: Array) -> np.ndarray | None:
+    """A read-only view of the data of a plain array's ``.npy`` bytes, or None for anything else."""
+    data = array.data
+    if array.stype != SType.NUMPY or data[: len(_PREFIX)] != _PREFIX:
+        return None
+    start = len(_PREFIX) + 2 + int.from_bytes(data[len(_PREFIX) : len(_PREFIX) + 2], "little")
+    header = _HEADER.fullmatch(data[len(_PREFIX) + 2 : start])
+    if header is None:
+        return None
+    dtype = np.dtype(header.group(1).decode("ascii"))
+    shape = tuple(int(side) for side in header.group(2).split(b",") if side.strip())
+    count = int(np.prod(shape, dtype=np.int64))
+    if dtype.hasobject or len(data) != start + count * dtype.itemsize:
+        return None
+    return np.frombuffer(data, dtype=dtype, count=count, offset=start).reshape(shape)
+
 
 def to_numpy(array: Array) -> np.ndarray:
     """``array.numpy()``, read faster where the bytes are a plain array's ``.npy`` file."""
+    view = _plain_view(array)
+    return view.copy() if view is not None else array.numpy()
+
+
+# ----------------------------------------------------------------------
+# The packed form
+# ----------------------------------------------------------------------
+
+
+def _packable_dtype(dtype: np.dtype) -> str:
+    """``dtype.str``, which rebuilds ``dtype`` exactly; ValueError where it does not."""
+    if dtype.hasobject or dtype.fields is not None or np.dtype(dtype.str) != dtype:
+        raise ValueError(f"dtype {dtype} has no packed form")
+    return dtype.str
+
+
+def _aligned(offset: int) -> int:
+    return -(-offset // ALIGNMENT) * ALIGNMENT
+
+
+def pack(model: Mapping[str, np.ndarray]) -> Array:
+    """The packed ``Array`` of ``model`` (see the module's notes).
+
+    Raises
+    ------
+    ValueError
+        When an array has an object or a structured dtype.
+    """
+    entries: list[list] = []
+    buffers: list[np.ndarray] = []
+    for name, array in model.items():
+        array = np.asarray(array)
+        entries.append([str(name), _packable_dtype(array.dtype), list(array.shape)])
+        if array.nbytes:
+            # C order, as bytes; a view where the array already is C-contiguous.
+            buffers.append(np.require(array, requirements="C").reshape(-1).view(np.uint8))
+    header = json.dumps(entries, separators=(",", ":")).encode("utf-8")
+    parts: list[bytes | np.ndarray] = [len(header).to_bytes(_LENGTH_BYTES, "little"), header]
+    end = _LENGTH_BYTES + len(header)
+    for buffer in buffers:
+        start = _aligned(end)
+        parts.extend((bytes(start - end), buffer))
+        end = start + buffer.nbytes
+    data = b"".join(parts)
+    return Array(dtype="uint8", shape=(len(data),), stype=PACKED_STYPE, data=data)
+
+
+def _entry(entry: object) -> tuple[str, np.dtype, tuple[int, ...]]:
+    """One ``[name, dtype, shape]`` of a packed header, checked."""
+    if not (isinstance(entry, list) and len(entry) == 3):
+        raise ValueError(f"packed model: header entry {entry!r:.80} is not [name, dtype, shape]")
+    name, dtype_text, shape = entry
+    if not isinstance(name, str) or not isinstance(dtype_text, str):
+        raise ValueError(f"packed model: header entry {entry!r:.80}: name, dtype not strings")
+    if not isinstance(shape, list) or not all(
+        isinstance(side, int) and not isinstance(side, bool) and side >= 0 for side in shape
+    ):
+        raise ValueError(f"packed model: {name}: shape {shape!r:.80} is not a list of sizes")
+    try:
+        dtype = np.dtype(dtype_text)
+        _packable_dtype(dtype)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"packed model: {name}: dtype {dtype_text!r:.40}: {err}") from None
+    return name, dtype, tuple(shape)
+
+
+def unpack(array: Array) -> dict[str, np.ndarray]:
+    """The model a packed ``Array`` holds, each array writable and its own.
+
+    Raises
+    ------
+    ValueError
+        When ``array`` is not a packed model, or its bytes do not hold what
+        its header says (truncated, extended, a header that lies).
+    """
+    if array.stype != PACKED_STYPE:
+        raise ValueError(f"not a packed model: stype {array.stype!r}")
     data = array.data
-    if array.stype == SType.NUMPY and data[: len(_PREFIX)] == _PREFIX:
-        start = len(_PREFIX) + 2 + int.from_bytes(data[len(_PREFIX) : len(_PREFIX) + 2], "little")
-        header = _HEADER.fullmatch(data[len(_PREFIX) + 2 : start])
-        if header is not None:
-            dtype = np.dtype(header.group(1).decode("ascii"))
-            shape = tuple(int(side) for side in header.group(2).split(b",") if side.strip())
-            count = int(np.prod(shape, dtype=np.int64))
-            if not dtype.hasobject and len(data) == start + count * dtype.itemsize:
-                flat = np.frombuffer(data, dtype=dtype, count=count, offset=start)
-                return flat.reshape(shape).copy()
-    return array.numpy()
+    if len(data) < _LENGTH_BYTES:
+        raise ValueError(f"packed model of {len(data)} bytes has no header")
+    end = _LENGTH_BYTES + int.from_bytes(data[:_LENGTH_BYTES], "little")
+    if end > len(data):
+        raise ValueError(f"packed model: header of {end} bytes in {len(data)}")
+    try:
+        entries = json.loads(data[_LENGTH_BYTES:end])
+    except (ValueError, RecursionError) as err:  # JSON, UTF-8, nesting
+        raise ValueError(f"packed model: unreadable header: {err}") from None
+    if not isinstance(entries, list):
+        raise ValueError("packed model: the header is not a list")
+    model: dict[str, np.ndarray] = {}
+    for entry in entries:
+        name, dtype, shape = _entry(entry)
+        if name in model:
+            raise ValueError(f"packed model: {name!r} twice")
+        count = math.prod(shape)
+        size = count * dtype.itemsize
+        if size == 0:
+            model[name] = np.zeros(shape, dtype=dtype)
+            continue
+        start = _aligned(end)
+        if data[end:start].count(0) != start - end:
+            raise ValueError(f"packed model: bytes other than zeros before {name}")
+        end = start + size
+        if end > len(data):
+            raise ValueError(
+                f"packed model: {name} {dtype.str}{list(shape)} ends at byte {end} of {len(data)}"
+            )
+        model[name] = (
+            np.frombuffer(data, dtype=dtype, count=count, offset=start).reshape(shape).copy()
+        )
+    if end != len(data):
+        raise ValueError(f"packed model: its arrays end at byte {end} of {len(data)}")
+    return model
+
+
+def is_packed(record: ArrayRecord | Mapping[str, Array]) -> bool:
+    """Whether ``record`` holds a packed model (a single ``Array`` of :data:`PACKED_STYPE`)."""
+    if len(record) != 1:
+        return False
+    (array,) = record.values()
+    return array.stype == PACKED_STYPE
+
+
+def _views(record: ArrayRecord) -> dict[str, np.ndarray]:
+    """A standard record's arrays, as read-only views of its bytes where they are plain."""
+    views = {}
+    for name, array in record.items():
+        view = _plain_view(array)
+        views[name] = view if view is not None else array.numpy()
+    return views
+
+
+def packed_record(record: ArrayRecord) -> ArrayRecord:
+    """``record`` in the packed form (itself when it is packed already).
+
+    Raises
+    ------
+    ValueError
+        When an array has no packed form (see :func:`pack`) or cannot be read.
+    TypeError
+        When an array has a serialization type numpy cannot read.
+    """
+    if is_packed(record):
+        return record
+    return ArrayRecord({PACKED_NAME: pack(_views(record))})
+
+
+def _standard_array(array: np.ndarray) -> Array:
+    """``Array(array)`` (the same ``.npy`` bytes), writing the data once instead of three times."""
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, np.lib.format.header_data_from_array_1_0(array))
+    data = b"".join(
+        (header.getvalue(), np.require(array, requirements="C").reshape(-1).view(np.uint8))
+    )
+    return Array(dtype=str(array.dtype), shape=tuple(array.shape), stype=SType.NUMPY, data=data)
+
+
+def standard_record(record: ArrayRecord) -> ArrayRecord:
+    """``record`` as standard ``Array`` s, one per array (itself when it is not packed).
+
+    Raises
+    ------
+    ValueError
+        When the packed model cannot be read (:func:`unpack`).
+    """
+    if not is_packed(record):
+        return record
+    (array,) = record.values()
+    return ArrayRecord({name: _standard_array(value) for name, value in unpack(array).items()})
 
 
 def to_numpy_dict(record: ArrayRecord | Mapping[str, Array]) -> dict[str, np.ndarray]:
-    """``{name: np.ndarray}`` of a record's arrays, in the record's order."""
+    """``{name: np.ndarray}`` of a record's model, in its order, from either form.
+
+    Raises
+    ------
+    ValueError
+        When a packed model cannot be read (:func:`unpack`), or as ``Array.numpy()``.
+    """
+    if is_packed(record):
+        (array,) = record.values()
+        return unpack(array)
     return {name: to_numpy(array) for name, array in record.items()}
+
+
+# ----------------------------------------------------------------------
+# Messages
+# ----------------------------------------------------------------------
+
+
+def packs_models(content: RecordDict) -> bool:
+    """Whether a message's content holds a packed model."""
+    return any(is_packed(record) for record in content.array_records.values())
+
+
+def pack_models(content: RecordDict, packed: dict[int, ArrayRecord] | None = None) -> RecordDict:
+    """``content`` with every model (a non-empty ``ArrayRecord``) packed.
+
+    A new ``RecordDict`` holding the same other records; ``content`` is not
+    changed. A record with an array that has no packed form stays standard.
+    ``packed`` keeps the packed records by the ``id`` of the original, for
+    messages that share one (Flower's strategies send one ``RecordDict`` to
+    every node of an evaluation): pass the same dict for messages built
+    together, and drop it with them.
+    """
+    packed = {} if packed is None else packed
+    records = {}
+    for name, record in content.items():
+        if isinstance(record, ArrayRecord) and len(record) > 0:
+            if id(record) not in packed:
+                try:
+                    packed[id(record)] = packed_record(record)
+                except (TypeError, ValueError):
+                    packed[id(record)] = record  # it travels standard, as it is
+            record = packed[id(record)]
+        records[name] = record
+    return RecordDict(records)
+
+
+def unpack_models(content: RecordDict) -> RecordDict:
+    """``content`` with every packed model as standard ``Array`` s (a new ``RecordDict``).
+
+    Raises
+    ------
+    ValueError
+        When a packed model cannot be read (:func:`unpack`).
+    """
+    return RecordDict(
+        {
+            name: standard_record(r) if isinstance(r, ArrayRecord) else r
+            for name, r in content.items()
+        }
+    )

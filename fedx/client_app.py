@@ -14,9 +14,12 @@ method answers its training messages itself (its declaration's
 data layout: the node's share is split into its own train, validation and
 test data, and evaluation fine-tunes and tests the model on them
 (:mod:`fedx.protocol.personalized`). A ``query`` message asks the node which
-client it is. The one exception to statelessness is secure recombination:
-within a round, the trained model waits in the node's ``context.state``
-while the clients swap layers (:mod:`fedx.secure.client`). A process that
+client it is; its answer also says that the node reads fedx's packed model
+form, and models that come packed reach the handlers as standard
+``ArrayRecord`` s and go back packed (:mod:`fedx.client.packing`). The one
+exception to statelessness is secure recombination: within a round, the
+trained model waits in the node's ``context.state`` while the clients swap
+layers (:mod:`fedx.secure.client`). A process that
 answers many messages (a simulation worker) reuses its model skeletons and
 its loaded data, which carry nothing from one message to the next
 (:mod:`fedx.client.skeletons`).
@@ -41,19 +44,24 @@ from flwr.clientapp import ClientApp
 
 from fedx import simulation
 from fedx.client.node import node_partition
+from fedx.client.packing import packed_models
 from fedx.protocol.common import CLIENT_ID, METRICS
 from fedx.secure.client import register_secure_handlers
 
 #: The train and evaluate handlers' work (torch, the data, the models).
 HANDLERS_MODULE = "fedx.client.handlers"
+#: What answers a client group's training messages in a simulation actor (``client-group-size``).
+GROUP_HANDLER = "fedx.client.groups:train_messages"
 
 # Inside Flower's simulation engine, ClientApps run on fedx's Ray backend: its
 # actor pool follows the nodes of a Ray cluster (fedx/simulation/). Its
 # actors import the handlers' module when they start, not in round 1.
 if simulation.in_simulation_engine():
-    simulation.install(actor_preload=(HANDLERS_MODULE,))
+    simulation.install(actor_preload=(HANDLERS_MODULE,), group_handler=GROUP_HANDLER)
 
-app = ClientApp()
+# Models may come packed, one array per model (fedx.client.packing); the
+# handlers read them as standard ArrayRecords.
+app = ClientApp(mods=[packed_models])
 # Secure recombination: the exchange's send, return and upload steps.
 register_secure_handlers(app)
 

@@ -111,6 +111,14 @@ class RunConfig:
         "where clients train and the server evaluates: `auto` = a GPU where the process sees "
         "one, else the CPU; `cpu`; `cuda` (a client without a GPU fails its messages)",
     )
+    client_group_size: int = _app(
+        1,
+        Integer(1),
+        "simulation only: a ClientApp actor trains up to this many of a round's clients as one "
+        "batched step (torch.func over their stacked weights; each client's result is its own "
+        "training's); 1 = one client at a time. Clients whose model cannot be batched (an LSTM) "
+        "or whose method trains its own way train one by one",
+    )
     fraction_train: float = _app(
         1.0,
         FRACTION,

@@ -1,5 +1,6 @@
 """What several test modules share (fixtures are in conftest.py): the app's defaults, models, runs."""
 
+import importlib.util
 import json
 import os
 import shutil
@@ -40,6 +41,39 @@ def skip_unless_ci(reason: str) -> NoReturn:
     if in_ci():
         pytest.fail(f"{reason} (CI=true: .ci/run should have installed it)", pytrace=False)
     pytest.skip(reason)
+
+
+def skip_unless_installed(tool: str, hint: str = "pip install -e '.[dev]'") -> Path:
+    """``tool`` next to this interpreter (its ``bin`` folder); skip (under CI: fail) where it is not.
+
+    The GPU machine's image has no development tools (ruff, mypy): there the
+    tests that run them skip with one line that names the tool.
+    """
+    path = BIN / tool
+    if not path.exists():
+        skip_unless_ci(f"{tool} is not installed next to {sys.executable} ({hint})")
+    return path
+
+
+def skip_unless_importable(module: str, hint: str = "pip install -e '.[dev]'") -> None:
+    """Skip (under CI: fail) where this interpreter cannot import ``module`` (Sphinx, ...)."""
+    if importlib.util.find_spec(module) is None:
+        skip_unless_ci(f"{module} is not importable by {sys.executable} ({hint})")
+
+
+def skip_unless_package_index(package: str = "flwr") -> None:
+    """Skip (under CI: fail) where pip reaches no package index that lists ``package``.
+
+    Asks pip's own configuration (``pip index versions``, no retries), so the
+    test names no index of its own.
+    """
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "index", "versions", package, "--retries", "0",
+         "--timeout", "15", "--disable-pip-version-check"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    if done.returncode != 0 or "Available versions" not in done.stdout:
+        skip_unless_ci(f"no package index reachable (pip index versions {package} failed)")
 
 
 def environment_with_path(*folders: Path) -> dict[str, str]:

@@ -5,6 +5,7 @@ conftest.py), on free 127.0.0.1 ports with a private FLWR_HOME.
 """
 
 import json
+import re
 
 import pytest
 
@@ -32,6 +33,10 @@ def test_fedmr_on_digits_writes_metrics_curve_and_model(plain_fedmr_run):
     assert (directory / "model.pt").stat().st_size > 100_000
     assert "10 different pool models" not in output  # 4 nodes, so K=4
     assert "4 nodes get 4 different pool models" in output
+    # fedx's ClientApp says it reads the packed form: every model went packed.
+    assert "4 nodes connected (4 identified, 4 read packed models)" in output
+    packed = re.search(r"models went packed in (\d+) messages, standard in 0\b", output)
+    assert packed is not None and int(packed.group(1)) >= 3 * 4, output[-3000:]
 
 
 def test_bad_run_config_stops_the_run_with_one_clear_line(superlink, app, tmp_path):

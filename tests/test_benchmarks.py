@@ -8,8 +8,12 @@ ratios taken against the baseline of the same run), not how fast anything is.
 import importlib.util
 import json
 import math
+import os
+import stat
+import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 from types import ModuleType
 
@@ -27,7 +31,9 @@ def load_script(name: str) -> ModuleType:
     """
     if str(BENCHMARKS) not in sys.path:
         sys.path.append(str(BENCHMARKS))
-    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", BENCHMARKS / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(
+        f"benchmark_{name.replace('/', '_')}", BENCHMARKS / f"{name}.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up here
@@ -203,7 +209,7 @@ def test_gpu_round_quick(capsys):
     """The plain loops of the round on tiny CIFAR-shaped data: every variant times its rounds."""
     gpu_round = load_script("gpu_round")
     rows = gpu_round.main(["--quick"])
-    assert [row.variant for row in rows] == ["loader", "device", "device-det", "vmap"]
+    assert [row.variant for row in rows] == ["loader", "device", "device-det", "group"]
     for row in rows:
         assert row.error is None, row.error
         assert len(row.round_seconds) == 2 and min(row.round_seconds) > 0
@@ -212,48 +218,6 @@ def test_gpu_round_quick(capsys):
     out = capsys.readouterr().out
     assert "x target" in out and "target 0.6 s a round" in out
     assert f"{rows[0].per_round / gpu_round.TARGET_SECONDS:.2f}" in out
-
-
-@pytest.mark.parametrize(("architecture", "epochs", "batches"), [("cnn", 2, 4), ("resnet20", 1, 2)])
-def test_the_vmap_lever_trains_each_client_as_train_does(architecture, epochs, batches):
-    """Clients trained together: each one's weights and BatchNorm statistics are train()'s."""
-    # pylint: disable=import-outside-toplevel  (torch only for the tests that need it)
-    import numpy as np
-    import torch
-
-    from fedx.data import DeviceBatches, DeviceImages, ImageTransform
-    from fedx.models import build_model
-    from fedx.training import train
-
-    gpu_round = load_script("gpu_round")
-
-    cpu = torch.device("cpu")
-    rng = np.random.default_rng(0)
-    pixels = rng.integers(0, 256, size=(64, 32, 32, 3), dtype=np.uint8)
-    images = DeviceImages(
-        pixels, rng.integers(0, 10, 64), ImageTransform((0.5,) * 3, (0.25,) * 3), cpu
-    )
-    torch.manual_seed(0)
-    model = build_model(architecture, (3, 32, 32), 10)
-    start = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
-    shares = [torch.arange(0, 8 * batches), torch.arange(32, 32 + 8 * batches)]  # other samples
-    settings = {"epochs": epochs, "learning_rate": 0.05, "momentum": 0.9, "device": cpu}
-
-    def batches_of(share):
-        return DeviceBatches(images, share, 8, shuffle=False, augment=False)
-
-    together = gpu_round.train_together(
-        model, [start, start], [batches_of(s) for s in shares], **settings
-    )
-    for share, mine in zip(shares, together, strict=True):
-        alone = build_model(architecture, (3, 32, 32), 10)
-        alone.load_state_dict({k: torch.from_numpy(v) for k, v in start.items()})
-        train(alone, batches_of(share), **settings)
-        for name, tensor in alone.state_dict().items():
-            # Batched convolutions add in another order: 1.2e-7 at most here,
-            # against weights that moved by 0.07 and more.
-            np.testing.assert_allclose(mine[name], tensor.numpy(), rtol=0, atol=1e-6, err_msg=name)
-    assert any(not np.array_equal(together[0][k], together[1][k]) for k in start)
 
 
 def test_gpu_monitor_summarises_the_samples_of_a_stretch():
@@ -378,3 +342,77 @@ def test_fast_setup_prints_each_exchange_step_side_by_side(capsys):
     assert handler.split()[-2:] == ["2.000", "1.000"]  # the medians, before then after
     outside = next(line for line in lines if line.startswith("the round outside its exchange"))
     assert outside.split()[-2:] == ["0.500", "0.500"]  # 4.0 - 3.5 and 2.0 - 1.5
+
+
+# ----------------------------------------------------------------------
+# benchmarks/gpu/prepare.sh's Ray: packed with every file's mode
+# ----------------------------------------------------------------------
+
+PACK_RAY = BENCHMARKS / "gpu" / "pack_ray.py"
+
+
+def _pack_and_unpack(wheel: Path, folder: Path) -> Path:
+    """``wheel`` packed as prepare.sh packs Ray, then unpacked as run.sh's install step does."""
+    archive = folder / "ray-stripped.tar.xz"
+    subprocess.run([sys.executable, str(PACK_RAY), str(wheel), str(archive)], check=True)
+    site = folder / "site"
+    site.mkdir()
+    subprocess.run(["tar", "-C", str(site), "-xJf", str(archive)], check=True)
+    return site
+
+
+def test_the_packed_ray_keeps_every_file_mode(tmp_path):
+    """A wheel's recorded modes survive prepare.sh's packing: Ray's own processes stay executable."""
+    pack_ray = load_script("gpu/pack_ray")
+    files = {
+        **{binary: 0o755 for binary in pack_ray.BINARIES},
+        "ray/__init__.py": 0o644,
+        "ray/_private/services.py": 0o600,
+        "ray/rllib/__init__.py": 0o644,  # stripped
+        "ray-2.55.1.dist-info/RECORD": 0o644,
+    }
+    wheel = tmp_path / "ray-2.55.1-cp312-cp312-manylinux2014_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for name, mode in files.items():
+            entry = zipfile.ZipInfo(name)
+            entry.external_attr = (stat.S_IFREG | mode) << 16  # as wheels record them
+            archive.writestr(entry, f"contents of {name}\n")
+    site = _pack_and_unpack(wheel, tmp_path)
+    for name, mode in files.items():
+        path = site / name
+        if name.startswith("ray/rllib"):
+            assert not path.exists(), name
+            continue
+        assert stat.S_IMODE(path.stat().st_mode) == mode, name
+        assert path.read_text() == f"contents of {name}\n"
+    for binary in pack_ray.BINARIES:
+        assert os.access(site / binary, os.X_OK), binary
+    # What prepare.sh did before: extract without the modes, and no binary is executable.
+    plain = tmp_path / "plain"
+    subprocess.run([sys.executable, "-m", "zipfile", "-e", str(wheel), str(plain)], check=True)
+    assert not any(os.access(plain / binary, os.X_OK) for binary in pack_ray.BINARIES)
+
+
+@pytest.mark.system  # downloads Ray's wheel from the package index
+def test_the_prepared_ray_starts_its_binaries(tmp_path):
+    """The real Ray wheel of wheels.txt, packed and unpacked: gcs_server and raylet executable."""
+    from tests.helpers import skip_unless_package_index  # pylint: disable=import-outside-toplevel
+
+    skip_unless_package_index("ray")
+    pack_ray = load_script("gpu/pack_ray")
+    pins = (BENCHMARKS / "gpu" / "wheels.txt").read_text().split()
+    (pin,) = [line for line in pins if line.startswith("ray==")]
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+         "--disable-pip-version-check", "-d", str(tmp_path / "wheels"), pin],
+        check=True, timeout=900,
+    )  # fmt: skip
+    (wheel,) = (tmp_path / "wheels").glob("ray-*.whl")
+    site = _pack_and_unpack(wheel, tmp_path)
+    for binary in pack_ray.BINARIES:
+        assert os.access(site / binary, os.X_OK), binary
+        # It runs: gflags' --help lists its flags (and exits 1); a file it could not execute
+        # would raise PermissionError here.
+        done = subprocess.run([str(site / binary), "--help"], capture_output=True, timeout=60)
+        assert b"type: string" in done.stdout + done.stderr, (binary, done)
+    assert not (site / "ray" / "rllib").exists()

@@ -28,6 +28,7 @@ from packaging.requirements import Requirement
 from fedx.deploy.local import FederationSpec, LocalFederation, free_port
 from fedx.strategies import OLDEST_FLWR
 from tests.deployment import REPO, WIRE_APP, run_app
+from tests.helpers import skip_unless_package_index
 
 pytestmark = pytest.mark.system
 
@@ -89,6 +90,7 @@ def compat_environment() -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one builder at a time
         if _usable(VENV):
             return VENV
+        skip_unless_package_index()  # building it installs Flower 1.36 from the index
         shutil.rmtree(VENV, ignore_errors=True)
         python = VENV / "bin" / "python"
         _run([sys.executable, "-m", "venv", VENV], timeout=300)

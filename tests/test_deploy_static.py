@@ -33,6 +33,9 @@ from tests.deployment import deploy_up_faked
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 FLWR_VERSION = version("flwr")
+# The checkout's version, which tags the superexec image: fedx need not be installed (on a GPU
+# machine it is this checkout on PYTHONPATH, without the metadata importlib reads).
+FEDX_VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
 COMPOSE_FILES = [
     "docker-compose.yml",
     "docker-compose.auth.yml",
@@ -284,7 +287,7 @@ def test_compose_builds_each_image_once_from_the_dockerfile_for_the_installed_fl
     assert images == {
         "superlink": f"fedx/superlink:{FLWR_VERSION}",
         "supernode": f"fedx/supernode:{FLWR_VERSION}",
-        "superexec": f"fedx/superexec:{version('fedx')}",
+        "superexec": f"fedx/superexec:{FEDX_VERSION}",
     }
     for name, service in services.items():  # the others use the images built
         role = "superexec" if name.startswith("superexec") or name in TOOLS else name.split("-")[0]
@@ -468,7 +471,7 @@ def test_gpu_variant_reserves_a_gpu_for_every_clientapp_container():
     for name in CLIENT_EXECS:
         devices = services[name]["deploy"]["resources"]["reservations"]["devices"]
         assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
-        assert services[name]["image"] == f"fedx/superexec:{version('fedx')}-gpu"
+        assert services[name]["image"] == f"fedx/superexec:{FEDX_VERSION}-gpu"
         assert services[name]["command"] == base[name]["command"]
     build = build_of(services["superexec-clientapp-1"])
     assert (build["target"], build["args"]["TORCH_INDEX_URL"]) == (

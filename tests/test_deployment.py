@@ -18,6 +18,7 @@ tests/test_warm_executor.py.
 """
 
 import json
+import re
 import signal
 import socket
 import ssl
@@ -101,6 +102,9 @@ def test_fedmr_over_tls_with_authentication_on_warm_executors_writes_metrics(sec
     assert (checkpoint["round"], checkpoint["strategy"]) == (2, "FedMR")
     assert (directory / checkpoint["arrays-file"]).stat().st_size > 10_000
     assert "3 nodes get 3 different pool models (K=3)" in output
+    # Every model crossed packed, one array per model (fedx.strategies.packing).
+    assert "3 nodes connected (3 identified, 3 read packed models)" in output
+    assert re.search(r"models went packed in [1-9]\d* messages, standard in 0\b", output)
     # Every ClientApp was forked from its SuperNode's warm interpreter.
     for index, (log, offset) in enumerate(zip(logs, before, strict=True)):
         whole = log.read_text(errors="replace")

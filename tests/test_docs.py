@@ -28,7 +28,7 @@ from fedx.config import APP_KEYS
 from fedx.reference import _toml  # pylint: disable=protected-access
 from fedx.registry import ENTRY_POINT_GROUP, builtin_methods
 from tests.doc_commands import _fences, doc_pages
-from tests.helpers import REPO, skip_unless_ci
+from tests.helpers import REPO, skip_unless_ci, skip_unless_importable
 
 CHECK = REPO / "docs" / "check_site.py"
 #: The pages written for people who write code against fedx: every fedx name
@@ -45,6 +45,7 @@ def site(tmp_path_factory) -> Path:
     One process: about 15 s of CPU; two (``-j 2``) cost more CPU and, beside
     the suite's other workers, more wall time too.
     """
+    skip_unless_importable("sphinx")
     out = tmp_path_factory.mktemp("docs")
     started = time.monotonic()
     done = subprocess.run(

@@ -8,6 +8,7 @@ test_fedme_client.py: a second `flwr run` would double this file's time.
 """
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -40,6 +41,9 @@ def test_fedme_clients_adopt_other_architectures_and_report_personalized_accurac
     metrics = json.loads((directory / "metrics.json").read_text())
     rounds = metrics_rows(directory)
     assert sorted(rounds) == [1, 2, 3]
+    # Both models of every training message went packed (fedx.strategies.packing).
+    assert "4 nodes connected (4 identified, 4 read packed models)" in output
+    assert re.search(r"models went packed in [1-9]\d* messages, standard in 0\b", output)
 
     # Every client trained every round; clustering ran once there were two clusters.
     assert all(rounds[r]["trained-clients"] == 4 for r in (1, 2, 3))

@@ -37,6 +37,7 @@ LIGHT_MODULES = (
     "fedx.ops",
     "fedx.registry",
     "fedx.secure.client",
+    "fedx.client.packing",
     "fedx.protocol",
     "fedx.extras",
 )

@@ -2,7 +2,10 @@
 
 That app has its own numpy ClientApp, replies by Flower's convention
 ("arrays" + "metrics" with "num-examples") and imports nothing of fedx but
-``fedx.strategies``. It runs here in Flower's Ray simulation.
+``fedx.strategies``. It runs here in Flower's Ray simulation, under a
+ServerApp that asks the nodes whether they read fedx's packed model form
+as fedx's ServerApp does: this ClientApp does not say so (it has no query
+handler), so it gets standard ``ArrayRecord`` s.
 """
 
 import os
@@ -16,11 +19,17 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.simulation import run_simulation
 
+from fedx.arrays import is_packed
 from fedx.strategies import FedCross, FedMR, FedMut, to_model
+from fedx.strategies.client_identity import query_client_ids
+from fedx.strategies.packing import PackingGrid
+from tests.helpers import environment_with_path
 
 PLUGIN_DIR = Path(__file__).resolve().parents[1] / "examples" / "numpy-plugin"
 NUM_NODES = 4
 NUM_ROUNDS = 3
+#: The ServerApp's PackingGrid, once it has run.
+PACKING: list[PackingGrid] = []
 
 
 class Recording:
@@ -30,12 +39,15 @@ class Recording:
         super().__init__(**kwargs)
         self.sent: dict[int, dict[int, dict]] = {}
         self.uploaded: dict[int, list[dict]] = {}
+        #: Whether any message or reply held a model in fedx's packed form.
+        self.packed = False
 
     def configure_train(self, server_round, arrays, config, grid):
         messages = list(super().configure_train(server_round, arrays, config, grid))
         self.sent[server_round] = {
             m.metadata.dst_node_id: to_model(m.content["arrays"]) for m in messages
         }
+        self.packed |= any(is_packed(m.content["arrays"]) for m in messages)
         return messages
 
     def aggregate_train(self, server_round, replies):
@@ -43,6 +55,7 @@ class Recording:
         self.uploaded[server_round] = [
             to_model(r.content["arrays"]) for r in replies if not r.has_error()
         ]
+        self.packed |= any(is_packed(r.content["arrays"]) for r in replies if not r.has_error())
         return super().aggregate_train(server_round, replies)
 
 
@@ -68,6 +81,10 @@ def plugin_runs():
 
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
+        # As fedx's ServerApp: packed models for the nodes that say they read them.
+        grid = PackingGrid(grid)
+        query_client_ids(grid, list(grid.get_node_ids()), 60)
+        PACKING.append(grid)
         for name, strategy_class in STRATEGIES.items():
             strategy = strategy_class(fraction_train=1.0, fraction_evaluate=1.0, seed=0)
             initial = ArrayRecord({n: Array(a) for n, a in initial_model().items()})
@@ -110,6 +127,10 @@ def test_every_round_completes_with_the_users_clientapp(plugin_run):
     assert result is not None, "the ServerApp did not finish"
     assert sorted(result.train_metrics_clientapp) == list(range(1, NUM_ROUNDS + 1))
     assert all(len(strategy.uploaded[r]) == NUM_NODES for r in strategy.uploaded)
+    # The user's ClientApp never said it reads fedx's packed form: standard ArrayRecords only.
+    assert not strategy.packed
+    (packing,) = PACKING
+    assert not packing.packed_nodes and packing.sent_packed == 0 and packing.sent_standard > 0
     # Federated evaluation by the user's own evaluate function, on the global model.
     accuracy = result.evaluate_metrics_clientapp[NUM_ROUNDS]["accuracy"]
     assert accuracy > 0.8
@@ -154,7 +175,7 @@ def test_the_plugin_app_imports_no_torch_and_no_scikit_learn():
         "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'torchvision', 'sklearn')]; "
         "assert not bad, bad"
     )
-    env = {**os.environ, "PYTHONPATH": str(PLUGIN_DIR)}
+    env = environment_with_path(PLUGIN_DIR)  # where Flower is on PYTHONPATH, it stays there
     completed = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True
     )

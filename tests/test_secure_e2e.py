@@ -6,6 +6,8 @@ at the same seed and number of rounds. Uses the tests' own SuperLink
 and the shared plain FedMR run (conftest.py).
 """
 
+import re
+
 import pytest
 
 from tests.helpers import PLAIN_FEDMR, metrics_rows
@@ -44,6 +46,8 @@ def test_secure_recombination_learns_as_well_as_plain_fedmr(
         assert with_exchange[r]["secure-aborted"] == 0
         assert "secure-exchanges" not in without[r]
     assert "secure recombination relayed" in output and "dropped out" not in output
+    # The training messages went packed; the exchanges carry ciphertext only.
+    assert re.search(r"models went packed in [1-9]\d* messages, standard in 0\b", output)
     # Swapping layers keeps every layer's sum, so round 1's global model (the
     # mean of the trained models) is the same with and without the exchange.
     assert abs(with_exchange[1]["accuracy"] - without[1]["accuracy"]) <= 0.01

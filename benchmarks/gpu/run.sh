@@ -10,13 +10,15 @@
 #              metrics.json and model.pt; model.pt loads where no GPU is; what the setting costs
 #   suite    : the tests that train on the GPU (SUITE=all: the whole suite) with pytest-xdist
 #              (SUITE_WORKERS workers, default 8; SUITE_CAP seconds, default 240)
-#   round    : benchmarks/gpu_round.py, issue 25's round (ROUND_ARGS adds options)
+#   round    : benchmarks/gpu_round.py, issue 25's round (ROUND_ARGS adds options: e.g.
+#              "--variants sim sim-groups group device": 10 actors against client groups)
 #   peak     : benchmarks/gpu_configs.py on VGG-16 alone (PEAK_ARGS), for the card's peak memory
 #              with nothing else on it: run it outside a "+" group
 #   timeline : benchmarks/message_timeline.py: real processes, warm executor, CUDA per task
 #   configs  : benchmarks/gpu_configs.py with what time is left (CONFIG_ARGS: which files, e.g.
 #              "--shard 2/4"; default: the six dataset x model families' IID files, FedMR only)
-#   mps      : gpu_round.py's simulation again with NVIDIA's MPS daemon running
+#   mps      : gpu_round.py's simulations (actors, and client groups) with NVIDIA's MPS daemon
+#              running (MPS_ARGS; default "--variants sim sim-groups")
 # Elsewhere (a CPU machine, for a dry run; SCALE multiplies every step's cap):
 #   INSTALL=0 QUICK=1 SCALE=10 DEADLINE=3000 STEPS="checks round" OUT=/tmp/out bash benchmarks/gpu/run.sh
 set -u
@@ -44,22 +46,30 @@ run_step() {  # name cap command...: run it under its budget, log to $OUT/name.l
 export PYTHONUNBUFFERED=1 FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
 export FEDX_CACHE_DIR=${FEDX_CACHE_DIR:-/tmp/fedx-cache} FLWR_HOME=${FLWR_HOME:-/tmp/flwr-home}
 py=${PYTHON:-python3}
+site=${SITE:-/tmp/site}
 if [ "${INSTALL:-1}" = 1 ] && [[ " $STEPS " == *" install "* ]]; then
   stamp "install"
-  mkdir -p /tmp/site
+  mkdir -p "$site"
   "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .gpu/*.whl || exit 1
-  tar -C /tmp/site -xJf .gpu/ray-2.55.1-stripped.tar.xz || exit 1
-  export PYTHONPATH=$(pwd):/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-  # fedx starts Flower's and its own commands from its interpreter's folder.
-  bin=$(dirname "$("$py" -c 'import sys; print(sys.executable)')")
-  for f in /tmp/site/bin/*; do ln -sf "$f" "$bin/"; done
-  for entry in fedx-deploy:fedx.deploy.cli fedx-compare:fedx.compare.cli \
-      fedx-superexec:fedx.deploy.superexec fedx-supernode:fedx.deploy.supernode; do
-    printf '#!%s\nimport sys\nfrom %s import main\nsys.exit(main())\n' \
-      "$("$py" -c 'import sys; print(sys.executable)')" "${entry#*:}" > "$bin/${entry%%:*}"
-    chmod +x "$bin/${entry%%:*}"
+    --target "$site" "${WHEELS:-.gpu}"/*.whl || exit 1
+  tar -C "$site" -xJf "${WHEELS:-.gpu}"/ray-*-stripped.tar.xz || exit 1
+  export PYTHONPATH=$(pwd):$site${PYTHONPATH:+:$PYTHONPATH}
+  # fedx starts Flower's and its own commands from its interpreter's folder: Flower's from the
+  # wheels, fedx's as pyproject.toml's [project.scripts] name them (fedx is not installed here).
+  python_path=$("$py" -c 'import sys; print(sys.executable)')
+  bin=$(dirname "$python_path")
+  for f in "$site"/bin/*; do ln -sf "$f" "$bin/"; done
+  "$py" -c 'import sys, tomllib
+for name, target in tomllib.load(open("pyproject.toml", "rb"))["project"]["scripts"].items():
+    print(name, target)' | while read -r name target; do
+    printf '#!%s\nimport sys\nfrom %s import %s\nsys.exit(%s())\n' \
+      "$python_path" "${target%%:*}" "${target#*:}" "${target#*:}" > "$bin/$name"
+    chmod +x "$bin/$name"
   done
+  # Ray is unpacked, not pip-installed: its `ray` command (the Ray cluster tests start nodes).
+  printf '#!%s\nimport sys\nfrom ray.scripts.scripts import main\nsys.exit(main())\n' \
+    "$python_path" > "$bin/ray"
+  chmod +x "$bin/ray"
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
 "$py" -c "import torch, flwr, ray; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'flwr', flwr.__version__, 'ray', ray.__version__)" || exit 1
@@ -105,8 +115,8 @@ one_step() {
     mkdir -p /tmp/mps-pipe /tmp/mps-log
     if nvidia-cuda-mps-control -d; then
       stamp "MPS started"
-      run_step mps 200 "$py" benchmarks/gpu_round.py $quick --data-root "$data" --variants sim \
-        ${ROUND_ARGS:-}
+      run_step mps 240 "$py" benchmarks/gpu_round.py $quick --data-root "$data" \
+        ${MPS_ARGS:---variants sim sim-groups}
       echo quit | nvidia-cuda-mps-control
     else
       stamp "MPS not available (nvidia-cuda-mps-control)"

@@ -12,6 +12,7 @@ rounds to the target, per method and setting) for checking the page
 against the CSVs.
 """
 
+import argparse
 import statistics
 import sys
 from pathlib import Path
@@ -30,7 +31,9 @@ HERE = Path(__file__).resolve().parent
 SETTINGS = ("digits-cnn-dir0.1", "digits-cnn-dir0.5", "digits-cnn-dir1.0", "digits-cnn-iid")
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    # No options; parsed so that `--help` says what the script does instead of drawing.
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args(argv)
     results = results_from_csv(HERE / RUNS_CSV, HERE / CURVES_CSV)
     results.sort(key=lambda r: (SETTINGS.index(r.setting), r.method, r.seed))
     plot_overview(HERE / "overview.png", results)

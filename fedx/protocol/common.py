@@ -4,7 +4,9 @@ A training message holds the model in an ArrayRecord (``"arrays"``) and the
 round's settings in a ConfigRecord (``"config"``); the reply holds the
 trained model and a MetricRecord (``"metrics"``) with ``"num-examples"``.
 A ``query`` message asks a node which client it is; the reply's
-``"client-id"`` metric says so.
+``"client-id"`` metric says so, and its ``"reads-packed"`` metric, when
+there, which version of fedx's packed model form (:mod:`fedx.arrays`) the
+node reads.
 """
 
 from collections.abc import Mapping
@@ -28,6 +30,7 @@ TRAIN_LOSS = "train-loss"
 EVAL_LOSS = "eval-loss"
 EVAL_ACCURACY = "eval-acc"
 CLIENT_ID = "client-id"
+READS_PACKED = "reads-packed"
 
 
 @dataclass(frozen=True)

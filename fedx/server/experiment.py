@@ -32,8 +32,9 @@ from fedx.server.evaluation import RoundEvaluation
 from fedx.server.resume import Checkpointer, model_label, overridden_keys
 from fedx.server.saving import log_final, save_models
 from fedx.strategies import DivergenceGuard, run_rounds
-from fedx.strategies.capabilities import KeepsPersonalizedModels
+from fedx.strategies.capabilities import KeepsPersonalizedModels, reads_packed_models
 from fedx.strategies.client_identity import ClientOrderedGrid, query_client_ids
+from fedx.strategies.packing import PackingGrid
 from fedx.training import deterministic_kernels
 
 
@@ -67,6 +68,11 @@ def _run_experiment(grid: Grid, context: Context, kernels: contextlib.ExitStack)
     except ConfigError as err:
         log(ERROR, "fedx: %s", err)
         raise SystemExit(1) from None
+    # Models travel packed to the nodes whose answer to the query says they
+    # read that form, when the strategy reads it back (fedx.strategies.packing).
+    packing = PackingGrid(grid) if reads_packed_models(strategy) else None
+    if packing is not None:
+        grid = packing
     # Simulated nodes get random ids in every run: list them by client id so
     # that every strategy samples the same clients for the same seed.
     client_ids = query_client_ids(grid, list(grid.get_node_ids()), cfg.round_timeout)
@@ -76,12 +82,14 @@ def _run_experiment(grid: Grid, context: Context, kernels: contextlib.ExitStack)
     recorder = RunRecorder(directory, cfg.to_dict(), resumed.rows)
     log(
         INFO,
-        "fedx: %s on %s/%s, %d nodes connected (%d identified), rounds %d-%d; outputs in %s",
+        "fedx: %s on %s/%s, %d nodes connected (%d identified, %d read packed models), "
+        "rounds %d-%d; outputs in %s",
         cfg.strategy,
         cfg.dataset,
         model_label(cfg),
         connected,
         len(client_ids),
+        0 if packing is None else len(packing.packed_nodes),
         resumed.first_round,
         cfg.num_server_rounds,
         directory,
@@ -125,6 +133,13 @@ def _run_experiment(grid: Grid, context: Context, kernels: contextlib.ExitStack)
         recorder.stopped(guard.stop_reason)
     recorder.flush()  # the last evaluation, and rounds whose checkpoint the guard held back
 
+    if packing is not None:
+        log(
+            INFO,
+            "fedx: models went packed in %d messages, standard in %d",
+            packing.sent_packed,
+            packing.sent_standard,
+        )
     recorder.plot(f"{cfg.strategy} on {cfg.dataset} ({model_label(cfg)})")
     save_models(strategy, model, result, directory)
     log_final(recorder, directory)

@@ -14,6 +14,8 @@ that runs it (each through the change of :mod:`fedx.flower` named here):
   ClientApp actor class, :mod:`fedx.flower.clientapp_actor`);
 - :mod:`fedx.simulation.ray_cluster`: starting or joining Ray, and the
   cluster's nodes as the pool sees them;
+- :mod:`fedx.simulation.groups`: client groups, a round's training messages
+  run several to an actor where the run config asks for them;
 - :mod:`fedx.simulation.feeder`: the message feeder, woken by the ServerApp's
   pushes instead of polling every node (:mod:`fedx.flower.message_feeder`,
   :mod:`fedx.flower.linkstate_stores`);
@@ -33,7 +35,7 @@ from fedx.flower import in_simulation_engine
 __all__ = ["in_simulation_engine", "install"]
 
 
-def install(actor_preload: Sequence[str] = ()) -> bool:
+def install(actor_preload: Sequence[str] = (), group_handler: str = "") -> bool:
     """Make Flower's simulation engine in this process use fedx's backend and feeder.
 
     Call it where the engine is loaded (``flwr-simulation``, or Flower's
@@ -41,8 +43,10 @@ def install(actor_preload: Sequence[str] = ()) -> bool:
     engine builds its backend; the fedx ClientApp module does.
     ``actor_preload`` names modules every ClientApp actor imports when it
     starts, after loading the ClientApp: what a ClientApp module imports
-    only on its first message. Idempotent (the last ``actor_preload``
-    holds). Each of the three changes is made where Flower is the one it
+    only on its first message. ``group_handler`` (``"module:function"``)
+    answers a client group's training messages in an actor
+    (:mod:`fedx.simulation.groups`); without one, every message runs alone.
+    Idempotent (the last arguments hold). Each of the three changes is made where Flower is the one it
     was written for, and logs a warning where it is not.
 
     Returns
@@ -56,6 +60,7 @@ def install(actor_preload: Sequence[str] = ()) -> bool:
     from fedx.simulation.feeder import feed_messages
 
     ClusterRayBackend.actor_preload = tuple(actor_preload)
+    ClusterRayBackend.group_handler = group_handler
     installed = ray_backend.use_backend(ClusterRayBackend)
     engine_threads.run_every_worker()
     message_feeder.use_feeder(feed_messages)

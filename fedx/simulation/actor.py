@@ -46,6 +46,37 @@ class ClientAppActor:
             raise ClientAppException(str(ex)) from ex
         return cid, out_message, context
 
+    # pylint: disable-next=too-many-arguments
+    def run_group(
+        self,
+        client_app_fn: Callable[[], ClientApp],
+        handler: str,
+        messages: list[Message],
+        cids: list[str],
+        contexts: list[Context],
+    ) -> list[tuple[str, Message | ClientAppException, Context]]:
+        """Answer a client group's ``messages`` with ``handler`` (``"module:function"``).
+
+        The handler (:func:`fedx.client.groups.train_messages`) gets the
+        messages, their contexts and a function that answers one message
+        through the ClientApp, and returns each message's reply or error; an
+        error comes back as the :class:`ClientAppException` the single call
+        would have raised.
+        """
+        try:
+            app = client_app_fn()
+            module, _, name = handler.partition(":")
+            answer = getattr(importlib.import_module(module), name)
+            outcomes = answer(messages, contexts, lambda m, c: app(message=m, context=c))
+        except LoadClientAppError:
+            raise
+        except Exception as ex:  # pylint: disable=broad-exception-caught
+            raise ClientAppException(str(ex)) from ex
+        return [
+            (cid, o if isinstance(o, Message) else ClientAppException(str(o)), context)
+            for cid, o, context in zip(cids, outcomes, contexts, strict=True)
+        ]
+
     def terminate(self) -> None:
         """Stop this actor."""
         ray.actor.exit_actor()

@@ -14,19 +14,27 @@ of about 6-7 ms for digits' CNN, 0.72 MB, through the store against under
 gets the app's path from the environment rather than as a runtime env
 (:func:`fedx.simulation.ray_cluster.start_local_ray`).
 
+Where the run config's ``client-group-size`` is above 1, a round's training
+messages run in client groups, several on one actor
+(:mod:`fedx.simulation.groups`).
+
 Flower's engine builds this backend where :func:`fedx.simulation.install`
 put it (:mod:`fedx.flower.ray_backend`).
 """
 
 import os
 from collections.abc import Callable
+from logging import INFO, WARNING
+from typing import Any
 
 import ray
-from flwr.app import Context, Message
+from flwr.app import Context, Message, MessageType
 from flwr.clientapp import ClientApp
+from flwr.common import log
 from flwr.common.constant import PARTITION_ID_KEY
 
 from fedx.flower.ray_backend import BackendConfig, FlowerRayBackend
+from fedx.simulation import groups
 from fedx.simulation.actor import ClientAppActor
 from fedx.simulation.pool import ActorPool
 from fedx.simulation.ray_cluster import check_cluster_address, start_local_ray, starts_own_ray
@@ -53,6 +61,9 @@ class ClusterRayBackend(FlowerRayBackend):
 
     #: Modules every actor imports when it starts (set by :func:`fedx.simulation.install`).
     actor_preload: tuple[str, ...] = ()
+    #: ``"module:function"`` that answers a client group's training messages in an actor
+    #: (:func:`fedx.client.groups.train_messages`); empty: no groups (set by ``install``).
+    group_handler: str = ""
 
     def init_ray(self, backend_config: BackendConfig) -> None:
         if not ray.is_initialized():
@@ -81,6 +92,10 @@ class ClusterRayBackend(FlowerRayBackend):
             self.actor_preload,
         )
         self.app_fn = app_fn
+        self._group_sizes: dict[int, int] = {}
+        groups.COLLECTOR.configure(
+            lambda: self.pool.capacity if self.pool else 1, lambda: self.num_workers
+        )
 
     @property
     def num_workers(self) -> int:
@@ -96,12 +111,65 @@ class ClusterRayBackend(FlowerRayBackend):
         if self.pool is None or self.app_fn is None:
             raise ValueError("build() the backend before it processes messages")
         app_fn, partition_id = self.app_fn, str(context.node_config[PARTITION_ID_KEY])
-        _, out_message, updated_context = self.pool.run(
-            lambda actor: actor.run.remote(app_fn, message, partition_id, context)
+
+        def run_one(message: Message, context: Context) -> tuple[Message, Context]:
+            assert self.pool is not None
+            _, out_message, updated_context = self.pool.run(
+                lambda actor: actor.run.remote(app_fn, message, partition_id, context)
+            )
+            return out_message, updated_context
+
+        group_size = self._group_size(message, context)
+        if group_size > 1 and message.metadata.message_type == MessageType.TRAIN:
+            return groups.COLLECTOR.run(
+                message, context, int(partition_id), group_size, self._run_group, run_one
+            )
+        groups.COLLECTOR.arrived(message)
+        return run_one(message, context)
+
+    def _run_group(
+        self, messages: list[Message], contexts: list[Context]
+    ) -> list[tuple[Any, Context]]:
+        """A client group's messages on one actor: per message, its reply (or error) and context."""
+        assert self.pool is not None
+        cids = [str(c.node_config[PARTITION_ID_KEY]) for c in contexts]
+        answers = self.pool.run(
+            lambda actor: actor.run_group.remote(
+                self.app_fn, self.group_handler, messages, cids, contexts
+            )
         )
-        return out_message, updated_context
+        return [(reply, context) for _, reply, context in answers]
+
+    def _group_size(self, message: Message, context: Context) -> int:
+        """The run's ``client-group-size`` (1 where the app has no groups), read once per run."""
+        run_id = message.metadata.run_id
+        if run_id not in self._group_sizes:
+            size = 1
+            if self.group_handler:
+                # pylint: disable-next=import-outside-toplevel  (the app's config: once per run)
+                from fedx.config import RunConfig
+
+                try:
+                    size = RunConfig.from_mapping(context.run_config).client_group_size
+                except ValueError as err:
+                    log(WARNING, "fedx Ray backend: no client groups for run %s: %s", run_id, err)
+            self._group_sizes[run_id] = size
+            if size > 1:
+                log(
+                    INFO,
+                    "fedx Ray backend: client groups of up to %d training messages per actor",
+                    size,
+                )
+        return self._group_sizes[run_id]
 
     def terminate(self) -> None:
+        sizes = groups.COLLECTOR.group_sizes
+        if sizes:
+            log(
+                INFO,
+                "fedx Ray backend: client groups run: %s",
+                ", ".join(f"{count} of {size}" for size, count in sorted(sizes.items())),
+            )
         if self.pool is not None:
             self.pool.shutdown()
         ray.shutdown()

@@ -11,7 +11,9 @@ messages and asks only for the nodes they are for, in the order Flower
 would, one message per node and pass as Flower does; a slow pass over every
 node remains as a safety net. It also tells the ServerApp's exchanges when
 a reply is stored (:data:`fedx.messaging.REPLIES_STORED`), so that they
-pull it at once.
+pull it at once, and announces each message it hands the workers to the
+client groups' collector (:mod:`fedx.simulation.groups`), which then knows
+how many of a round's messages are still on their way to the backend.
 """
 
 import threading
@@ -24,6 +26,7 @@ from flwr.app import Message
 from fedx.flower import linkstate_stores
 from fedx.flower.message_feeder import flower_add_messages_to_queue
 from fedx.messaging import REPLIES_STORED
+from fedx.simulation import groups
 
 # The feeder looks again after this long at nodes that had a message (a node gets
 # one message per look, as in Flower), and at nodes with no news at all.
@@ -92,6 +95,7 @@ def feed_messages(
                 for node_id in sorted((n for n in nodes if n in order), key=order.__getitem__):
                     messages = state.get_message_ins(node_id=node_id, limit=1)
                     for message in messages:
+                        groups.COLLECTOR.announce(message)  # on its way to the backend
                         queue.put(message)
                     if messages:
                         again.add(node_id)

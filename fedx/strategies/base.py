@@ -39,7 +39,8 @@ Target = TypeVar("Target")
 
 
 def to_model(record: ArrayRecord) -> Model:
-    """Convert an ``ArrayRecord`` into ``{name: np.ndarray}``, keeping its order (:mod:`fedx.arrays`)."""
+    """Convert an ``ArrayRecord``, standard or packed, into ``{name: np.ndarray}``, keeping its
+    order (:mod:`fedx.arrays`)."""
     return to_numpy_dict(record)
 
 
@@ -303,6 +304,11 @@ class FedxStrategy(Strategy, Generic[Sent]):
 
     #: The random streams of the strategy, in spawn order (see :class:`RandomStreams`).
     random_streams: ClassVar[tuple[str, ...]] = ()
+
+    #: Every model of a reply is read with :func:`to_model` (:func:`read_model`),
+    #: which reads fedx's packed form too (:mod:`fedx.strategies.packing`).
+    #: A subclass that reads a reply's arrays another way sets it False.
+    reads_packed_models: ClassVar[bool] = True
 
     #: Set by the strategy's constructor (Flower's ``FedAvg`` sets it for its subclasses).
     min_available_nodes: int

@@ -41,6 +41,16 @@ class KeepsPersonalizedModels(Protocol):
         """Every client's architecture and model, by client id."""
 
 
+def reads_packed_models(strategy: object) -> bool:
+    """Whether ``strategy`` reads the models of replies in fedx's packed form as well.
+
+    A strategy says so with a true ``reads_packed_models`` attribute (every
+    fedx strategy does; Flower's own read standard ``ArrayRecord`` s only).
+    Nodes that read the packed form are then sent it (:mod:`fedx.strategies.packing`).
+    """
+    return getattr(strategy, "reads_packed_models", False) is True
+
+
 @runtime_checkable
 class EvaluatesPerClient(Protocol):
     """A strategy that keeps every client's evaluation result, by round."""

@@ -14,8 +14,9 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 
+from fedx.arrays import PACKED_VERSION
 from fedx.messaging import send_and_collect
-from fedx.protocol.common import CLIENT_ID, CONFIG, SERVER_ROUND
+from fedx.protocol.common import CLIENT_ID, CONFIG, READS_PACKED, SERVER_ROUND
 
 
 def query_client_ids(
@@ -57,6 +58,16 @@ def reported_client_id(reply: Message) -> int | str:
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
             return value
     return f"no non-negative integer '{CLIENT_ID}' metric in the reply"
+
+
+def reads_packed(reply: Message) -> bool:
+    """Whether a node's reply to the query says it reads the packed form this server writes."""
+    if reply.has_error():
+        return False
+    return any(
+        type(record.get(READS_PACKED)) is int and record.get(READS_PACKED) == PACKED_VERSION
+        for record in reply.content.metric_records.values()
+    )
 
 
 class ClientOrderedGrid:

@@ -1,4 +1,10 @@
-"""A numpy softmax-regression ClientApp that, when asked to, sends bad replies."""
+"""A numpy softmax-regression ClientApp that, when asked to, sends bad replies.
+
+It speaks fedx's packed model form as fedx's ClientApp does
+(:mod:`fedx.client.packing`): its answer to the identity query says so,
+packed models reach its handlers as standard ArrayRecords, and it replies
+packed to what came packed.
+"""
 
 import time
 
@@ -6,9 +12,18 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from fedx.client.packing import packed_models
+
 NUM_FEATURES, NUM_CLASSES = 6, 3
 
-app = ClientApp()
+app = ClientApp(mods=[packed_models])
+
+
+@app.query()
+def identify(msg: Message, context: Context) -> Message:
+    """Which client this node is: its partition id (the mod adds that it reads packed models)."""
+    partition_id = int(context.node_config["partition-id"])
+    return Message(RecordDict({"metrics": MetricRecord({"client-id": partition_id})}), reply_to=msg)
 
 
 def local_data(partition_id: int) -> tuple[np.ndarray, np.ndarray]:

@@ -4,7 +4,9 @@ It is what a user of ``fedx.strategies`` writes into their own Flower app:
 the strategies, ``run_rounds`` with a checkpoint after every round, and
 ``restore_run`` to resume. Run-config keys (see pyproject.toml) let the
 deployment tests crash it after a round, slow the clients down, or make
-one of them misbehave.
+one of them misbehave. With ``wire="packed"`` it asks the nodes, as fedx's
+ServerApp does, which of them read fedx's packed model form, and sends
+them models packed (:mod:`fedx.strategies.packing`).
 """
 
 import hashlib
@@ -18,6 +20,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
+from fedx.messaging import wait_for_nodes
 from fedx.strategies import (
     Checkpoint,
     FedCross,
@@ -30,6 +33,8 @@ from fedx.strategies import (
     run_rounds,
     save_checkpoint,
 )
+from fedx.strategies.client_identity import query_client_ids
+from fedx.strategies.packing import PackingGrid
 from wire_app.client_app import NUM_CLASSES, NUM_FEATURES
 
 STRATEGIES = {"fedmr": FedMR, "fedmut": FedMut, "fedcross": FedCross}
@@ -163,7 +168,18 @@ def main(grid: Grid, context: Context) -> None:
     if config.get("stall"):
         stall(grid, config)
     summary = {"flwr-version": version("flwr"), "strategies": {}}
+    packing = None
+    if config.get("wire", "standard") == "packed":
+        grid = packing = PackingGrid(grid)
+        nodes = wait_for_nodes(grid, int(config["min-nodes"]), 60.0)
+        query_client_ids(grid, nodes, float(config["round-timeout"]))
     for name in str(config["strategies"]).split(","):
         summary["strategies"][name] = run_one(name, grid, config)
+    if packing is not None:
+        summary["wire"] = {
+            "packed-nodes": len(packing.packed_nodes),
+            "sent-packed": packing.sent_packed,
+            "sent-standard": packing.sent_standard,
+        }
     if config["result-file"]:
         Path(str(config["result-file"])).write_text(json.dumps(summary, indent=1))
