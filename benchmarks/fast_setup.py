@@ -27,18 +27,27 @@ for a before/after comparison, ``git archive <commit> | tar -x -C
 <folder>``; the command then runs with that folder first on ``PYTHONPATH``,
 so ``fedx-deploy`` and the processes it starts run that copy's fedx), and
 prints each one's seconds per round, its ratio to the simulation of the same
-repeat, and the load average around it. The README's target: at most 6x.
+repeat, and the load average around it. The README's target: at most 2x.
+
+``--trace`` runs every command with ``benchmarks/message_timeline.py``'s
+tracer in all its processes and prints, per app folder, where each training
+exchange's seconds went (the median over exchanges 3 on, nodes and repeats,
+step by step: the message timeline), and what the round spends outside its
+exchange (the ServerApp's aggregation and checkpoint). The tracer costs a
+little time of its own: take the ratios from runs without it.
 
 Usage::
 
     python benchmarks/fast_setup.py
     python benchmarks/fast_setup.py --repeats 2 --app /tmp/fedx-main --app .
+    python benchmarks/fast_setup.py --repeats 2 --trace --app /tmp/fedx-main --app .
 
 This script reports; it is not a test, and it always exits with status 0.
 """
 
 import argparse
 import contextlib
+import io
 import os
 import random
 import signal
@@ -56,6 +65,7 @@ import _common as common
 
 deployment = common.load_sibling("deployment")
 overhead = common.load_sibling("simulation_overhead")
+timeline = common.load_sibling("message_timeline")
 Timing = overhead.Timing
 
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -83,7 +93,7 @@ THREAD_VARIABLES = (
     "FEDX_SUPERNODES_PER_MACHINE",
     "FEDX_CLIENTAPP_MAX_TASKS",
 )
-TARGET = 6.0
+TARGET = 2.0
 
 
 @dataclass
@@ -93,6 +103,8 @@ class Repeat:
     simulation: Timing
     commands: dict[Path, Timing] = field(default_factory=dict)
     loads: dict[str, str] = field(default_factory=dict)
+    #: With ``--trace``: per app folder, ``{step: [seconds, per exchange and node]}``.
+    steps: dict[Path, dict[str, list[float]]] = field(default_factory=dict)
 
 
 def load_text() -> str:
@@ -115,16 +127,24 @@ def free_ports(count: int) -> int:
     raise RuntimeError(f"found no {count} free consecutive ports")
 
 
-def command_environment(app: Path) -> dict[str, str]:
-    """This environment, without thread settings, with ``app``'s fedx first on the path."""
+def command_environment(app: Path, trace: Path | None = None) -> dict[str, str]:
+    """This environment, without thread settings, with ``app``'s fedx first on the path.
+
+    With ``trace``, the message timeline's tracer writes there from every process.
+    """
     env = {k: v for k, v in os.environ.items() if k not in THREAD_VARIABLES}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(app), env.get("PYTHONPATH")]))
+    first = [str(app), *([str(timeline.TRACER)] if trace else [])]
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [*first, env.get("PYTHONPATH")]))
+    if trace:
+        env["FEDX_TRACE_FILE"] = str(trace)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     return env
 
 
-def run_command(app: Path, home: Path, overrides: dict, timeout: float) -> Timing:
-    """The fast-setup command in ``app``'s folder; its rounds from ``metrics.json``."""
+def run_command(
+    app: Path, home: Path, overrides: dict, timeout: float, trace: Path | None = None
+) -> Timing:
+    """The fast-setup command in ``app``'s folder (traced into ``trace``); its rounds from ``metrics.json``."""
     port = free_ports(1 + CLIENTS)
     command = [
         *FAST_SETUP,
@@ -141,7 +161,7 @@ def run_command(app: Path, home: Path, overrides: dict, timeout: float) -> Timin
     process = subprocess.Popen(  # pylint: disable=consider-using-with
         command,
         cwd=app,
-        env=command_environment(app),
+        env=command_environment(app, trace),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -150,13 +170,10 @@ def run_command(app: Path, home: Path, overrides: dict, timeout: float) -> Timin
     try:
         output, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        process.send_signal(signal.SIGINT)  # fedx-deploy stops its federation on Ctrl-C
-        try:
-            output, _ = process.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            output, _ = process.communicate()
-        output = f"timed out after {timeout:g}s\n{output}"
+        output = f"timed out after {timeout:g}s\n{stop_command(process)}"
+    except BaseException:  # this script stopped: its federation too
+        stop_command(process)
+        raise
     total = time.perf_counter() - start
     seconds = [row["round-seconds"] for row in deployment.metrics_rows(overrides)]
     if process.returncode != 0 or len(seconds) != overrides["num-server-rounds"]:
@@ -165,6 +182,17 @@ def run_command(app: Path, home: Path, overrides: dict, timeout: float) -> Timin
             error=f"exit {process.returncode}, {len(seconds)} round(s) recorded:\n{output[-2000:]}",
         )
     return Timing(first=seconds[0], later=seconds[1:], total=total)
+
+
+def stop_command(process: subprocess.Popen) -> str:
+    """Stop a ``fedx-deploy`` command as Ctrl-C does (its federation with it); its output."""
+    process.send_signal(signal.SIGINT)
+    try:
+        output, _ = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+    return output or ""
 
 
 def job(arguments: argparse.Namespace, name: str, output: Path) -> dict:
@@ -195,6 +223,44 @@ def print_repeat(index: int, repeat: Repeat) -> None:
         common.print_error(timing.error, str(app))
 
 
+def trace_steps(trace: Path) -> dict[str, list[float]]:
+    """Each step's seconds in a traced run (message_timeline's analysis, printed quietly)."""
+    calls = timeline.read_trace(trace)
+    with contextlib.redirect_stdout(io.StringIO()):
+        return timeline.analyse(calls, timeline.nodes_in(calls), first=3, show=0)
+
+
+def print_steps(apps: Sequence[Path], repeats: Sequence[Repeat]) -> None:
+    """The message timeline's steps, median seconds per app folder, side by side."""
+    steps: dict[str, dict[Path, list[float]]] = {}
+    for repeat in repeats:
+        for app, took in repeat.steps.items():
+            for step, values in took.items():
+                steps.setdefault(step, {}).setdefault(app, []).extend(values)
+    if not steps:
+        return
+    print("where a training exchange's seconds go (median over exchanges 3-, nodes, repeats):")
+    print(f"{'step':<54}" + "".join(f"{app.name[-12:]:>14}" for app in apps))
+    for step, by_app in steps.items():
+        cells = [by_app.get(app) for app in apps]
+        print(
+            f"{step:<54}"
+            + "".join(f"{statistics.median(c):>14.3f}" if c else f"{'-':>14}" for c in cells)
+        )
+    outside = []
+    for app in apps:
+        rounds = [r.commands[app].per_round for r in repeats if r.commands[app].per_round]
+        exchanges = steps.get("the exchange", {}).get(app)
+        if rounds and exchanges:
+            outside.append(statistics.median(rounds) - statistics.median(exchanges))
+        else:
+            outside.append(None)
+    print(
+        f"{'the round outside its exchange (server work)':<54}"
+        + "".join(f"{o:>14.3f}" if o is not None else f"{'-':>14}" for o in outside)
+    )
+
+
 def print_summary(apps: Sequence[Path], repeats: Sequence[Repeat]) -> None:
     print(f"median over {len(repeats)} repeat(s); target: at most {TARGET:g}x the simulation")
     for app in apps:
@@ -215,6 +281,9 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = common.benchmark_parser(__doc__)
     common.add_app_option(parser)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument(
+        "--trace", action="store_true", help="trace every process: where each exchange's time goes"
+    )
     common.add_job_options(parser, rounds=5, rounds_help="rounds of the job (at least 2)")
     arguments = parser.parse_args(argv)
     common.check_job_options(parser, arguments, REPOSITORY)
@@ -245,11 +314,17 @@ def main(argv: Sequence[str] | None = None) -> list[Repeat]:
             for number, app in order if index % 2 == 0 else order[::-1]:
                 run_home = home / f"command-{index}-{number}"
                 overrides = job(arguments, "fast-setup", run_home / "outputs")
-                repeat.commands[app] = run_command(app, run_home, overrides, arguments.timeout)
+                trace = run_home / "trace.txt" if arguments.trace else None
+                repeat.commands[app] = run_command(
+                    app, run_home, overrides, arguments.timeout, trace
+                )
                 repeat.loads[str(app)] = load_text()
+                if trace is not None and trace.exists():
+                    repeat.steps[app] = trace_steps(trace)
             print_repeat(index, repeat)
             repeats.append(repeat)
     print_summary(arguments.app, repeats)
+    print_steps(arguments.app, repeats)
     print(f"load {load_text()} at the end")
     return repeats
 

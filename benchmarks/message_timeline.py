@@ -155,8 +155,12 @@ def node_spans(
         "SuperNode pulls the message and its objects": (pulled.start, pulled.end),
         "SuperExec launches the task": (launch.start, launch.end),
         "fork: launch to the child's first line": (launch.end, child_first.start),
-        "child: to run_clientapp's first request": (
+        "child: to Flower's run_clientapp (reseed, threads)": (
             child_first.start,
+            found["run_clientapp"].start,
+        ),
+        "child: to its first request (HTTP client, heartbeat)": (
+            found["run_clientapp"].start,
             found["pull_task_input"].start,
         ),
         "child: pull task input (waits for the objects)": _span(found["pull_task_input"]),
@@ -181,8 +185,11 @@ def _span(call: Call) -> tuple[float, float]:
     return call.start, call.end
 
 
-def analyse(calls: list[Call], nodes: list[Node], first: int, show: int) -> None:
-    """Print exchange ``show``'s timeline and, from exchange ``first`` on, each step's seconds."""
+def analyse(calls: list[Call], nodes: list[Node], first: int, show: int) -> dict[str, list[float]]:
+    """Print exchange ``show``'s timeline and, from exchange ``first`` on, each step's seconds.
+
+    Return those seconds: ``{step: [seconds, one per exchange and node]}``.
+    """
     exchanges = [c for c in calls if c.name == "send_and_collect" and c.seconds > 0.01]
     took = defaultdict(list)
     for number, exchange in enumerate(exchanges, start=1):
@@ -220,10 +227,33 @@ def analyse(calls: list[Call], nodes: list[Node], first: int, show: int) -> None
             }
             for step, (begin, end) in rows.items():
                 print(f"{step:<52}{begin:>8.3f}{end:>8.3f}{end - begin:>8.3f}")
+    if gaps := idle_gaps(calls, nodes):
+        # What fedx-supernode's --idle-after must cover for the run to keep its short polls.
+        took[IDLE_GAP] = gaps
     print(f"\nexchanges {first}-{len(exchanges)}, every node: seconds per step")
     print(f"{'step':<52}{'median':>8}{'max':>8}{'n':>5}")
     for step, values in took.items():
         print(f"{step:<52}{statistics.median(values):>8.3f}{max(values):>8.3f}{len(values):>5}")
+    return dict(took)
+
+
+#: A SuperNode's idle time within a run: from its reply sent to its next message pulled.
+IDLE_GAP = "SuperNode idle: its reply sent to its next message"
+
+
+def idle_gaps(calls: list[Call], nodes: list[Node]) -> list[float]:
+    """Every node's seconds from a reply sent (``_push_messages`` returned) to its next message."""
+    gaps = []
+    for node in nodes:
+        sent = [c.end for c in calls if c.pid == node.supernode and c.name == "_push_messages"]
+        pulled = [
+            c.end for c in calls if c.pid == node.supernode and c.name == "_pull_and_store_message"
+        ]
+        for end in sent:
+            after = [t for t in pulled if t > end]
+            if after:
+                gaps.append(min(after) - end)
+    return gaps
 
 
 def _distance(launches: list[Call], handed_out: list[float]) -> float:

@@ -286,6 +286,64 @@ def test_gpu_checks_compare_metrics_without_the_wall_clock(tmp_path):
     assert gpu_checks.differences(first, other) == ["round 2 train-loss", "final"]
 
 
+def test_idle_federation_measures_each_kind_of_process_of_the_readme_setup_without_its_run():
+    import subprocess  # pylint: disable=import-outside-toplevel
+
+    import psutil  # pylint: disable=import-outside-toplevel
+
+    idle = load_script("idle_federation")
+    command = idle.idle_command()
+    assert command[:2] == ["fedx-deploy", "up"] and "--run" not in command
+    assert command == [w for w in idle.fast_setup.FAST_SETUP if w not in ("--run", ".")]
+    # A stand-in SuperNode that works for a moment within the window (and still runs at its
+    # end, as a SuperNode does), below a stand-in fedx-deploy that sleeps.
+    busy = (
+        "import time\ntime.sleep(0.8)\nend = time.process_time() + 0.3\n"
+        "while time.process_time() < end: pass\ntime.sleep(30)\n"
+    )
+    program = (  # the child's name, not its parent's command line, says "fedx-supernode"
+        "import subprocess, sys, time\n"
+        "subprocess.Popen([sys.executable, '-c', sys.argv[1], 'fedx-' + 'supernode'])\n"
+        "time.sleep(30)\n"
+    )
+    root = subprocess.Popen([sys.executable, "-c", program, busy, "fedx-deploy"])
+    try:
+        time.sleep(0.5)  # the child has started
+        window = idle.measure(psutil.Process(root.pid), 0.0, 1.5, time.monotonic())
+    finally:
+        for process in idle.tree(psutil.Process(root.pid))[::-1]:  # the child, then the root
+            process.kill()
+        root.wait()
+    assert window.counts == {"fedx-deploy": 1, "SuperNodes": 1}
+    assert 0.05 < window.share["SuperNodes"] <= 1.0  # its 0.3 CPU s, within the 1.5 s
+    assert window.share["fedx-deploy"] < 0.05 and window.total == sum(window.share.values())
+
+
+def test_fast_setup_prints_each_exchange_step_side_by_side(capsys):
+    fast_setup = load_script("fast_setup")
+    before, after = Path("/tmp/fedx-before"), Path("/tmp/fedx-after")
+
+    def timing(per_round):
+        return fast_setup.Timing(first=per_round, later=[per_round], total=2 * per_round)
+
+    repeats = [
+        fast_setup.Repeat(
+            timing(1.0),
+            commands={before: timing(4.0), after: timing(2.0)},
+            steps={
+                before: {"child: ClientApp handler": [1.0, 3.0], "the exchange": [3.5]},
+                after: {"child: ClientApp handler": [1.0], "the exchange": [1.5]},
+            },
+        )
+    ]
+    fast_setup.print_steps([before, after], repeats)
+    lines = capsys.readouterr().out.splitlines()
+    handler = next(line for line in lines if line.startswith("child: ClientApp handler"))
+    assert handler.split()[-2:] == ["2.000", "1.000"]  # the medians, before then after
+    outside = next(line for line in lines if line.startswith("the round outside its exchange"))
+    assert outside.split()[-2:] == ["0.500", "0.500"]  # 4.0 - 3.5 and 2.0 - 1.5
+
+
 # ----------------------------------------------------------------------
 # benchmarks/gpu/prepare.sh's Ray: packed with every file's mode
 # ----------------------------------------------------------------------

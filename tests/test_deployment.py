@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from fedx.deploy import superexec
 from fedx.deploy.credentials import (
     supernode_key_paths,
     write_supernode_keys,
@@ -114,7 +115,12 @@ def test_fedmr_over_tls_with_authentication_on_warm_executors_writes_metrics(sec
         warm_pid = secure.wait_for_warm_executor(index)
         assert f"warm ClientApp interpreter (pid {warm_pid}) ready" in whole
         # ...having imported what fedx's ClientApp imports on its first training message.
-        assert "imported: torch, fedx.client.handlers, fedx.client_app" in whole
+        preloaded = ", ".join([*superexec.DEFAULT_PRELOAD, "fedx.client_app"])
+        assert f"imported: {preloaded}" in whole
+        # The run's FAB holds the installed fedx: once it is installed (by a node's first
+        # task), the tasks keep the warm interpreter's modules instead of importing them.
+        kept = this_run.count("(the FAB's code is the warm one's)")
+        assert kept >= forked - 1, (index, kept, forked)
         # Every forked task trained with the deterministic kernels the run config asked for.
         deterministic = this_run.count("fedx: deterministic kernels in this process")
         assert deterministic == received - this_run.count("Receiving: query"), (

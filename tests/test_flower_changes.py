@@ -14,11 +14,13 @@ fedx-supernode on real processes in tests/test_warm_executor.py.
 """
 
 import ast
+import functools
 import hashlib
 import importlib
 import importlib.metadata
 import inspect
 import logging
+import math
 import pkgutil
 import re
 import threading
@@ -35,6 +37,7 @@ from flwr.supercore.superexec import run_superexec
 
 import fedx.flower
 from fedx.flower import (
+    IdleBackoff,
     clientapp_actor,
     clientapp_task,
     engine_threads,
@@ -310,14 +313,82 @@ def test_a_flower_whose_pulls_cannot_be_set_keeps_its_waits_and_the_exchange_goe
 # ----------------------------------------------------------------------
 
 
-def test_fedx_supernode_shortens_exactly_the_idle_and_reply_waits(monkeypatch):
-    slept = []
+def idle_waits(backoff: IdleBackoff, until: float, work_at=()) -> list[tuple[float, float]]:
+    """``(when, wait)`` of a poller following ``backoff`` for ``until`` seconds (polls take no time).
+
+    ``work_at``: when work came; the poller finds it at its next poll, which
+    restarts its idle clock.
+    """
+    now, last_work, pending, waits = 0.0, 0.0, sorted(work_at), []
+    while now < until:
+        if pending and pending[0] <= now:
+            pending.pop(0)
+            last_work = now
+        wait = backoff.wait(now - last_work)
+        waits.append((round(now, 6), wait))
+        now += wait
+    return waits
+
+
+def test_the_idle_backoff_polls_often_after_work_then_doubles_to_its_ceiling():
+    backoff = IdleBackoff(interval=0.1, idle_after=10.0, ceiling=3.0)
+    waits = idle_waits(backoff, 60.0)
+    # Short polls for the first 10 s: every 0.1 s.
+    assert all(wait == 0.1 for when, wait in waits if when < 10.0)
+    assert sum(when < 10.0 for when, _ in waits) == pytest.approx(100, abs=1)
+    # Then each wait as long as the node has been idle beyond that: they double ...
+    ramp = [wait for when, wait in waits if 10.0 <= when and wait < 3.0]
+    assert ramp[:2] == pytest.approx([0.1, 0.1], abs=1e-6)
+    assert all(
+        b == pytest.approx(2 * a, rel=1e-6) for a, b in zip(ramp[1:], ramp[2:], strict=False)
+    )
+    # ... up to the ceiling, reached within 3 s of the spell's 10 s, and never passed.
+    assert max(wait for _, wait in waits) == 3.0
+    assert min(when for when, wait in waits if wait == 3.0) < 10.0 + 3.0 + 3.0
+    polls_after = [when for when, _ in waits if when >= 20.0]
+    assert len(polls_after) == pytest.approx(40 / 3, abs=1)  # one poll per 3 s, as Flower's
+    # Work after an idle spell: found within the ceiling and within the spell beyond 10 s.
+    for came in (10.05, 10.7, 12.0, 30.0, 59.0):
+        found = next(when for when, _ in idle_waits(backoff, 70.0) if when >= came)
+        assert found - came <= min(3.0, max(0.1, came - 10.0)) + 1e-9, came
+    # Found work restarts the clock: short polls again for 10 s.
+    again = idle_waits(backoff, 60.0, work_at=[30.0])
+    assert all(wait == 0.1 for when, wait in again if 30.0 <= when < 40.0)
+    assert [wait for when, wait in again if 44.0 <= when][:1] == [3.0]
+
+
+def test_the_idle_backoff_can_be_a_fixed_interval_and_refuses_nonsense():
+    assert {wait for _, wait in idle_waits(IdleBackoff(0.2, math.inf, 3.0), 100.0)} == {0.2}
+    assert {wait for _, wait in idle_waits(IdleBackoff(0.5, 0.0, 0.5), 30.0)} == {0.5}
+    assert IdleBackoff(0.1, 0.0, 3.0).wait(0.0) == 0.1  # never below the interval
+    for interval, idle_after, ceiling in ((0.0, 1.0, 3.0), (2.0, 1.0, 1.0), (0.1, -1.0, 3.0)):
+        with pytest.raises(ValueError):
+            IdleBackoff(interval, idle_after, ceiling)
+    with pytest.raises(ValueError):
+        IdleBackoff(0.1, 1.0, math.inf)
+
+
+def test_fedx_supernode_shortens_the_reply_wait_and_backs_off_its_idle_wait(monkeypatch):
+    slept, clock = [], [100.0]
     monkeypatch.setattr(supernode_waits.time, "sleep", slept.append)
-    waits = supernode_waits.ShortWaits(0.2)
+    monkeypatch.setattr(supernode_waits.time, "monotonic", lambda: clock[0])
+    waits = supernode_waits.ShortWaits(IdleBackoff(0.2, 10.0, 3.0))
+    clock[0] = 130.0  # it connected (slowly): its first idle wait starts the clock
     for seconds in (3, 0.5, 1.0):
         waits.sleep(seconds)
     assert slept == [0.2, 0.2, 1.0]
-    assert waits.monotonic is supernode_waits.time.monotonic  # the rest is the time module's
+    clock[0] = 100.0  # the clock's idle time from here: 12 s
+    waits.last_message = 100.0
+    clock[0] = 112.0  # idle for 12 s: 2 s beyond the 10
+    waits.sleep(3)
+    clock[0] = 200.0
+    waits.sleep(3)
+    waits.sleep(0.5)  # the reply check stays short
+    assert slept[3:] == [2.0, 3.0, 0.2]
+    waits.message_done()  # a reply sent: short polls again
+    waits.sleep(3)
+    assert slept[-1] == 0.2
+    assert waits.monotonic() == 200.0  # the rest is the time module's
     monkeypatch.setattr(
         supernode_waits.inspect, "getsource", lambda module: "time.sleep(5)"
     )  # another Flower
@@ -330,13 +401,39 @@ def test_fedx_supernode_patches_flowers_loop(monkeypatch):
 
     loop = supernode_waits.supernode_loop
     monkeypatch.setattr(loop, "time", loop.time)  # put back after the test
-    supernode.shorten_waits(0.2)
-    assert isinstance(loop.time, supernode_waits.ShortWaits) and loop.time.interval == 0.2
+    flowers_push = loop._push_messages  # pylint: disable=protected-access
+    monkeypatch.setattr(loop, "_push_messages", flowers_push)
+    supernode.shorten_waits(0.2, idle_after=5.0, ceiling=2.0)
+    waits = loop.time
+    assert isinstance(waits, supernode_waits.ShortWaits) and waits.interval == 0.2
+    assert waits.backoff == IdleBackoff(0.2, 5.0, 2.0)
     # The objects of a message are asked for again after 0.2 s (Flower: 1 s).
     assert loop.pull_objects.__kwdefaults__["initial_backoff"] == 0.2
+    # Flower's _push_messages runs as before, and its end restarts the idle clock.
+    pushed = loop._push_messages  # pylint: disable=protected-access
+    assert pushed is not flowers_push and pushed.__wrapped__ is flowers_push
+    waits.last_message = 0.0
+    with pytest.raises(TypeError):  # Flower's, called without its arguments
+        pushed()
+    assert waits.last_message > 0.0
+    supernode.shorten_waits(0.2)  # again: Flower's function is wrapped once, not twice
+    assert loop._push_messages.__wrapped__ is flowers_push  # pylint: disable=protected-access
+
+    @functools.wraps(flowers_push)
+    def someone_elses(*args, **kwargs):  # a tracer's, say: kept in the chain
+        return flowers_push(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "_push_messages", someone_elses)
+    supernode.shorten_waits(0.2)
+    assert loop._push_messages.__wrapped__ is someone_elses  # pylint: disable=protected-access
     for interval in (0, 5):
         with pytest.raises(ValueError, match="poll interval must be in"):
             supernode.shorten_waits(interval)
+    with pytest.raises(ValueError, match="longest idle wait"):
+        supernode.shorten_waits(0.2, ceiling=5.0)
+    monkeypatch.delattr(loop, "_push_messages")  # another Flower
+    with pytest.raises(RuntimeError, match="no _push_messages"):
+        supernode.shorten_waits(0.2)
 
 
 # ----------------------------------------------------------------------
@@ -362,6 +459,51 @@ def test_flowers_superexec_builds_its_executor_with_fedxs_factory(monkeypatch):
         superexec_executor.use_executor_factory(factory)
 
 
+def test_fedx_superexec_backs_off_its_task_polls_and_asks_for_none_while_a_task_runs(
+    monkeypatch,
+):
+    monkeypatch.setattr(run_superexec, "time", run_superexec.time)  # put back after the test
+    waits = superexec_executor.back_off_task_polls(IdleBackoff(0.1, 10.0, 1.0))
+    assert run_superexec.time is waits  # what the SuperExec's loop sleeps with
+    clock, slept, running = [50.0], [], []
+
+    def sleep(seconds):
+        slept.append(seconds)
+        clock[0] += seconds
+
+    monkeypatch.setattr(superexec_executor.time, "sleep", sleep)
+    monkeypatch.setattr(superexec_executor.time, "monotonic", lambda: clock[0])
+    waits.last_busy, waits.busy = 50.0, lambda: bool(running) and running[0] > clock[0]
+    waits.sleep(0.1)  # just started
+    clock[0] = 70.0  # nothing for 20 s: Flower's 1 s
+    waits.sleep(0.1)
+    assert slept == [0.1, 1.0]
+    # A task runs until 71.35: no poll until it ends (checked every 0.1 s, no request) ...
+    running.append(71.35)
+    slept.clear()
+    waits.sleep(0.1)
+    assert slept == pytest.approx([0.1] * 4) and clock[0] == pytest.approx(71.4)
+    # ... then short polls for 10 s after it, then the backoff again.
+    waits.sleep(0.1)
+    clock[0] = 79.0
+    waits.sleep(0.1)
+    clock[0] = 81.9
+    waits.sleep(0.1)
+    assert slept[4:] == pytest.approx([0.1, 0.1, 0.5])
+    # A task that runs on and on: one poll per second at most, as Flower's default.
+    running[0] = 1e9
+    slept.clear()
+    waits.sleep(0.1)
+    assert sum(slept) == pytest.approx(1.0)
+    waits.sleep(2.0)  # any other sleep is the time module's
+    assert slept[-1] == 2.0
+    monkeypatch.setattr(
+        superexec_executor.inspect, "getsource", lambda module: ""
+    )  # another Flower
+    with pytest.raises(RuntimeError, match="no time.sleep"):
+        superexec_executor.back_off_task_polls(IdleBackoff(0.1, 10.0, 1.0))
+
+
 def test_a_fab_is_unpacked_once_then_found_where_flower_installed_it(tmp_path, monkeypatch):
     from flwr.cli import install  # pylint: disable=import-outside-toplevel
     from flwr.cli.build import build_fab_from_files  # pylint: disable=import-outside-toplevel
@@ -374,8 +516,12 @@ def test_a_fab_is_unpacked_once_then_found_where_flower_installed_it(tmp_path, m
     monkeypatch.setattr(
         install, "install_from_fab", lambda *a, **k: unpacked.append(a) or flowers(*a, **k)
     )
+    fab_hash = hashlib.sha256(fab).hexdigest()
     assert clientapp_task.installed_fab_path(fab) is None
+    assert clientapp_task.installed_fab_dir(fab_hash) is None
     first = clientapp_task.install_fab_once(fab, skip_prompt=True)
+    # Found from its hash alone too (what the SuperExec knows of a task's FAB).
+    assert clientapp_task.installed_fab_dir(fab_hash) == first
     assert first == flowers(fab, skip_prompt=True)  # Flower's own path...
     assert (first / "fedx" / "__init__.py").is_file() and len(unpacked) == 1
     assert clientapp_task.install_fab_once(fab, skip_prompt=True) == first
@@ -383,6 +529,8 @@ def test_a_fab_is_unpacked_once_then_found_where_flower_installed_it(tmp_path, m
     other, _ = build_fab_from_files({"pyproject.toml": pyproject, "fedx/__init__.py": b"x = 1"})
     assert clientapp_task.install_fab_once(other, skip_prompt=True) != first  # another hash
     assert len(unpacked) == 2
+    assert clientapp_task.installed_fab_dir(hashlib.sha256(other).hexdigest()) != first
+    assert clientapp_task.installed_fab_dir("0" * 64) is None
     assert clientapp_task.installed_fab_path(b"not a zip") is None  # Flower's function says why
 
 
@@ -665,6 +813,34 @@ def test_fedx_supernode_installs_the_change(supernode_loop, monkeypatch):
     assert ran == [["--insecure", "--superlink", "127.0.0.1:1"]]
     assert isinstance(supernode_loop._push_messages.__self__, stopped_runs._Loop)
     assert stopped_runs.install()  # again: the loop is changed once
+
+
+def test_fedx_supernodes_idle_clock_restarts_after_a_dropped_message_too(
+    supernode_loop, monkeypatch
+):
+    """With --poll-interval the idle clock wraps the stopped-runs push: it restarts once per
+    message received, whether the message's reply went out or the message was dropped."""
+    from fedx.deploy import supernode  # pylint: disable=import-outside-toplevel
+
+    monkeypatch.setattr(supernode_loop, "time", supernode_loop.time)
+    pulls = supernode_loop.pull_objects
+    monkeypatch.setattr(pulls, "__kwdefaults__", dict(pulls.__kwdefaults__))
+    monkeypatch.setattr(supernode, "run_flower_supernode", lambda arguments: None)
+    monkeypatch.setattr(stopped_runs, "RUN_CHECK", 0.05)
+    monkeypatch.setattr(stopped_runs, "REPLY_WAIT", 0.01)
+    supernode.main(["--poll-interval", "0.2", "--insecure", "--superlink", "127.0.0.1:1"])
+    waits = supernode_loop.time
+    assert isinstance(waits, supernode_waits.ShortWaits)
+    push = supernode_loop._push_messages  # pylint: disable=protected-access
+    assert isinstance(push.__wrapped__.__self__, stopped_runs._Loop)
+    node = OneRunSuperNode(supernode_loop)
+    node.receive(supernode_loop._pull_and_store_message, 1)
+    task_id, _ = node.take()  # trains, and would reply much later
+    threading.Timer(0.2, setattr, (node, "stopped", True)).start()  # flwr stop
+    waits.last_message = 0.0
+    node.push(push)  # returns without a reply: the message is dropped
+    assert node.sent == [] and node.status(task_id) == ("finished", "stopped")
+    assert waits.last_message > 0.0  # the node had a message: short polls again
 
 
 # ----------------------------------------------------------------------

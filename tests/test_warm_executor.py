@@ -11,8 +11,10 @@ ClientApps come from fedx-superexec, with TLS on every link, SuperNode
 authentication and SuperExec authentication: tests/test_deployment.py.
 """
 
+import hashlib
 import json
 import logging
+import math
 import os
 import signal
 import time
@@ -30,6 +32,7 @@ from fedx.deploy.superexec import WarmExecutor
 from fedx.deploy.superexec import _parser as superexec_options
 from tests.deployment import deploy_up_faked
 from tests.executor_probe import probe
+from tests.helpers import REPO
 from tests.test_deploy_static import flags, help_flags
 
 #: Threads of the module's executor's tasks: not a machine's core count, so not torch's default.
@@ -66,11 +69,16 @@ def spec_for(task_id: int, action: str, path: Path, **overrides) -> ExecutionSpe
 
 
 def run_task(
-    executor: WarmExecutor, task_id: int, action: str, directory: Path, timeout: float = 120
+    executor: WarmExecutor,
+    task_id: int,
+    action: str,
+    directory: Path,
+    timeout: float = 120,
+    **overrides,
 ) -> tuple[dict | None, int]:
-    """Launch one task and wait for it; what it saw, and its exit code."""
+    """Launch one task (``overrides``: of its spec) and wait for it; what it saw, and its exit code."""
     path = directory / f"task-{task_id}.json"
-    assert executor.launch(spec_for(task_id, action, path)) == LaunchResult.accepted()
+    assert executor.launch(spec_for(task_id, action, path, **overrides)) == LaunchResult.accepted()
     process = executor._tasks[task_id]  # pylint: disable=protected-access
     process.join(timeout)
     code = process.exitcode
@@ -112,6 +120,42 @@ def test_every_task_starts_clean_from_the_warm_interpreter(executor, tmp_path):
     assert first["torch-seed"] != second["torch-seed"] and first["torch"] != second["torch"]
     assert first["numpy"] != second["numpy"]
     assert first["random"] != second["random"]
+
+
+def install_fab_of(package: Path, flwr_home: Path, changed: str | None = None) -> str:
+    """A FAB installed as Flower installs one, holding a copy of ``package``; its hash.
+
+    ``changed``: a file of the copy (relative to ``package``) given another line.
+    """
+    fab_hash = hashlib.sha256(f"{package}{changed}".encode()).hexdigest()
+    copy = flwr_home / "apps" / f"fedx.probe.1.0.0.{fab_hash[:8]}" / package.name
+    for source in package.rglob("*.py"):
+        if "__pycache__" not in source.parts:
+            target = copy / source.relative_to(package)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(source.read_bytes())
+    if changed is not None:
+        (copy / changed).write_text((copy / changed).read_text() + "\nCHANGED = True\n")
+    return fab_hash
+
+
+def test_a_task_whose_fab_holds_the_warm_code_keeps_the_warm_modules(
+    executor, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr-home"))
+    same = install_fab_of(REPO / "tests", tmp_path / "flwr-home")
+    other = install_fab_of(REPO / "tests", tmp_path / "flwr-home", changed="executor_probe.py")
+    assert executor.keeps_app(same) and not executor.keeps_app(other)
+    assert not executor.keeps_app("0" * 64) and not executor.keeps_app(None)  # not installed
+    for task_id, fab_hash in ((21, same), (22, same), (23, other)):
+        seen, code = run_task(executor, task_id, "report", tmp_path, fab_hash=fab_hash)
+        assert code == 0 and seen["ppid"] == executor.warm_pid
+        kept = fab_hash == same
+        # The FAB's copy of the app is the code the warm interpreter imported: kept, as it
+        # was imported (no task's state in it); else imported afresh, from the FAB.
+        assert seen["app-module-at-start"] == kept
+        assert seen["imported-in-this-process"] != kept
+        assert seen["tasks-before"] == []
 
 
 def test_the_warm_interpreter_runs_no_threads_of_its_own(executor, tmp_path):
@@ -327,11 +371,19 @@ def test_warm_and_fast_poll_commands_use_only_flags_flower_has(tmp_path):
     ):
         for index in range(2):
             node = spec.supernode_command(index)
-            ours = ["--poll-interval"] if spec.poll_interval else []
+            backoff = ["--idle-after", "--max-poll-interval"] if spec.poll_interval else []
+            ours = ["--poll-interval", *backoff] if spec.poll_interval else []
             assert set(flags(node)) <= help_flags("flower-supernode") | set(ours)
+            assert set(ours) <= help_flags("fedx-supernode")
             assert node[node.index("--isolation") + 1] == "process"
             superexec = spec.superexec_command(index, supernode_pid=4242)
-            assert set(flags(superexec)) <= help_flags("flower-superexec")
+            assert set(flags(superexec)) <= help_flags("flower-superexec") | set(backoff)
+            assert set(backoff) <= help_flags("fedx-superexec")
+            if spec.poll_interval:  # the idle backoff: to Flower's 3 s and 1 s
+                assert node[node.index("--idle-after") + 1] == "10"
+                assert node[node.index("--max-poll-interval") + 1] == "3"
+                assert superexec[superexec.index("--idle-after") + 1] == "10"
+                assert superexec[superexec.index("--max-poll-interval") + 1] == "1"
             assert (
                 superexec[superexec.index("--runtime-api-address") + 1]
                 == f"127.0.0.1:{spec.supernode_ports[index]}"
@@ -355,7 +407,14 @@ def test_warm_and_fast_poll_commands_use_only_flags_flower_has(tmp_path):
     assert Path(FederationSpec(2, tmp_path, insecure=True).superlink_command()[0]).name == (
         "flower-superlink"
     )
-    assert fast.environment()["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] == "0.5"
+    # The SuperNodes' SuperExecs poll for tasks every 0.5 s; the SuperLink's keeps Flower's 1 s.
+    assert fast.supernode_environment()["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] == "0.5"
+    assert "FLWR_SUPEREXEC_TASK_POLL_INTERVAL" not in fast.superlink_environment()
+    fixed = FederationSpec(2, tmp_path, insecure=True, poll_interval=0.5, idle_after=math.inf)
+    node = fixed.supernode_command(0)
+    assert node[node.index("--idle-after") + 1] == "inf"
+    with pytest.raises(ValueError, match="ceiling"):
+        FederationSpec(2, tmp_path, insecure=True, poll_interval=0.5, max_poll_interval=0.2)
     assert (  # without options too: on it a stopped run leaves nothing behind
         Path(FederationSpec(2, tmp_path, insecure=True).supernode_command(0)[0]).name
         == "fedx-supernode"

@@ -50,6 +50,7 @@ from fedx.deploy.local import (
     FederationSpec,
     LocalFederation,
 )
+from fedx.flower import IDLE_AFTER, SUPERNODE_IDLE_WAIT
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -118,8 +119,26 @@ def _parser() -> argparse.ArgumentParser:
         "--poll-interval",
         type=float,
         metavar="SECONDS",
-        help="idle poll of the SuperNodes (Flower: 3 s) and of their SuperExecs (Flower: 1 s); "
-        "default: Flower's",
+        help="idle poll of the SuperNodes (Flower: 3 s) and of their SuperExecs (Flower: 1 s) "
+        "after a message; default: Flower's",
+    )
+    up.add_argument(
+        "--idle-after",
+        type=float,
+        default=IDLE_AFTER,
+        metavar="SECONDS",
+        help="with --poll-interval: how long after its last message a SuperNode (after its last "
+        "task, a SuperExec) keeps polling that often; then its waits grow up to "
+        "--max-poll-interval (a SuperExec's to Flower's 1 s), so that an idle federation costs "
+        "little (default: %(default)g; inf: never)",
+    )
+    up.add_argument(
+        "--max-poll-interval",
+        type=float,
+        default=SUPERNODE_IDLE_WAIT,
+        metavar="SECONDS",
+        help="with --poll-interval: the longest idle wait of a SuperNode (default: Flower's "
+        "%(default)g s)",
     )
     up.add_argument(
         "--superlink-database",
@@ -176,6 +195,8 @@ def _spec(args: argparse.Namespace) -> FederationSpec:
         workdir=Path.cwd(),  # the ServerApp writes outputs/ here
         executor=args.executor,
         poll_interval=args.poll_interval,
+        idle_after=args.idle_after,
+        max_poll_interval=args.max_poll_interval,
         superlink_database=args.superlink_database,
         superlink=args.superlink,
         objects_in_flight=args.objects_in_flight,

@@ -45,7 +45,13 @@ from fedx.deploy.cores import (
     thread_environment,
 )
 from fedx.deploy.credentials import TlsFiles, supernode_key_paths
-from fedx.flower import objects_in_flight
+from fedx.flower import (
+    IDLE_AFTER,
+    SUPEREXEC_TASK_POLL,
+    SUPERNODE_IDLE_WAIT,
+    IdleBackoff,
+    objects_in_flight,
+)
 
 Transport = Literal["http", "grpc"]
 Executor = Literal["flower", "warm"]
@@ -158,10 +164,21 @@ class FederationSpec:
         authenticates with a shared secret (``superexec-<i>.secret``).
     poll_interval : float, optional
         Seconds an idle SuperNode waits between two pulls of the SuperLink
-        (Flower: 3; ``fedx-supernode --poll-interval``, see
+        after a message (Flower: 3; ``fedx-supernode --poll-interval``, see
         :mod:`fedx.deploy.supernode`) and its SuperExec between two task
-        polls (Flower: 1, ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``). ``None``
-        keeps Flower's.
+        polls after a task (Flower: 1, ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``).
+        ``None`` keeps Flower's.
+        The SuperLink's own SuperExec, which starts ServerApps, keeps
+        Flower's 1 s: a run starts up to 1 s after ``flwr run`` submits it.
+    idle_after : float
+        With ``poll_interval``: how long after its last message a SuperNode
+        (after its last task, a SuperExec) keeps polling every
+        ``poll_interval``; then its waits grow up to ``max_poll_interval``
+        (a SuperExec's up to Flower's 1 s), so that an idle federation costs
+        little (:class:`fedx.flower.IdleBackoff`). ``inf``: never.
+    max_poll_interval : float
+        With ``poll_interval``: the longest idle wait of a SuperNode (default
+        Flower's 3 s).
     extra_environment : dict[str, str]
         Variables added to the environment of every process (for example a
         ``PYTHONPATH`` where an app's plug-ins are installed).
@@ -206,8 +223,8 @@ class FederationSpec:
         ``client-resources-num-cpus``.
     warm_preload : tuple of str, optional
         Modules the warm interpreters import ahead (``executor="warm"``):
-        ``None``, ``fedx-superexec``'s default (torch and fedx's ClientApp);
-        ``()`` none, for an app that needs neither (on the 2-core machine
+        ``None``, ``fedx-superexec``'s default (torch, fedx's ClientApp and
+        strategies); ``()`` none, for an app that needs none of them (on the 2-core machine
         the warm interpreter was then ready after 0.7 CPU s with 91 MiB
         resident, instead of 2.4 CPU s and 563 MiB).
     """
@@ -230,6 +247,8 @@ class FederationSpec:
     simulation: bool = False
     executor: Executor = "flower"
     poll_interval: float | None = None
+    idle_after: float = IDLE_AFTER
+    max_poll_interval: float = SUPERNODE_IDLE_WAIT
     extra_environment: dict[str, str] = field(default_factory=dict)
     superlink_database: Database = "file"
     superlink: SuperLinkProgram = "flower"
@@ -271,6 +290,13 @@ class FederationSpec:
             raise ValueError('the fedx SuperLink needs Flower 1.41 (transport="http")')
         if self.poll_interval is not None and not 0.01 <= self.poll_interval <= 3:
             raise ValueError(f"poll_interval must be in [0.01, 3] s, got {self.poll_interval}")
+        if self.poll_interval is not None:
+            IdleBackoff(self.poll_interval, self.idle_after, self.max_poll_interval)  # checks them
+            if self.max_poll_interval > SUPERNODE_IDLE_WAIT:
+                raise ValueError(
+                    f"max_poll_interval must be at most Flower's {SUPERNODE_IDLE_WAIT} s, got "
+                    f"{self.max_poll_interval}"
+                )
         if self.objects_in_flight is not None:
             if self.transport != "http":
                 raise ValueError('objects_in_flight needs Flower 1.41 (transport="http")')
@@ -332,13 +358,13 @@ class FederationSpec:
         }
         if not self.install_app_dependencies:
             env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
-        if self.poll_interval is not None:
-            env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = str(self.poll_interval)
         return env
 
     def supernode_environment(self) -> dict[str, str]:
-        """Environment of a SuperNode and its SuperExec: their ClientApps' share of the cores."""
+        """Environment of a SuperNode and its SuperExec: their task polls, their ClientApps' share of the cores."""
         env = self.environment()
+        if self.poll_interval is not None:
+            env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = str(self.poll_interval)
         if self.clientapp_threads is not None:
             env.update(thread_environment(self.clientapp_threads))
             env[THREADS_VARIABLE] = str(self.clientapp_threads)
@@ -407,7 +433,7 @@ class FederationSpec:
         program = "fedx-supernode" if self.transport == "http" else "flower-supernode"
         command = [str(self.bin_dir / program)]
         if self.poll_interval is not None:
-            command += ["--poll-interval", str(self.poll_interval)]
+            command += ["--poll-interval", str(self.poll_interval), *self._backoff_args()]
         if self.objects_in_flight is not None:
             command += ["--objects-in-flight", str(self.objects_in_flight)]
         if self.tls is None:
@@ -435,6 +461,11 @@ class FederationSpec:
                 ]
         return command
 
+    def _backoff_args(self, ceiling: float | None = None) -> list[str]:
+        """The idle backoff's options (``fedx-supernode``, ``fedx-superexec``)."""
+        ceiling = self.max_poll_interval if ceiling is None else ceiling
+        return ["--idle-after", f"{self.idle_after:g}", "--max-poll-interval", f"{ceiling:g}"]
+
     def superexec_secret(self, index: int) -> Path:
         """The secret SuperNode ``index`` and its ``fedx-superexec`` share (TLS only)."""
         return self.state_dir / f"superexec-{index}.secret"
@@ -448,6 +479,9 @@ class FederationSpec:
             "--parent-pid",
             str(supernode_pid),
         ]
+        if self.poll_interval is not None:  # its task polls: up to Flower's 1 s once idle
+            ceiling = min(SUPEREXEC_TASK_POLL, self.max_poll_interval)
+            command += self._backoff_args(max(ceiling, self.poll_interval))
         if self.warm_preload is not None:
             command += ["--preload-app", ""]
             command += [f"--preload={module}" for module in self.warm_preload or ("",)]

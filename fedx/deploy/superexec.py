@@ -20,28 +20,37 @@ same options as ``flower-superexec`` (``--insecure`` or
 
 and two of its own: ``--preload-app MODULE`` (default ``fedx.client_app``),
 the ClientApp module to import in the warm interpreter, and ``--preload
-MODULE`` (repeatable), more modules to import: by default torch and
+MODULE`` (repeatable), more modules to import: by default torch,
 ``fedx.client.handlers``, which ``fedx.client_app`` imports only when its
-first training or evaluation message arrives.
+first training or evaluation message arrives, and ``fedx.strategies``, where
+the ClientApp's run-config check finds the methods. While it has nothing to
+do it asks for tasks less and less often (``--idle-after``,
+``--max-poll-interval``: :mod:`fedx.flower.superexec_executor`).
 
 Every task starts from the warm interpreter as it was after the imports:
 
 * nothing of an earlier task: each task is a fork of the warm interpreter,
   which never runs a task itself, so no model, data, file or connection of
   one task reaches the next (a cache the ClientApp keeps on disk does);
-* the app's own code from the run's FAB: the modules of the ClientApp's
-  top-level package (``fedx`` for ``fedx.client_app``) are dropped before
-  the task starts, so ``run_clientapp`` imports them from the FAB it
-  installed, as ``flwr-clientapp`` would (0.1 s for fedx: the libraries they
-  import stay loaded);
+* the app's own code from the run's FAB: where the FAB's copy of the
+  ClientApp's top-level package (``fedx`` for ``fedx.client_app``) has
+  other Python files than the warm interpreter imported, or the FAB is not
+  installed yet, that package's modules are dropped before the task starts,
+  so ``run_clientapp`` imports them from the FAB it installed, as
+  ``flwr-clientapp`` would (0.3-0.5 s of every task for fedx: the libraries
+  they import stay loaded); where the files are the same, byte for byte,
+  the task keeps the warm modules, as they were imported
+  (:meth:`WarmExecutor.keeps_app`);
 * fresh randomness: torch's and numpy's global generators are reseeded from
   the OS, as a new interpreter seeds them (Python's ``random`` reseeds
   itself after a fork). Python's string hash seed is the warm interpreter's
   in every task.
 
 Three costs of Flower's own in every task are cut: the warm
-interpreter has also imported this module and Flower's ``run_clientapp``
-(else each task's process imports them before it starts: 0.3-0.8 s), and a
+interpreter has also imported this module, Flower's ``run_clientapp`` and
+``httpcore`` (else each task's process imports them before it starts:
+0.3-0.8 s, and 0.2-0.7 s more for ``httpcore``, which httpx imports with
+``run_clientapp``'s first client), and a
 task asks its SuperNode for an object of its message that the SuperNode is
 still pulling from the SuperLink again after the SuperExec's task poll
 interval (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, Flower's 1 s by default)
@@ -112,6 +121,8 @@ environment of its own, which a warm interpreter cannot be), go to Flower's
 
 import argparse
 import contextlib
+import hashlib
+import importlib.util
 import multiprocessing
 import os
 import sys
@@ -122,6 +133,7 @@ from ctypes import c_byte
 from logging import INFO, WARNING
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 
 from flwr.common import log
 from flwr.common.constant import HEARTBEAT_DEFAULT_INTERVAL
@@ -133,16 +145,18 @@ from fedx.deploy.cores import (
     ClientAppCores,
     thread_environment,
 )
-from fedx.flower import clientapp_task, stopped_runs
-from fedx.flower.clientapp_task import run_clientapp_task
+from fedx.flower import IDLE_AFTER, IdleBackoff, clientapp_task, stopped_runs
+from fedx.flower.clientapp_task import installed_fab_dir, run_clientapp_task
 from fedx.flower.object_pulls import FLOWER_INITIAL_BACKOFF, retry_object_pulls_after
 from fedx.flower.superexec_executor import (
+    FLOWER_TASK_POLL_INTERVAL,
     ExecutionSpec,
     ExecutorConfig,
     ExecutorType,
     LaunchResult,
     SubprocessExecutor,
     TaskType,
+    back_off_task_polls,
     get_executor,
     run_flower_superexec,
     task_poll_interval,
@@ -151,9 +165,11 @@ from fedx.flower.superexec_executor import (
 from fedx.flower.task_input import report_input_waits
 
 DEFAULT_PRELOAD_APP = "fedx.client_app"
-#: torch, and what fedx's ClientApp imports on its first training or evaluation
-#: message (``fedx.client_app.HANDLERS_MODULE``): without it every task would.
-DEFAULT_PRELOAD = ("torch", "fedx.client.handlers")
+#: torch, what fedx's ClientApp imports on its first training or evaluation
+#: message (``fedx.client_app.HANDLERS_MODULE``), and the strategies' modules,
+#: where :mod:`fedx.registry` finds the methods whose keys the ClientApp checks
+#: the run config against: without them every task would import them.
+DEFAULT_PRELOAD = ("torch", "fedx.client.handlers", "fedx.strategies")
 #: Environment of the warm interpreter (where not set already): no allocator
 #: thread, no CUDA initialized before a fork.
 WARM_ENVIRONMENT = {
@@ -174,8 +190,32 @@ CLAIM_LAPSES = float(HEARTBEAT_DEFAULT_INTERVAL)
 CAPACITY_POLL = 0.05
 
 
+def package_sources(package: str, directory: Path | None = None) -> dict[str, str] | None:
+    """``{path: SHA-256}`` of the Python files of ``package``, paths relative to its folder.
+
+    The folder is ``directory / package``, or, without ``directory``, the one
+    this interpreter imports ``package`` from. ``None`` when there is no such
+    single folder (a namespace package spread over several, a module).
+    """
+    if directory is None:
+        spec = importlib.util.find_spec(package)
+        locations = list(spec.submodule_search_locations or []) if spec else []
+        if len(locations) != 1:
+            return None
+        root = Path(locations[0])
+    else:
+        root = directory / package
+    if not root.is_dir():
+        return None
+    return {
+        str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(root.rglob("*.py"))
+        if "__pycache__" not in path.parts
+    }
+
+
 def _fresh_start(app_package: str | None, threads: int) -> None:
-    """In a task's child: forget the app's own modules, reseed torch and numpy, set its threads."""
+    """In a task's child: forget the app's own modules (unless ``None``), reseed torch and numpy, set its threads."""
     if app_package:
         for name in [n for n in sys.modules if n == app_package or n.startswith(app_package + ".")]:
             del sys.modules[name]
@@ -248,7 +288,8 @@ class WarmExecutor:
     ----------
     preload_app : str or None
         The ClientApp module the warm interpreter imports; its top-level
-        package is imported afresh (from the run's FAB) by every task.
+        package is imported afresh (from the run's FAB) by every task whose
+        FAB holds other code (:meth:`keeps_app`).
     preload : sequence of str
         Modules the warm interpreter imports as well: libraries stay
         imported in every task, modules of the app's package are dropped
@@ -288,6 +329,10 @@ class WarmExecutor:
         self._waiting: dict[int, c_byte] = {}
         #: Tasks launched beyond the limit: (when, spec), oldest first.
         self._queue: deque[tuple[float, ExecutionSpec]] = deque()
+        #: The app package's files as the warm interpreter imported them.
+        self._app_sources = package_sources(self.app_package) if self.app_package else None
+        #: Per FAB hash: whether its tasks keep the warm interpreter's app modules.
+        self._keeps_app: dict[str, bool] = {}
         self.warm_pid, self.preloaded = self._warm_up()
 
     def _warm_up(self) -> tuple[int, list[str]]:
@@ -383,15 +428,39 @@ class WarmExecutor:
             return LaunchResult.accepted()
         return self._fork(spec)
 
+    def keeps_app(self, fab_hash: str | None) -> bool:
+        """Whether a task of the FAB ``fab_hash`` keeps the warm interpreter's app modules.
+
+        It does when Flower has installed that FAB on this node and the FAB's
+        copy of the app's package has the Python files the warm interpreter
+        imported, byte for byte, as the environment still has them: the task
+        then runs the FAB's code either way, and importing it again would
+        only cost time (0.3-0.5 s of every task for fedx's, more under load).
+        Decided once per FAB, once it is installed (its first task installs it).
+        """
+        if not fab_hash or self.app_package is None or self._app_sources is None:
+            return False
+        if fab_hash not in self._keeps_app:
+            installed = installed_fab_dir(fab_hash)
+            if installed is None:
+                return False
+            sources = self._app_sources
+            self._keeps_app[fab_hash] = (
+                package_sources(self.app_package, installed) == sources
+                and package_sources(self.app_package) == sources
+            )
+        return self._keeps_app[fab_hash]
+
     def _fork(self, spec: ExecutionSpec) -> LaunchResult:
         """Fork ``spec``'s task from the warm interpreter."""
+        keep_app = self.keeps_app(spec.fab_hash)
         waiting = self._context.RawValue("b", 0)
         process = self._context.Process(
             target=_task_child,
             args=(
                 self.task,
                 spec,
-                self.app_package,
+                None if keep_app else self.app_package,
                 self.object_pull_wait,
                 self.cores.threads,
                 waiting,
@@ -405,9 +474,10 @@ class WarmExecutor:
             return LaunchResult.failed(f"could not fork the task from the warm interpreter: {err}")
         log(
             INFO,
-            "fedx: ClientApp task %d forked from the warm interpreter: process %d",
+            "fedx: ClientApp task %d forked from the warm interpreter: process %d (%s)",
             spec.task_id,
             process.pid,
+            "the FAB's code is the warm one's" if keep_app else "imports the app from the FAB",
         )
         self._tasks[spec.task_id] = process
         self._waiting[spec.task_id] = waiting
@@ -484,6 +554,11 @@ class WarmExecutor:
         self._fallback.close()
 
     @property
+    def busy(self) -> bool:
+        """Whether a ClientApp task holds a slot (it runs, past its input) or waits here for one."""
+        return bool(self._queue) or self._holding_slots() > 0
+
+    @property
     def running(self) -> dict[int, int]:
         """``{task id: pid}`` of the tasks still running."""
         return {t: p.pid for t, p in self._tasks.items() if p.exitcode is None and p.pid}
@@ -533,6 +608,22 @@ def _parser() -> argparse.ArgumentParser:
         f"machine's usable cores divided by ${SUPERNODES_VARIABLE}, 1 if unset)",
     )
     parser.add_argument(
+        "--idle-after",
+        type=float,
+        default=IDLE_AFTER,
+        metavar="SECONDS",
+        help="how long after its last ClientApp task the SuperExec keeps asking for tasks "
+        "every $FLWR_SUPEREXEC_TASK_POLL_INTERVAL seconds; then its waits grow up to "
+        "--max-poll-interval (default: %(default)g; inf: never)",
+    )
+    parser.add_argument(
+        "--max-poll-interval",
+        type=float,
+        default=FLOWER_TASK_POLL_INTERVAL,
+        metavar="SECONDS",
+        help="the longest wait between two task polls (default: Flower's %(default)g s)",
+    )
+    parser.add_argument(
         "--max-tasks",
         type=int,
         metavar="N",
@@ -552,7 +643,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     preload = DEFAULT_PRELOAD if ours.preload is None else [m for m in ours.preload if m]
     try:  # the options, else the environment, else this machine's cores
         cores = ClientAppCores.resolve(threads=ours.clientapp_threads, max_tasks=ours.max_tasks)
-    except ValueError as err:
+        interval = task_poll_interval()
+        # Between two task polls: the interval after a task, up to the ceiling once idle.
+        waits = back_off_task_polls(
+            IdleBackoff(interval, ours.idle_after, max(interval, ours.max_poll_interval))
+        )
+    except (ValueError, RuntimeError) as err:
         raise SystemExit(f"fedx-superexec: {err}") from None
 
     def executor_factory(
@@ -563,12 +659,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         root_certificates_path: str | None = None,
     ):
         if executor_type == ExecutorType.SUBPROCESS:  # flower-superexec's default
-            return WarmExecutor(
+            warm = WarmExecutor(
                 ours.preload_app or None,
                 preload,
-                object_pull_wait=task_poll_interval(),
+                object_pull_wait=interval,
                 cores=cores,
             )
+            waits.busy = lambda: warm.busy
+            return warm
         return get_executor(
             executor_type,
             executor_config,

@@ -5,7 +5,11 @@
 waits when the SuperLink has no message for the node, and the 0.5 s between
 its checks for the ClientApp's reply, become ``SECONDS`` (the reply check at
 most 0.5 s; :mod:`fedx.flower.supernode_waits` says how, why, and what
-happens under another Flower), and so does the first wait before it asks the
+happens under another Flower). Once the node has had no message for
+``--idle-after`` seconds (default 10) its idle waits grow, each as long as
+it has been idle beyond that, up to ``--max-poll-interval`` (default
+Flower's 3 s): an idle node costs the SuperLink one pull per 3 s, and a
+message after a long idle spell waits at most that. So does the first wait before it asks the
 SuperLink again for an object of a message that is not there yet (Flower:
 1 s, :mod:`fedx.flower.object_pulls`). ``--objects-in-flight N`` (or
 ``FEDX_OBJECTS_IN_FLIGHT=N``) makes it pull and push N objects of a message
@@ -24,17 +28,25 @@ from collections.abc import Sequence
 
 from fedx.flower import objects_in_flight, stopped_runs
 from fedx.flower.object_pulls import retry_object_pulls_after
-from fedx.flower.supernode_waits import IDLE_WAIT, run_flower_supernode, shorten_loop_waits
+from fedx.flower.supernode_waits import (
+    IDLE_AFTER,
+    IDLE_WAIT,
+    run_flower_supernode,
+    shorten_loop_waits,
+)
 
 
-def shorten_waits(interval: float) -> None:
-    """Make this process's Flower SuperNode loop wait ``interval`` seconds when idle.
+def shorten_waits(
+    interval: float, idle_after: float = IDLE_AFTER, ceiling: float = IDLE_WAIT
+) -> None:
+    """Make this process's Flower SuperNode loop wait ``interval`` seconds when idle after a message.
 
-    Its first wait for an object of a message that is not there yet becomes
-    ``interval`` too (at most Flower's 1 s). Raises as
+    After ``idle_after`` seconds without one its idle waits grow up to
+    ``ceiling``. Its first wait for an object of a message that is not
+    there yet becomes ``interval`` too (at most Flower's 1 s). Raises as
     :func:`~fedx.flower.supernode_waits.shorten_loop_waits` does.
     """
-    shorten_loop_waits(interval)
+    shorten_loop_waits(interval, idle_after, ceiling)
     retry_object_pulls_after(interval)
 
 
@@ -51,7 +63,23 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--poll-interval",
         type=float,
         metavar="SECONDS",
-        help=f"idle wait between two pulls (Flower's: {IDLE_WAIT} s)",
+        help=f"idle wait between two pulls after a message (Flower's: {IDLE_WAIT} s)",
+    )
+    parser.add_argument(
+        "--idle-after",
+        type=float,
+        default=IDLE_AFTER,
+        metavar="SECONDS",
+        help="with --poll-interval: how long after its last message the node keeps pulling "
+        "that often; then its waits grow up to --max-poll-interval (default: %(default)g; "
+        "inf: never)",
+    )
+    parser.add_argument(
+        "--max-poll-interval",
+        type=float,
+        default=IDLE_WAIT,
+        metavar="SECONDS",
+        help="with --poll-interval: the longest idle wait (default: Flower's %(default)g s)",
     )
     parser.add_argument(
         "--objects-in-flight",
@@ -66,9 +94,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.print_help()
         print()
     else:
+        # First: the idle clock of shorten_waits then wraps the stopped-runs push, which returns
+        # once per message received, replied to or dropped (the clock restarts either way).
+        stopped_runs.install()
         try:
             if ours.poll_interval is not None:
-                shorten_waits(ours.poll_interval)
+                shorten_waits(ours.poll_interval, ours.idle_after, ours.max_poll_interval)
             in_flight = ours.objects_in_flight
             if in_flight is None:
                 in_flight = objects_in_flight.from_environment()
@@ -76,7 +107,6 @@ def main(argv: Sequence[str] | None = None) -> None:
                 objects_in_flight.set_objects_in_flight(in_flight)
         except (ValueError, RuntimeError) as err:
             raise SystemExit(f"fedx-supernode: {err}") from None
-        stopped_runs.install()
     run_flower_supernode(flower_args)
 
 

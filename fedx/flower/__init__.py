@@ -34,7 +34,8 @@ The changes:
   --objects-in-flight``, ``FEDX_OBJECTS_IN_FLIGHT``), past Flower's cap at
   the process's cores.
 - :mod:`~fedx.flower.supernode_waits`: the SuperNode loop's 3 s and 0.5 s
-  waits become ``fedx-supernode --poll-interval``.
+  waits become ``fedx-supernode --poll-interval``, backing off while the
+  node has nothing to do (:class:`IdleBackoff`).
 - :mod:`~fedx.flower.stopped_runs`: ``fedx-supernode``'s loop drops a
   stopped run's messages and ends their tasks, and pushes each reply for
   its own message; a warm task's heartbeat tells it of its end sooner.
@@ -42,7 +43,8 @@ The changes:
   ``_get_middleware`` scopes seven of its nine middleware to the requests
   they act on (``fedx-superlink``).
 - :mod:`~fedx.flower.superexec_executor`: the SuperExec's ``get_executor``
-  returns fedx's warm executor (``fedx-superexec``).
+  returns fedx's warm executor (``fedx-superexec``), and its task polls back
+  off while it has nothing to do (:class:`IdleBackoff`).
 - :mod:`~fedx.flower.clientapp_task`: a warm ClientApp task runs
   ``run_clientapp`` with an ``install_from_fab`` that finds an installed FAB
   without unpacking it.
@@ -59,13 +61,24 @@ Importing this package imports no module of Flower's: the ClientApp module
 asks :func:`in_simulation_engine` in every process that loads it.
 """
 
+import math
 import sys
+from dataclasses import dataclass
 from logging import WARNING
 from types import ModuleType
 from typing import Any
 
 #: The Flower release every change here was checked against.
 CHECKED_FLWR = "1.41.0"
+
+#: How long polls stay short after the last work (seconds), unless told:
+#: :class:`IdleBackoff`.
+IDLE_AFTER = 10.0
+#: Flower's idle waits (seconds): a SuperNode's between two pulls of the
+#: SuperLink (``time.sleep(3)`` in its loop), a SuperExec's between two task
+#: polls (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``'s default).
+SUPERNODE_IDLE_WAIT = 3
+SUPEREXEC_TASK_POLL = 1.0
 
 #: Flower's simulation engine (``vce_api``): loaded in a process that runs
 #: simulated ClientApps (``flwr-simulation``, or ``run_simulation`` in process).
@@ -107,3 +120,54 @@ def replace(
         return False
     setattr(module, name, replacement)
     return True
+
+
+@dataclass(frozen=True)
+class IdleBackoff:
+    """How long a poller waits before its next poll, from how long it has had nothing to do.
+
+    While it had work within the last ``idle_after`` seconds it waits
+    ``interval``; after that each wait lasts as long as it has been idle
+    beyond ``idle_after`` (so the waits double: 0.1, 0.1, 0.2, 0.4 ... s),
+    never less than ``interval`` nor more than ``ceiling``. Work that comes
+    after an idle spell therefore waits at most ``ceiling``, and at most as
+    long as the spell lasted beyond ``idle_after``. ``idle_after=inf``, or a
+    ``ceiling`` equal to ``interval``, is a fixed interval.
+
+    Parameters
+    ----------
+    interval : float
+        Seconds between two polls while there is work (after a message).
+    idle_after : float
+        Seconds after the last work during which the polls stay ``interval``
+        apart (``inf``: always).
+    ceiling : float
+        The longest wait, seconds.
+
+    Raises
+    ------
+    ValueError
+        When ``interval`` is not positive, ``ceiling`` is below it, or
+        ``idle_after`` is negative.
+    """
+
+    interval: float
+    idle_after: float
+    ceiling: float
+
+    def __post_init__(self) -> None:
+        if not 0 < self.interval <= self.ceiling or not math.isfinite(self.ceiling):
+            raise ValueError(
+                f"need 0 < interval <= ceiling < inf, got interval {self.interval} and "
+                f"ceiling {self.ceiling}"
+            )
+        if not self.idle_after >= 0:
+            raise ValueError(
+                f"idle_after must be >= 0 (inf: never back off), got {self.idle_after}"
+            )
+
+    def wait(self, idle_for: float) -> float:
+        """Seconds to wait before the next poll, ``idle_for`` seconds after the last work."""
+        if idle_for < self.idle_after:
+            return self.interval
+        return min(self.ceiling, max(self.interval, idle_for - self.idle_after))

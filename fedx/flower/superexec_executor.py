@@ -14,6 +14,15 @@ What it changes
     (``flwr.supercore.superexec.executor.Executor``); this module hands it
     the protocol's types.
 
+    With :func:`back_off_task_polls`, the module global ``time`` of
+    ``run_superexec`` is replaced too, by :class:`TaskPollWaits`: the
+    ``time`` module whose ``sleep`` makes the loop's wait between two task
+    polls (``time.sleep(task_poll_interval)``) follow an
+    :class:`~fedx.flower.supernode_waits.IdleBackoff`: the task poll
+    interval while the executor has run a task within the last
+    ``idle_after`` seconds, then longer and longer waits up to a ceiling
+    (Flower's default interval, 1 s).
+
 Why
     In a real deployment Flower 1.41 runs every message a SuperNode receives
     in a new ClientApp process (``flwr-clientapp``, started by the
@@ -24,6 +33,12 @@ Why
     the deployment benchmark's round took 2.68 s with it (0.1 s polls,
     SQLite SuperLink) against 8.35 s with Flower's executor and polls, the
     secure stage 10.8 s against 65.4 s (docs/results.md, Run 4).
+    A short task poll interval (0.1 s in the README's fast setup) costs the
+    SuperExec and its SuperNode a request per interval while there is
+    nothing to do: 3-6% of a core for 3 idle SuperExecs, with their
+    SuperNodes' answers more (``benchmarks/idle_federation.py``). Backing
+    off once no task has run for a while brings them back to Flower's one
+    poll a second.
 
 Checked against
     flwr 1.41.0 (:data:`fedx.flower.CHECKED_FLWR`).
@@ -34,9 +49,13 @@ Under another Flower
     refuses to start and says it needs flwr 1.41. :func:`task_poll_interval`
     reads Flower's task poll interval through a private function of
     ``run_superexec``; without it, Flower's default of 1 s.
+    :func:`back_off_task_polls` raises ``RuntimeError`` when
+    ``run_superexec``'s source has no ``time.sleep(task_poll_interval)``.
 """
 
+import inspect
 import sys
+import time
 from collections.abc import Callable, Sequence
 
 import flwr.supercore.superexec.run_superexec as flower_run_superexec
@@ -50,14 +69,18 @@ from flwr.supercore.superexec.executor import (
 )
 from flwr.supercore.superexec.executor.config import ExecutorConfig
 
+from fedx.flower import SUPEREXEC_TASK_POLL, IdleBackoff
+
 __all__ = [
     "ExecutionSpec",
     "Executor",
     "ExecutorConfig",
     "ExecutorType",
     "LaunchResult",
+    "TaskPollWaits",
     "SubprocessExecutor",
     "TaskType",
+    "back_off_task_polls",
     "get_executor",
     "run_flower_superexec",
     "task_poll_interval",
@@ -65,7 +88,7 @@ __all__ = [
 ]
 
 #: Flower's task poll interval when it cannot be read (seconds).
-FLOWER_TASK_POLL_INTERVAL = 1.0
+FLOWER_TASK_POLL_INTERVAL = SUPEREXEC_TASK_POLL
 
 #: The Flower code this change relies on, with the fingerprint of its source
 #: (SHA-256, first 16 hex digits) as checked: tests/test_flower_changes.py.
@@ -81,7 +104,9 @@ RECHECK = (
     "that run_superexec still builds its executor once, at its start, through the module "
     "global get_executor(executor_type, executor_config=..., insecure=..., "
     "root_certificates_path=...), and that fedx.deploy.superexec.WarmExecutor still "
-    "implements every method of the Executor protocol with the ExecutionSpec fields it reads"
+    "implements every method of the Executor protocol with the ExecutionSpec fields it reads; "
+    "and that its loop waits time.sleep(task_poll_interval) through the module's own `time` "
+    "between two task polls, and sleeps that long nowhere else"
 )
 
 #: ``factory(executor_type, executor_config=None, *, insecure, root_certificates_path)``:
@@ -102,6 +127,64 @@ def use_executor_factory(factory: ExecutorFactory) -> None:
             "this Flower's SuperExec has no get_executor to replace (fedx needs flwr 1.41)"
         )
     flower_run_superexec.get_executor = factory
+
+
+class TaskPollWaits:
+    """``time`` for Flower's SuperExec loop: its wait between two task polls follows ``backoff``.
+
+    ``busy()`` says whether one of the executor's tasks runs. While one
+    does, the loop asks for no other task until it ends, or for at most
+    ``backoff.ceiling`` seconds (checking every ``backoff.interval``
+    seconds, without a request, whether it has ended): Flower 1.41's
+    SuperNode hands out its next message's task only once it has the reply
+    to the last one. After that the polls stay ``backoff.interval`` apart
+    for ``backoff.idle_after`` seconds, then back off.
+    """
+
+    def __init__(self, backoff: IdleBackoff, busy: Callable[[], bool] = lambda: False) -> None:
+        self.backoff = backoff
+        self.busy = busy
+        #: When the executor was last seen busy (``time.monotonic``): its start at first.
+        self.last_busy = time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep; the loop's task-poll wait (``backoff.interval`` long) follows the backoff."""
+        if seconds != self.backoff.interval:
+            time.sleep(seconds)
+            return
+        start = time.monotonic()
+        if self.busy():
+            deadline = start + self.backoff.ceiling
+            while self.busy() and (now := time.monotonic()) < deadline:
+                time.sleep(min(self.backoff.interval, deadline - now))
+            self.last_busy = time.monotonic()
+            return
+        time.sleep(self.backoff.wait(start - self.last_busy))
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+
+def back_off_task_polls(backoff: IdleBackoff) -> TaskPollWaits:
+    """Make this process's Flower SuperExec wait between its task polls as ``backoff`` says.
+
+    ``backoff.interval`` must be the SuperExec's task poll interval
+    (:func:`task_poll_interval`). Returns the loop's new ``time``; set its
+    ``busy`` once the executor is built.
+
+    Raises
+    ------
+    RuntimeError
+        When Flower's SuperExec loop has no ``time.sleep(task_poll_interval)``.
+    """
+    if "time.sleep(task_poll_interval)" not in inspect.getsource(flower_run_superexec):
+        raise RuntimeError(
+            "this Flower's SuperExec has no time.sleep(task_poll_interval) to back off "
+            "(fedx needs flwr 1.41)"
+        )
+    waits = TaskPollWaits(backoff)
+    flower_run_superexec.time = waits  # type: ignore[assignment]
+    return waits
 
 
 def task_poll_interval() -> float:
