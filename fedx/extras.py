@@ -9,7 +9,9 @@ Ray, matplotlib and Flower 1.41: the ``app`` extra of ``pyproject.toml``,
 ``pip install "fedx[app]"``. The console scripts of ``pyproject.toml`` start
 here, so that a light install answers them with what to install instead of
 a traceback. What the extra holds is read from fedx's installed metadata:
-``pyproject.toml`` is the one place that lists it.
+``pyproject.toml`` is the one place that lists it. ``fedx-supernode`` and
+``fedx-superlink`` are Flower's own processes with fedx's changes: of the
+extra they need Flower 1.41 alone (the SuperNode image has no torch).
 """
 
 import importlib
@@ -31,7 +33,7 @@ def _gated_on(requirement, extra: str) -> bool:
     )
 
 
-def missing_requirements(extra: str = APP) -> list[str]:
+def missing_requirements(extra: str = APP, only: tuple[str, ...] | None = None) -> list[str]:
     """What of fedx's ``extra`` is not installed, or installed in a version it does not take.
 
     One entry per problem (``"torch (not installed)"``, ``"flwr 1.36.0 (needs
@@ -39,6 +41,7 @@ def missing_requirements(extra: str = APP) -> list[str]:
     deployment image has Flower without Ray (``flwr[simulation]``), which its
     tools do not use. Empty when everything is there, and when fedx itself is
     not installed (run from a source tree on ``PYTHONPATH``: no metadata to read).
+    ``only`` names the requirements to check (all of the extra's by default).
     """
     from packaging.requirements import Requirement  # pylint: disable=import-outside-toplevel
 
@@ -48,7 +51,7 @@ def missing_requirements(extra: str = APP) -> list[str]:
         return []
     problems: list[str] = []
     for requirement in (Requirement(text) for text in listed):
-        if not _gated_on(requirement, extra):
+        if not _gated_on(requirement, extra) or (only is not None and requirement.name not in only):
             continue
         try:
             installed = version(requirement.name)
@@ -65,11 +68,13 @@ def install_hint(extra: str = APP) -> str:
     return f'pip install "fedx[{extra}]" (in a clone of fedx: pip install -e ".[{extra}]")'
 
 
-def _run(tool: str, module: str, extra: str = APP) -> Callable[[], int | None]:
-    """The entry point of ``tool``: check ``extra``, then run ``module``'s ``main``."""
+def _run(
+    tool: str, module: str, extra: str = APP, only: tuple[str, ...] | None = None
+) -> Callable[[], int | None]:
+    """The entry point of ``tool``: check ``extra`` (or its ``only``), then run ``module``'s ``main``."""
 
     def entry_point() -> int | None:
-        problems = missing_requirements(extra)
+        problems = missing_requirements(extra, only)
         if problems:
             print(
                 f"{tool} needs fedx's {extra!r} extra, which is not installed "
@@ -100,5 +105,5 @@ def _run(tool: str, module: str, extra: str = APP) -> Callable[[], int | None]:
 fedx_deploy = _run("fedx-deploy", "fedx.deploy.cli")
 fedx_compare = _run("fedx-compare", "fedx.compare.cli")
 fedx_superexec = _run("fedx-superexec", "fedx.deploy.superexec")
-fedx_supernode = _run("fedx-supernode", "fedx.deploy.supernode")
-fedx_superlink = _run("fedx-superlink", "fedx.deploy.superlink")
+fedx_supernode = _run("fedx-supernode", "fedx.deploy.supernode", only=("flwr",))
+fedx_superlink = _run("fedx-superlink", "fedx.deploy.superlink", only=("flwr",))

@@ -147,6 +147,36 @@ def test_a_console_script_names_the_missing_extra(monkeypatch, capsys):
     assert 'pip install "fedx[app]"' in message and "numpy" not in message
 
 
+def test_flowers_processes_with_fedxs_changes_need_only_flower_of_the_extra(monkeypatch, capsys):
+    """The SuperNode image has Flower 1.41 and fedx without torch: fedx-supernode must start."""
+    monkeypatch.setattr(
+        fedx.extras,
+        "requires",
+        lambda name: ['torch>=2.5; extra == "app"', 'flwr[simulation]<1.42,>=1.41; extra == "app"'],
+    )
+    installed = {"flwr": "1.41.0"}
+    monkeypatch.setattr(
+        fedx.extras,
+        "version",
+        lambda name: (
+            installed.get(name) or (_ for _ in ()).throw(fedx.extras.PackageNotFoundError(name))
+        ),
+    )
+    for tool in ("fedx-supernode", "fedx-superlink"):
+        monkeypatch.setattr(sys, "argv", [tool, "--help"])
+        with pytest.raises(SystemExit) as stopped:
+            getattr(fedx.extras, tool.replace("-", "_"))()
+        assert stopped.value.code == 0, tool
+        assert capsys.readouterr().out.startswith(f"usage: {tool}")
+    # ...but not on a Flower they do not take, and the other tools still need all of it.
+    installed["flwr"] = "1.36.0"
+    assert fedx.extras.fedx_supernode() == 1
+    assert "flwr 1.36.0 (needs <1.42,>=1.41)" in capsys.readouterr().err
+    installed["flwr"] = "1.41.0"
+    assert fedx.extras.fedx_superexec() == 1
+    assert "torch (not installed)" in capsys.readouterr().err
+
+
 def test_a_console_script_runs_its_tool_when_the_extra_is_there(monkeypatch, capsys):
     assert fedx.extras.missing_requirements() == []
     monkeypatch.setattr(sys, "argv", ["fedx-compare", "--help"])

@@ -136,7 +136,7 @@ def test_two_nodes_train_clients_match_one_node_and_survive_a_lost_worker(
         f"worker killed in round {kill_round}; loss logged after {detection:.1f}s; the node back "
         f"after {rejoined_at - killed_at:.0f}s\n{lost.group(0)}\n{joined.group(0)}"
     )
-    assert "4 nodes connected (4 identified)" in output, output[-5000:]
+    assert "4 nodes connected (4 identified, 4 read packed models)" in output, output[-5000:]
     assert (
         f"on 2 Ray nodes: {head} (1 CPU, 0 GPU: room for 1), {worker} (1 CPU, 0 GPU: room for 1)"
         in output
