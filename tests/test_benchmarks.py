@@ -354,7 +354,9 @@ PACK_RAY = BENCHMARKS / "gpu" / "pack_ray.py"
 def _pack_and_unpack(wheel: Path, folder: Path) -> Path:
     """``wheel`` packed as prepare.sh packs Ray, then unpacked as run.sh's install step does."""
     archive = folder / "ray-stripped.tar.xz"
-    subprocess.run([sys.executable, str(PACK_RAY), str(wheel), str(archive)], check=True)
+    subprocess.run(
+        [sys.executable, str(PACK_RAY), str(wheel), str(archive), "--preset", "0"], check=True
+    )
     site = folder / "site"
     site.mkdir()
     subprocess.run(["tar", "-C", str(site), "-xJf", str(archive)], check=True)
