@@ -112,6 +112,19 @@ def load_text() -> str:
     return " ".join(f"{load:.1f}" for load in os.getloadavg())
 
 
+def placement(home: Path) -> list[str]:
+    """The options that put a fast-setup federation on free ports and its state under ``home``."""
+    port = free_ports(1 + CLIENTS)
+    return [
+        "--port",
+        str(port),
+        "--supernode-port",
+        str(port + 1),
+        "--state-dir",
+        str(home / "state"),
+    ]
+
+
 def free_ports(count: int) -> int:
     """The first of ``count`` consecutive TCP ports on 127.0.0.1 that nobody listens on now."""
     for _ in range(200):
@@ -145,15 +158,9 @@ def run_command(
     app: Path, home: Path, overrides: dict, timeout: float, trace: Path | None = None
 ) -> Timing:
     """The fast-setup command in ``app``'s folder (traced into ``trace``); its rounds from ``metrics.json``."""
-    port = free_ports(1 + CLIENTS)
     command = [
         *FAST_SETUP,
-        "--port",
-        str(port),
-        "--supernode-port",
-        str(port + 1),
-        "--state-dir",
-        str(home / "state"),
+        *placement(home),
         "--run-config",
         overhead.run_config_argument(overrides),
     ]

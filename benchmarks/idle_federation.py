@@ -141,16 +141,7 @@ def _reader(stream, lines: "queue.Queue[str | None]") -> None:
 
 def idle_run(app: Path, home: Path, arguments: argparse.Namespace) -> list[Window] | str:
     """The idle federation of ``app``'s copy of fedx, measured in each window (or an error)."""
-    port = fast_setup.free_ports(1 + fast_setup.CLIENTS)
-    command = [
-        *idle_command(),
-        "--port",
-        str(port),
-        "--supernode-port",
-        str(port + 1),
-        "--state-dir",
-        str(home / "state"),
-    ]
+    command = [*idle_command(), *fast_setup.placement(home)]
     process = subprocess.Popen(  # pylint: disable=consider-using-with
         command,
         cwd=app,
