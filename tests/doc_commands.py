@@ -922,37 +922,17 @@ def _simulated_supernodes(overrides: list[str]) -> int:
     return int(given.get("num-supernodes", DEFAULT_SIMULATION_CONFIG.num_supernodes))
 
 
-@contextlib.contextmanager
-def _entry_points_read_once() -> Iterator[None]:
-    """fedx's registry reads the installed packages' entry points once, not at every lookup.
-
-    Every run config checked looks the methods up a few times, and each
-    lookup reads every installed distribution's entry points (some 0.2 s of
-    CPU here); fedx-compare's plans check hundreds. Nothing is installed
-    while the pages are checked, so one reading serves them all.
-    """
-    from fedx import registry  # pylint: disable=import-outside-toplevel
-
-    original = registry.entry_points
-    registry.entry_points = cache(lambda **selection: original(**selection))
-    try:
-        yield
-    finally:
-        registry.entry_points = original
-
-
 def check_page(commands: list[Command], checker: Checker) -> list[str]:
     """Every problem of a page's commands, each naming the page, the line and the command."""
     state = PageState()
     problems = []
     block = None
-    with _entry_points_read_once():
-        for command in commands:
-            if command.block != block:
-                block = command.block
-                state.fedx_extras = None  # what a block installed counts in that block
-            for problem in checker.check(command, state):
-                problems.append(f"{command.where()}\n    -> {problem}")
+    for command in commands:
+        if command.block != block:
+            block = command.block
+            state.fedx_extras = None  # what a block installed counts in that block
+        for problem in checker.check(command, state):
+            problems.append(f"{command.where()}\n    -> {problem}")
     return problems
 
 

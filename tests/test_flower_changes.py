@@ -374,17 +374,16 @@ def test_fedx_supernode_shortens_the_reply_wait_and_backs_off_its_idle_wait(monk
     monkeypatch.setattr(supernode_waits.time, "monotonic", lambda: clock[0])
     waits = supernode_waits.ShortWaits(IdleBackoff(0.2, 10.0, 3.0))
     clock[0] = 130.0  # it connected (slowly): its first idle wait starts the clock
-    for seconds in (3, 0.5, 1.0):
+    for seconds in (3, 1.0):
         waits.sleep(seconds)
-    assert slept == [0.2, 0.2, 1.0]
+    assert slept == [0.2, 1.0]
     clock[0] = 100.0  # the clock's idle time from here: 12 s
     waits.last_message = 100.0
     clock[0] = 112.0  # idle for 12 s: 2 s beyond the 10
     waits.sleep(3)
     clock[0] = 200.0
     waits.sleep(3)
-    waits.sleep(0.5)  # the reply check stays short
-    assert slept[3:] == [2.0, 3.0, 0.2]
+    assert slept[2:] == [2.0, 3.0]
     waits.message_done()  # a reply sent: short polls again
     waits.sleep(3)
     assert slept[-1] == 0.2
@@ -394,6 +393,38 @@ def test_fedx_supernode_shortens_the_reply_wait_and_backs_off_its_idle_wait(monk
     )  # another Flower
     with pytest.raises(RuntimeError, match="no time.sleep"):
         supernode_waits.shorten_loop_waits(0.2)
+
+
+def test_fedx_supernodes_reply_wait_ends_when_a_clientapp_stores_on_the_node():
+    from flwr.supercore.object_store import ObjectStoreFactory
+    from flwr.supernode.nodestate.in_memory_nodestate import InMemoryNodeState
+
+    def seconds_of(wait) -> float:
+        start = time.monotonic()
+        wait()
+        return time.monotonic() - start
+
+    state = InMemoryNodeState(ObjectStoreFactory().store())
+    waits = supernode_waits.ShortWaits(IdleBackoff(0.3, 10.0, 3.0))
+    waits.watch(state)
+    waits.watch(state)  # wrapped once
+    wrapped = state.store_object
+    assert wrapped.__fedx_wakes__ and not hasattr(wrapped.__wrapped__, "__fedx_wakes__")
+    # Nothing stored: Flower's 0.5 s check lasts the interval.
+    assert 0.28 <= seconds_of(lambda: waits.sleep(0.5)) < 0.45
+    # The ClientApp pushes an object (the Runtime API's thread): the check ends then.
+    pushed = threading.Timer(0.05, state.store_object, (1, "session", "object", b"bytes"))
+    pushed.start()
+    assert seconds_of(lambda: waits.sleep(0.5)) < 0.25
+    pushed.join()
+    # A reply stored before the check: it ends at once, and the next one waits again.
+    with pytest.raises(Exception):  # Flower's, with arguments it refuses: it wakes anyway
+        state.store_message_and_object_tree(None, None, "session")
+    assert seconds_of(lambda: waits.sleep(0.5)) < 0.1
+    assert seconds_of(lambda: waits.sleep(0.5)) >= 0.28
+    # Other states are left as they are.
+    waits.watch(None)
+    waits.watch(object())
 
 
 def test_fedx_supernode_patches_flowers_loop(monkeypatch):
@@ -407,8 +438,10 @@ def test_fedx_supernode_patches_flowers_loop(monkeypatch):
     waits = loop.time
     assert isinstance(waits, supernode_waits.ShortWaits) and waits.interval == 0.2
     assert waits.backoff == IdleBackoff(0.2, 5.0, 2.0)
-    # The objects of a message are asked for again after 0.2 s (Flower: 1 s).
-    assert loop.pull_objects.__kwdefaults__["initial_backoff"] == 0.2
+    # The objects of a message are asked for again after 20 ms, then doubling up to the
+    # interval or 0.25 s (Flower: 1 s, then doubling up to 10 s).
+    assert loop.pull_objects.__kwdefaults__["initial_backoff"] == 0.02
+    assert loop.pull_objects.__kwdefaults__["backoff_cap"] == 0.25
     # Flower's _push_messages runs as before, and its end restarts the idle clock.
     pushed = loop._push_messages  # pylint: disable=protected-access
     assert pushed is not flowers_push and pushed.__wrapped__ is flowers_push

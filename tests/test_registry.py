@@ -136,3 +136,29 @@ def test_the_config_and_registry_import_without_torch_or_datasets():
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
     )
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_entry_points_are_read_once_until_a_package_is_installed(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    reads = []
+    original = registry.entry_points
+    monkeypatch.setattr(registry, "entry_points", lambda **kw: reads.append(kw) or original(**kw))
+    fresh = registry._Registry()  # pylint: disable=protected-access
+    assert "later" not in fresh.names()
+    fresh.names()
+    fresh.get("fedmr")
+    assert len(reads) == 1, "nothing was installed in between: the entry points are read once"
+
+    # A plug-in installed while the process runs (a warm executor lives for days).
+    (tmp_path / "later_method.py").write_text(
+        "from fedx.registry import Method\n"
+        "from fedx.strategies import FedMR\n"
+        "METHOD = Method('later', FedMR, 'a later plug-in')\n"
+    )
+    info = tmp_path / "later_method-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: later-method\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[fedx.methods]\nlater = later_method:METHOD\n")
+    assert fresh.get("later").name == "later"
+    assert "later" in fresh.names()
+    assert len(reads) == 2

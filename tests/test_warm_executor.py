@@ -101,8 +101,9 @@ def test_every_task_starts_clean_from_the_warm_interpreter(executor, tmp_path):
         assert seen["ppid"] == executor.warm_pid  # forked from the warm interpreter...
         assert seen["torch-loaded-at-start"]  # ...which had imported torch already...
         assert seen["run-clientapp-loaded-at-start"]  # ...and Flower's run_clientapp
-        # Its message's objects are asked for again every 0.1 s (Flower: after 1, 2, 4 ... s).
-        assert seen["object-pulls"] == {"initial_backoff": 0.1, "backoff_cap": 0.1}
+        # Its message's objects are asked for again after 20 ms, doubling up to 0.1 s
+        # (Flower: after 1, 2, 4 ... s).
+        assert seen["object-pulls"] == {"initial_backoff": 0.02, "backoff_cap": 0.1}
         # Its heartbeat every 3.5-4.5 s: it hears within seconds that its SuperNode ended it.
         assert seen["task-heartbeat-interval"] == 10  # Flower's 30: every 17.5-22.5 s
         # The app's own package is imported afresh in the task, with fresh state.

@@ -52,9 +52,10 @@ interpreter has also imported this module, Flower's ``run_clientapp`` and
 0.3-0.8 s, and 0.2-0.7 s more for ``httpcore``, which httpx imports with
 ``run_clientapp``'s first client), and a
 task asks its SuperNode for an object of its message that the SuperNode is
-still pulling from the SuperLink again after the SuperExec's task poll
-interval (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, Flower's 1 s by default)
-instead of after 1, 2, 4 ... s (:mod:`fedx.flower.object_pulls`): a task starts
+still pulling from the SuperLink again after 20 ms, then doubling up to the
+SuperExec's task poll interval (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``,
+Flower's 1 s by default), instead of after 1, 2, 4 ... s
+(:mod:`fedx.flower.object_pulls`): a task starts
 before its message's objects are all there, and used to wait a second for
 them; and a FAB installed already is not unpacked and hashed again
 (:func:`fedx.flower.clientapp_task.install_fab_once`).
@@ -147,7 +148,7 @@ from fedx.deploy.cores import (
 )
 from fedx.flower import IDLE_AFTER, IdleBackoff, clientapp_task, stopped_runs
 from fedx.flower.clientapp_task import installed_fab_dir, run_clientapp_task
-from fedx.flower.object_pulls import FLOWER_INITIAL_BACKOFF, retry_object_pulls_after
+from fedx.flower.object_pulls import FIRST_WAIT, FLOWER_INITIAL_BACKOFF, retry_object_pulls_after
 from fedx.flower.superexec_executor import (
     FLOWER_TASK_POLL_INTERVAL,
     ExecutionSpec,
@@ -243,8 +244,8 @@ def _task_child(
     ``waiting``, a shared byte, is 1 while the task waits for its input from its SuperNode.
     """
     _fresh_start(app_package, threads)
-    # Asking its own SuperNode costs little: at a steady pace, not doubling.
-    retry_object_pulls_after(object_pull_wait, object_pull_wait)
+    # Asking its own SuperNode costs little: soon, then doubling up to the poll interval.
+    retry_object_pulls_after(min(object_pull_wait, FIRST_WAIT), object_pull_wait)
     report_input_waits(lambda now: setattr(waiting, "value", int(now)))
     stopped_runs.hear_of_an_end_sooner()
     task(spec)
@@ -298,10 +299,12 @@ class WarmExecutor:
         What a task's child runs, given the task's ``ExecutionSpec``
         (default: Flower's ``run_clientapp``); a module-level function.
     object_pull_wait : float
-        How long the task waits before it asks its SuperNode again for an
-        object of its message that the SuperNode is still pulling (Flower:
-        1 s, then doubling up to 10 s; :mod:`fedx.flower.object_pulls`).
-        ``fedx-superexec`` makes it its task poll interval.
+        The longest the task waits before it asks its SuperNode again for an
+        object of its message that the SuperNode is still pulling: it asks
+        after :data:`~fedx.flower.object_pulls.FIRST_WAIT` (or this, where
+        shorter), then doubling up to this (Flower: 1 s, then doubling up
+        to 10 s; :mod:`fedx.flower.object_pulls`). ``fedx-superexec`` makes
+        it its task poll interval.
     cores : ClientAppCores, optional
         Torch threads of each task and how many tasks run at once (default:
         :meth:`ClientAppCores.resolve` from the environment and the machine).

@@ -9,9 +9,10 @@ happens under another Flower). Once the node has had no message for
 ``--idle-after`` seconds (default 10) its idle waits grow, each as long as
 it has been idle beyond that, up to ``--max-poll-interval`` (default
 Flower's 3 s): an idle node costs the SuperLink one pull per 3 s, and a
-message after a long idle spell waits at most that. So does the first wait before it asks the
-SuperLink again for an object of a message that is not there yet (Flower:
-1 s, :mod:`fedx.flower.object_pulls`). ``--objects-in-flight N`` (or
+message after a long idle spell waits at most that. It asks the SuperLink
+again for an object of a message that is not there yet after 20 ms, then
+doubling up to the interval or 0.25 s (Flower: 1 s, then doubling to 10 s;
+:mod:`fedx.flower.object_pulls`). ``--objects-in-flight N`` (or
 ``FEDX_OBJECTS_IN_FLIGHT=N``) makes it pull and push N objects of a message
 at once (:mod:`fedx.flower.objects_in_flight`; Flower: 2).
 
@@ -27,7 +28,7 @@ import sys
 from collections.abc import Sequence
 
 from fedx.flower import objects_in_flight, stopped_runs
-from fedx.flower.object_pulls import retry_object_pulls_after
+from fedx.flower.object_pulls import FIRST_WAIT, LONGEST_WAIT, retry_object_pulls_after
 from fedx.flower.supernode_waits import (
     IDLE_AFTER,
     IDLE_WAIT,
@@ -42,12 +43,13 @@ def shorten_waits(
     """Make this process's Flower SuperNode loop wait ``interval`` seconds when idle after a message.
 
     After ``idle_after`` seconds without one its idle waits grow up to
-    ``ceiling``. Its first wait for an object of a message that is not
-    there yet becomes ``interval`` too (at most Flower's 1 s). Raises as
+    ``ceiling``. It asks again for an object of a message that is not there
+    yet after :data:`~fedx.flower.object_pulls.FIRST_WAIT`, then doubling up
+    to ``interval`` or 0.25 s, whichever is longer. Raises as
     :func:`~fedx.flower.supernode_waits.shorten_loop_waits` does.
     """
     shorten_loop_waits(interval, idle_after, ceiling)
-    retry_object_pulls_after(interval)
+    retry_object_pulls_after(min(interval, FIRST_WAIT), max(interval, LONGEST_WAIT))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
