@@ -396,6 +396,9 @@ def test_fedx_supernode_shortens_the_reply_wait_and_backs_off_its_idle_wait(monk
 
 
 def test_fedx_supernodes_reply_wait_ends_when_a_clientapp_stores_on_the_node():
+    # pylint: disable=import-outside-toplevel
+    from flwr.app import Metadata
+    from flwr.supercore.inflatable.inflatable_object import get_object_tree
     from flwr.supercore.object_store import ObjectStoreFactory
     from flwr.supernode.nodestate.in_memory_nodestate import InMemoryNodeState
 
@@ -417,9 +420,17 @@ def test_fedx_supernodes_reply_wait_ends_when_a_clientapp_stores_on_the_node():
     pushed.start()
     assert seconds_of(lambda: waits.sleep(0.5)) < 0.25
     pushed.join()
-    # A reply stored before the check: it ends at once, and the next one waits again.
-    with pytest.raises(Exception):  # Flower's, with arguments it refuses: it wakes anyway
-        state.store_message_and_object_tree(None, None, "session")
+    # A reply stored (as the Runtime API stores a ClientApp's) before the check: it ends at
+    # once, and the next one waits again.
+    metadata = Metadata(1, "", 0, 7, "", "1", time.time(), 3600.0, "train")
+    message = Message(metadata=metadata, content=RecordDict())
+    message.metadata.__dict__["_message_id"] = message.object_id
+    reply = Message(RecordDict(), reply_to=message)
+    reply.metadata.__dict__["_message_id"] = reply.object_id
+    stored, _ = state.store_message_and_object_tree(
+        reply, get_object_tree(reply), state.start_session(1)
+    )
+    assert stored and state.get_messages_legacy(is_reply=True)
     assert seconds_of(lambda: waits.sleep(0.5)) < 0.1
     assert seconds_of(lambda: waits.sleep(0.5)) >= 0.28
     # Other states are left as they are.
