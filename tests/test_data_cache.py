@@ -141,11 +141,17 @@ def test_errors_are_not_cached(cache) -> None:
     assert entries(cache) == []
 
 
-def test_digits_are_read_as_scikit_learn_loads_them() -> None:
-    pixels, target = _digits()
+def test_digits_are_read_as_scikit_learn_loads_them(cache) -> None:
     bunch = load_digits()
-    np.testing.assert_array_equal(pixels, bunch.data)
-    np.testing.assert_array_equal(target, bunch.target)
+    for _ in range(2):  # parsed into the empty cache, then read from it
+        _digits.cache_clear()
+        pixels, target = _digits()
+        np.testing.assert_array_equal(pixels, bunch.data)
+        np.testing.assert_array_equal(target, bunch.target)
+        assert (pixels.dtype, target.dtype) == (bunch.data.dtype, bunch.target.dtype)
+        assert pixels.flags.writeable and target.flags.writeable
+    assert len(entries(cache / "digits")) == 1
+    _digits.cache_clear()
 
 
 @pytest.mark.parametrize(("seed", "fraction"), [(0, 0.2), (5, 0.35)])
