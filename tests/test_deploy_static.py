@@ -661,24 +661,3 @@ def test_up_starts_the_federation_and_runs_the_app_once(tmp_path, monkeypatch, c
     ]
     assert started["env"]["FLWR_HOME"] == str(tmp_path / "state" / "flwr-home")
     assert "SuperNodes [100, 101]" in capsys.readouterr().out
-
-
-def test_the_fab_holds_the_app_and_its_configs_only():
-    # pylint: disable=import-outside-toplevel
-    import io
-    import os
-    import zipfile
-
-    from flwr.cli.build import build_fab_from_files
-
-    files = {}
-    for folder, subfolders, names in os.walk(REPO):
-        subfolders[:] = [name for name in subfolders if not name.startswith(".")]  # .venv, .git
-        for name in names:
-            path = Path(folder) / name
-            files[path.relative_to(REPO).as_posix()] = path
-    fab, _ = build_fab_from_files(files)
-    held = zipfile.ZipFile(io.BytesIO(fab)).namelist()
-    assert {"fedx/server_app.py", "fedx/client_app.py", "configs/digits-cnn-iid.toml"} <= set(held)
-    assert not [name for name in held if name.split("/")[0] in {"docs", "tests", "benchmarks"}]
-    assert len(fab) < 1_200_000, len(fab)
