@@ -9,7 +9,6 @@ import functools
 import gzip
 import hashlib
 import importlib.util
-import io
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -353,7 +352,7 @@ def _digits_table(data: bytes) -> list[np.ndarray]:
     ValueError
         When the file holds anything but integers (it is not the digits).
     """
-    table = np.loadtxt(io.TextIOWrapper(gzip.GzipFile(fileobj=io.BytesIO(data))), delimiter=",")
+    table = np.loadtxt(gzip.decompress(data).decode("ascii").splitlines(), delimiter=",")
     values = table.astype(np.int64)
     if not np.array_equal(values, table):
         raise ValueError("scikit-learn's digits.csv.gz holds values that are not integers")
