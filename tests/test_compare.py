@@ -447,3 +447,35 @@ def test_compare_again_skips_finished_runs(digits_comparison):
     progress = [line for line in second.stdout.splitlines() if line.startswith("[")]
     assert len(progress) == 2 and all("finished before, skipped" in line for line in progress)
     assert (out / "results.csv").is_file()
+
+
+# --------------------------------------------------------------------------- provenance
+
+
+def test_each_run_records_the_commit_of_the_app_that_ran_it(tmp_path):
+    from fedx.compare.runner import app_commit
+
+    assert app_commit(tmp_path) == ""  # not a git checkout: nothing to claim
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (tmp_path / "pyproject.toml").write_text("[project]\n")
+    subprocess.run([*git, "add", "pyproject.toml"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "app"], check=True)
+    head = subprocess.run(
+        [*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    (tmp_path / "outputs").mkdir()  # untracked output is not a change to the code
+    (tmp_path / "outputs/x").write_text("")
+    assert app_commit(tmp_path) == head
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    assert app_commit(tmp_path) == f"{head}-dirty"
+
+    # The commit travels from run.json into runs.csv and back.
+    setting = write_setting(tmp_path / "g.toml")
+    (run,) = plan_runs([setting], ["fedavg"], [0], {}, DEFAULTS, tmp_path / "out")
+    fake_finished_run(run, [0.1, 0.5], 1.0)
+    record = json.loads((run.directory / RUN_RECORD).read_text())
+    (run.directory / RUN_RECORD).write_text(json.dumps({**record, "app-commit": head}))
+    write_report(tmp_path / "out", [run], None)
+    (result,) = results_from_csv(tmp_path / "out/runs.csv", tmp_path / "out/curves.csv")
+    assert result.commit == head

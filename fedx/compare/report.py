@@ -59,6 +59,8 @@ class RunResult:
     round_seconds: float
     #: Why the app stopped the run early (it diverged); ``None`` when it ran all its rounds.
     stop_reason: str | None = None
+    #: The git commit of the app that ran it (``""``: not known).
+    commit: str = ""
 
     @property
     def diverged(self) -> bool:
@@ -98,6 +100,7 @@ def load_result(run: PlannedRun) -> RunResult | None:
         wall_seconds=float(record["wall-seconds"]),
         round_seconds=float(metrics["timings"]["mean-round-seconds"] or 0.0),
         stop_reason=metrics.get("stop-reason") or record.get("stop-reason"),
+        commit=record.get("app-commit", ""),
     )
 
 
@@ -217,11 +220,12 @@ def write_runs_csv(path: Path, results: list[RunResult]) -> None:
     """One line per run: its final accuracy and wall time."""
     _write_csv(
         path,
-        "setting method seed metric rounds final_accuracy wall_seconds round_seconds stop_reason",
+        "setting method seed metric rounds final_accuracy wall_seconds round_seconds stop_reason "
+        "commit",
         (
             [r.setting, r.method, r.seed, r.metric, r.curve[-1][0],
              "diverged" if r.diverged else f"{r.final_accuracy:.4f}",
-             f"{r.wall_seconds:.1f}", f"{r.round_seconds:.3f}", r.stop_reason or ""]
+             f"{r.wall_seconds:.1f}", f"{r.round_seconds:.3f}", r.stop_reason or "", r.commit]
             for r in results
         ),
     )  # fmt: skip
@@ -259,6 +263,7 @@ def results_from_csv(runs_csv: Path, curves_csv: Path) -> list[RunResult]:
                     wall_seconds=float(row["wall_seconds"]),
                     round_seconds=float(row["round_seconds"]),
                     stop_reason=row.get("stop_reason") or None,
+                    commit=row.get("commit") or "",
                 )
             )
     return results

@@ -89,6 +89,26 @@ def stop_reason(run: PlannedRun) -> str | None:
     return str(reason) if reason else None
 
 
+def app_commit(app_dir: Path) -> str:
+    """The git commit of the app folder (``<sha>-dirty`` with uncommitted changes), or ``""``.
+
+    Recorded with every run, so a table drawn from the runs can say which
+    code made each of its cells (untracked files, such as outputs, do not
+    count as changes).
+    """
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(app_dir), *args], capture_output=True, text=True, check=True
+        ).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+    return f"{commit}-dirty" if dirty else commit
+
+
 def last_error_line(log: Path) -> str:
     """The last line of a run's log that names an error, for the progress line."""
     try:
@@ -133,6 +153,7 @@ class ComparisonRunner:
         self.app_dir = app_dir
         self.client_resources = client_resources
         self.run_timeout = run_timeout
+        self.commit = app_commit(app_dir)
         self._spec = FederationSpec(0, state_dir, port=free_port(), insecure=True, simulation=True)
         self._federation: LocalFederation | None = None
 
@@ -214,6 +235,7 @@ class ComparisonRunner:
                 "wall-seconds": wall,
                 "command": command,
                 "run-config": run.run_config,
+                "app-commit": self.commit,
             }
             if diverged is not None:
                 record["stop-reason"] = diverged
