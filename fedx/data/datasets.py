@@ -234,12 +234,25 @@ def dataset_info(name: str) -> DatasetInfo:
     """
     if name in _INFO:
         return _INFO[name]
-    return find_dataset(name).info
+    return _own_spec(name).info
+
+
+def _own_spec(name: str) -> DatasetSpec:
+    """:func:`find_dataset`, saying first what the name is not (a plain name may be a typo)."""
+    try:
+        return find_dataset(name)
+    except ValueError as err:
+        if ":" in name:
+            raise
+        raise ValueError(
+            f"dataset {name!r} is not one of {', '.join(DATASET_NAMES)}, nor a data set of "
+            f"another package ({err})"
+        ) from None
 
 
 def dataset_has_users(name: str) -> bool:
     """Whether the data set's samples belong to users (LEAF's, or a :class:`DatasetSpec` that says so)."""
-    return name in LEAF_DATASETS or (name not in DATASET_NAMES and find_dataset(name).users)
+    return name in LEAF_DATASETS or (name not in DATASET_NAMES and _own_spec(name).users)
 
 
 class SplitSettings(TypedDict, total=False):
@@ -392,7 +405,7 @@ def _load_own(source: SplitSource, split: str) -> Dataset:
         When the loader fails (other than with a missing file) or gives a
         dataset that does not fit its spec.
     """
-    spec = find_dataset(source.name)
+    spec = _own_spec(source.name)
     try:
         dataset = spec.load(split, source)
     except FileNotFoundError:

@@ -155,7 +155,15 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn
 
 
 def _build_own(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    builder = find_model(name)
+    try:
+        builder = find_model(name)
+    except ValueError as err:
+        if ":" in name:
+            raise
+        raise ValueError(
+            f"model {name!r} is not one of {', '.join(MODEL_NAMES)}, nor a model of another "
+            f"package ({err})"
+        ) from None
     try:
         model = builder(input_shape, num_classes)
     except Exception as err:
