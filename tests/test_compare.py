@@ -563,7 +563,7 @@ def test_progress_goes_into_a_log_as_plain_lines_at_most_every_interval(tmp_path
 def test_progress_on_a_terminal_is_one_line_rewritten_in_place(tmp_path):
     runs = two_runs(tmp_path)
     clock, terminal = FakeClock(), Terminal()
-    progress = GridProgress(runs, terminal, clock=clock)
+    progress = GridProgress(runs, terminal, clock=clock, width=200)
     progress.skipped(0)  # done before: counts for nothing
     progress.start(1)
     clock.now = 3.0
@@ -581,6 +581,10 @@ def test_progress_on_a_terminal_is_one_line_rewritten_in_place(tmp_path):
         == "[2/2] g · fedmr · seed 0: round 1/4, accuracy 0.3000, 0:13 in this run; grid 0:13, about 0:39 left\x1b[K"
     )
     assert "\n" not in terminal.getvalue()
+    narrow = GridProgress(runs, Terminal(), clock=clock, width=40)
+    narrow.start(1)
+    narrow.watch()  # cut to the terminal: a wrapped line could not be rewritten
+    assert narrow.stream.getvalue() == "\r" + narrow.line(clock.now)[:39] + "\x1b[K"
     progress.finish(1)
     assert terminal.getvalue().endswith("\r\x1b[K")  # the run's own line comes next
 

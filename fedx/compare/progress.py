@@ -5,7 +5,7 @@ runner looks at the file's modification time every few seconds while the
 run goes (:meth:`GridProgress.watch`) and reads it only when it changed, so
 watching costs the runs nothing. What it shows:
 
-``[3/12] digits-cnn-dir0.5 · fedmut · seed 0: round 17/40, accuracy 0.9120, 1:23 in this run; grid 14:05, about 31:20 left``
+``[3/12] digits-cnn-dir0.5 · fedavg · seed 0: round 17/40, accuracy 0.9120, 1:23 in this run; grid 14:05, about 31:20 left``
 
 On a terminal the line is rewritten in place (``\\r``) every time it is
 looked at, and gives way to the run's one-line outcome when the run ends.
@@ -75,6 +75,9 @@ class GridProgress:
         Seconds between two looks at the running run's ``metrics.json``.
     clock : callable
         Monotonic seconds (a test's own).
+    width : int, optional
+        A terminal's columns (by default the terminal's own): a longer line
+        is cut, as a line that wraps could not be rewritten in place.
     """
 
     # pylint: disable=too-many-instance-attributes,too-many-arguments
@@ -86,12 +89,14 @@ class GridProgress:
         interval: float = 60.0,
         poll: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
+        width: int | None = None,
     ) -> None:
         self.runs = runs
         self.stream = stream if stream is not None else sys.stdout
         self.interval = interval
         self.poll = poll
         self.clock = clock
+        self.width = width
         self.in_place = bool(getattr(self.stream, "isatty", lambda: False)())
         self._started = clock()
         self._last_line = self._started
@@ -203,7 +208,7 @@ class GridProgress:
 
     def _show(self, text: str, in_place: bool) -> None:
         if in_place:
-            width = shutil.get_terminal_size((120, 24)).columns
+            width = self.width or shutil.get_terminal_size((120, 24)).columns
             # A line wider than the terminal wraps, and \r could not take it back.
             self.stream.write("\r" + text[: max(width - 1, 1)] + "\x1b[K")
             self._line_shown = True
