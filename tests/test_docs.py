@@ -197,12 +197,15 @@ def test_the_strategy_pages_list_each_parameter_once(site):
             assert "Parameters" not in constructor[: constructor.index("</dl>")], name
             section = section[:constructor_at]
         fields = re.findall(r"<strong>([*\w]+)</strong>", section)
-        assert fields and len(fields) == len(set(fields)), (name, fields)
+        assert len(fields) == len(set(fields)), (name, fields)
+        # Documented once, by the class that introduces it: FedIndep's arguments are
+        # MultiModelStrategy's, FedAvgFT's PerClientEvaluation's and FedAvg's.
+        assert fields or name in ("FedIndep", "FedAvgFT"), name
     fedmr = html.unescape(re.sub(r"<[^>]+>", "", _section(page, "fedx.strategies.FedMR")))
     low = re.search(
         r"secure_min_layers \(int \(default: 2\)\) – (.*?)secure_max_layers", fedmr, re.S
     )
-    high = re.search(r"secure_max_layers \(int \(default: 4\)\) – (.*?)\*\*kwargs", fedmr, re.S)
+    high = re.search(r"secure_max_layers \(int \(default: 4\)\) – (.*?)Examples", fedmr, re.S)
     assert low and high and low.group(1).strip() != high.group(1).strip()
 
 
