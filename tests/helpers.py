@@ -203,3 +203,21 @@ def undocumented_fields(metrics: dict[str, Any]) -> list[str]:
 
     fields = set(metrics) | set(metrics["timings"]) | {f for row in metrics["rounds"] for f in row}
     return sorted(field for field in fields if not documented(field))
+
+
+def install_example(example: Path, folder: Path) -> Path:
+    """``example`` (a package under ``examples/``) installed by pip, entry points included,
+    into ``folder/site`` (from a copy in ``folder/source``): no change to the environment.
+
+    A process with the returned folder on its ``PYTHONPATH`` sees the
+    package and its entry points, as if it were installed.
+    """
+    source = folder / "source" / example.name
+    shutil.copytree(example, source, ignore=shutil.ignore_patterns("__pycache__"))
+    target = folder / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+         "--no-index", "--target", str(target), str(source)],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    return target

@@ -25,7 +25,7 @@ from fedx.data import DatasetSpec, SplitSource, load_local_splits, load_partitio
 from fedx.models import build_model
 from fedx.server.building import build_strategy, check_data_and_model, prepare_data
 from tests.doc_commands import page_commands
-from tests.helpers import BIN, REPO, copy_app, environment_with_path
+from tests.helpers import BIN, REPO, copy_app, environment_with_path, install_example
 from tests.simulation import FEDERATION
 
 EXAMPLE = REPO / "examples" / "tabular"
@@ -302,15 +302,7 @@ def _page_accuracy() -> str:
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     """The example installed by pip (entry points included) into a folder of its own."""
-    source = tmp_path_factory.mktemp("source") / "tabular"
-    shutil.copytree(EXAMPLE, source, ignore=shutil.ignore_patterns("__pycache__"))
-    target = tmp_path_factory.mktemp("site")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--no-index", "--target", str(target), str(source)],
-        check=True, capture_output=True, timeout=300,
-    )  # fmt: skip
-    return target
+    return install_example(EXAMPLE, tmp_path_factory.mktemp("example"))
 
 
 def _flwr_run(env: dict, app, argv: list[str], cwd) -> str:
