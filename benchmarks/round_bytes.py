@@ -264,6 +264,8 @@ def strategy_builders(initial: Model, architecture: str) -> dict[str, Callable[[
             architectures=[architecture],
             initial_model_fn=lambda arch, client_id: initial,
             predict_fn=no_predictions,
+            # One architecture: nothing to choose (its stand-in clients do not answer the choice).
+            initial_architecture="round-robin",
             seed=0,
             fraction_train=1.0,
             min_train_nodes=k,

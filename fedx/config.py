@@ -18,11 +18,14 @@ Two kinds of keys:
 
 Importing this module imports neither torch nor the data sets: the lists of
 models and data sets are read from :mod:`fedx.models` and :mod:`fedx.data`
-when a run config is checked.
+when a run config is checked. ``dataset`` and ``model`` also take a data set
+or a model of another package (``package.module:NAME``, or the name of an
+installed entry point), loaded when the run config is checked, so that a
+name that loads nothing stops the run at its start with the reason.
 """
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,23 +44,105 @@ from fedx.checks import (
     Text,
 )
 from fedx.method import Key, Method, comma_list
-from fedx.registry import UnknownMethod, all_methods, builtin_methods, get_method, method_names
+from fedx.registry import (
+    DATASET_GROUP,
+    MODEL_GROUP,
+    UnknownMethod,
+    all_methods,
+    builtin_methods,
+    get_method,
+    method_names,
+)
 
 
 class ConfigError(ValueError):
     """A run-config value is missing, of the wrong type or out of range."""
 
 
-def _model_names() -> tuple[str, ...]:
-    from fedx.models import MODEL_NAMES  # pylint: disable=import-outside-toplevel
+class Component(Allowed):
+    """A data set or a model: one of fedx's, one an installed package declares, or ``package.module:NAME``.
 
-    return MODEL_NAMES
+    Parameters
+    ----------
+    what : str
+        ``"dataset"`` or ``"model"``.
+    group : str
+        The entry-point group of the other packages' (:mod:`fedx.registry`).
+    names : callable
+        ``names()``: fedx's own and the installed ones.
+    find : callable
+        ``find(name)`` loads one of another package, raising ``ValueError``
+        with the reason when it cannot.
+    """
+
+    kind = str
+
+    def __init__(
+        self,
+        what: str,
+        group: str,
+        names: Callable[[], tuple[str, ...]],
+        find: Callable[[str], Any],
+    ) -> None:
+        self.what = what
+        self.group = group
+        self._names = names
+        self._find = find
+
+    @property
+    def text(self) -> str:
+        return (
+            f"one of {', '.join(self._names())}, or a {self.what} of your own: "
+            f"`package.module:NAME` or an entry point of the group {self.group}"
+        )
+
+    def contains(self, value: Any) -> bool:
+        return self.reason(value) is None
+
+    def reason(self, value: str) -> str | None:
+        """Why ``value`` names no usable data set or model (``None``: it names one)."""
+        if value in _builtin_names(self.what):
+            return None
+        try:
+            self._find(value)
+        except ValueError as err:
+            return str(err)
+        return None
+
+
+def _builtin_names(what: str) -> tuple[str, ...]:
+    # pylint: disable=import-outside-toplevel
+    if what == "model":
+        from fedx.models import MODEL_NAMES
+
+        return MODEL_NAMES
+    from fedx.data import DATASET_NAMES
+
+    return DATASET_NAMES
+
+
+def _model_names() -> tuple[str, ...]:
+    from fedx.models import model_names  # pylint: disable=import-outside-toplevel
+
+    return model_names()
+
+
+def _find_model(name: str) -> Any:
+    from fedx.models import find_model  # pylint: disable=import-outside-toplevel
+
+    return find_model(name)
 
 
 def _dataset_names() -> tuple[str, ...]:
-    from fedx.data import DATASET_NAMES  # pylint: disable=import-outside-toplevel
+    from fedx.data import dataset_names  # pylint: disable=import-outside-toplevel
 
-    return DATASET_NAMES
+    return dataset_names()
+
+
+def _find_dataset(name: str) -> Any:
+    from fedx.data import find_dataset  # pylint: disable=import-outside-toplevel
+
+    return find_dataset(name)
 
 
 def _partitionings() -> tuple[str, ...]:
@@ -148,11 +233,17 @@ class RunConfig:
         60.0, POSITIVE, "seconds to wait for `min-available-nodes`", "node_wait_timeout"
     )
     round_timeout: float = _app(600.0, POSITIVE, "seconds a round waits for replies")
-    dataset: str = _app("digits", OneOf(_dataset_names), "data set")
+    dataset: str = _app(
+        "digits",
+        Component("dataset", DATASET_GROUP, _dataset_names, _find_dataset),
+        "data set: fedx's, or one of your own, a `fedx.data.DatasetSpec` "
+        "([Your own data and model](own-data.md))",
+    )
     data_root: str = _app(
         "data",
         Text(),
-        "where torchvision data sets live, and LEAF's `<dataset>/data/{train,test}/`",
+        "where torchvision data sets live, LEAF's `<dataset>/data/{train,test}/`, and the files "
+        "of a data set of your own (its loader gets it as an absolute path)",
     )
     download: bool = _app(
         False, Flag(), "let torchvision download CIFAR (LEAF data is never downloaded)"
@@ -192,9 +283,10 @@ class RunConfig:
     )
     model: str = _app(
         "cnn",
-        OneOf(_model_names),
+        Component("model", MODEL_GROUP, _model_names, _find_model),
         "FedAvg-paper CNN, CIFAR ResNet-20, VGG-16 with a small-input head, LEAF's Shakespeare "
-        "LSTM; the CNN with 1-4 conv blocks, other VGG depths",
+        "LSTM; the CNN with 1-4 conv blocks, other VGG depths; or a function "
+        "`(input_shape, num_classes) -> torch.nn.Module` of your own",
     )
     learning_rate: float = _app(0.05, POSITIVE, "local SGD learning rate (papers: 0.01)")
     momentum: float = _app(0.9, Number(0.0, 1.0, high_open=True), "SGD momentum")
@@ -411,9 +503,11 @@ _LOCAL_SPLIT_ARGUMENTS = (
 
 
 def invalid(key: Key, value: Any, allowed: str | None = None) -> ConfigError:
-    """The one-line error for a bad value of ``key``."""
+    """The one-line error for a bad value of ``key`` (with the reason, for a data set or model)."""
+    reason = key.allowed.reason(value) if isinstance(key.allowed, Component) else None
     return ConfigError(
         f"invalid run config {key.name}={value!r}: must be {allowed or key.allowed.text}"
+        + (f" ({reason})" if reason else "")
     )
 
 

@@ -15,6 +15,8 @@ code names it as ``"module:function"`` instead (:func:`resolve`).
 """
 
 import importlib
+import inspect
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -56,7 +58,10 @@ class Key:
         Its type and allowed values (:mod:`fedx.checks`). A method's
         constructor checks its own arguments; the app checks its own keys.
     help : str
-        What it does, one line (the documentation's run-config tables).
+        What it does, for the run-config reference. Empty (the default) for
+        a key that feeds a constructor argument: the reference then takes
+        the argument's description from the strategy's docstring
+        (:meth:`Method.key_help`), so that it is written once.
     argument : str, optional
         The constructor argument the value feeds.
     parse : callable, optional
@@ -71,7 +76,7 @@ class Key:
     name: str
     default: Any
     allowed: Allowed
-    help: str
+    help: str = ""
     argument: str | None = None
     parse: Callable[[Any], Any] | None = None
     exclusive: bool = False
@@ -177,6 +182,81 @@ class Method:
     def key(self, argument: str) -> Key | None:
         """The method's key that feeds ``argument``, if any."""
         return next((key for key in self.keys if key.argument == argument), None)
+
+    def key_help(self, key: Key) -> str:
+        """What ``key`` does: its own ``help``, else its argument's description in the strategy's docstring.
+
+        Raises
+        ------
+        ValueError
+            When the key has neither (a key must be documented somewhere).
+        """
+        if key.help:
+            return key.help
+        text = argument_doc(self.strategy, key.argument) if key.argument else None
+        if text is None:
+            raise ValueError(
+                f"run-config key {key.name} has no help and {self.strategy.__name__}'s docstrings "
+                f"do not describe its argument {key.argument!r}"
+            )
+        return text
+
+
+def argument_doc(cls: type, argument: str) -> str | None:
+    """The description of constructor argument ``argument`` in the docstrings of ``cls`` and its bases.
+
+    The first class along the method resolution order whose numpy-style
+    ``Parameters`` section lists the argument describes it: a class
+    documents the arguments it introduces, and its subclasses do not repeat
+    them. Inline reStructuredText (````code````, ``:class:`~a.B```) is
+    turned into Markdown code spans; lines are joined into one paragraph.
+    """
+    for klass in cls.__mro__:
+        described = _parameter_docs(klass.__doc__ or "").get(argument)
+        if described is not None:
+            return described
+    return None
+
+
+def _parameter_docs(docstring: str) -> dict[str, str]:
+    """``{argument: description}`` of a numpy-style docstring's ``Parameters`` section."""
+    lines = inspect.cleandoc(docstring).splitlines()
+    try:
+        start = next(
+            i + 2
+            for i, line in enumerate(lines[:-1])
+            if line.strip() == "Parameters" and set(lines[i + 1].strip()) == {"-"}
+        )
+    except StopIteration:
+        return {}
+    entries: dict[str, list[str]] = {}
+    names: list[str] = []
+    for i in range(start, len(lines)):
+        line = lines[i]
+        if i + 1 < len(lines) and line and set(lines[i + 1].strip()) == {"-"}:
+            break  # the next section's title
+        if line and not line[0].isspace():
+            names = [name.strip() for name in line.split(" : ")[0].split(",")]
+            for name in names:
+                entries[name] = []
+        elif line.strip():
+            for name in names:
+                entries[name].append(line.strip())
+    return {name: _markdown(" ".join(words)) for name, words in entries.items() if words}
+
+
+def _markdown(text: str) -> str:
+    """Inline reStructuredText of a docstring as Markdown: roles and literals as code spans."""
+
+    def role(match: re.Match[str]) -> str:
+        target = match.group(1)
+        if "<" in target:  # :role:`title <target>`
+            return f"`{target.split('<')[0].strip()}`"
+        if target.startswith("~"):  # :role:`~a.b.C` shows C
+            target = target[1:].rsplit(".", 1)[-1]
+        return f"`{target}`"
+
+    return re.sub(r":[\w:]+:`([^`]+)`", role, text).replace("``", "`")
 
 
 def resolve(function: Callable[..., Any] | str) -> Callable[..., Any]:

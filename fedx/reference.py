@@ -2,27 +2,29 @@
 
 The defaults in pyproject.toml's ``[tool.flwr.app.config]`` (which Flower
 reads) and the tables of the documentation's run-config page
-(``docs/run-config.md``) come from the app's keys (:mod:`fedx.config`) and
-fedx's methods (:mod:`fedx.registry`). The page's tables are made when the
-site is built (``docs/_ext/fedx_docs.py`` calls :func:`markdown_reference`);
-pyproject.toml is a file in the repository::
+(``docs/run-config.md``, between its two marker comments, so that the page
+reads the same on GitHub and in the built site) come from the app's keys
+(:mod:`fedx.config`) and fedx's methods (:mod:`fedx.registry`); what a
+method's key does is its argument's description in the strategy's docstring
+(:meth:`fedx.method.Method.key_help`). Both are files in the repository::
 
-    python -m fedx.reference             # rewrite pyproject.toml's table
-    python -m fedx.reference --check     # exit 1 if it is out of date
+    python -m fedx.reference             # rewrite both
+    python -m fedx.reference --check     # exit 1 if either is out of date
     python -m fedx.reference --markdown  # print the page's tables
 
-``tests/test_registry.py`` runs the check, so a key declared without
-updating pyproject.toml fails the suite.
+``tests/test_registry.py`` runs the check, so a key declared or documented
+without updating the two files fails the suite.
 """
 
 import argparse
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
 import tomli_w
 
-from fedx.config import APP_KEYS
+from fedx.config import APP_BY_NAME, APP_KEYS
 from fedx.registry import Key, Method, builtin_methods
 
 PYPROJECT_TABLE = "[tool.flwr.app.config]"
@@ -32,6 +34,11 @@ PYPROJECT_HEADER = (
     "# them there. docs/run-config.md says what each key does. Override with\n"
     '# `flwr run . --run-config configs/<file>.toml` or `--run-config "key=value ..."`.\n'
 )
+PAGE_START = (
+    "<!-- The tables below are written by `python -m fedx.reference` from the declarations: "
+    "change them there. -->"
+)
+PAGE_END = "<!-- End of the tables written by `python -m fedx.reference`. -->"
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -45,13 +52,18 @@ def _escape_html(text: str) -> str:
     return "`".join(part if i % 2 else part.replace("<", "\\<") for i, part in enumerate(parts))
 
 
-def _row(key: Key) -> str:
-    cells = (f"`{key.name}`", f"`{_toml(key.default)}`", key.allowed.text, key.help)
+def _row(key: Key, meaning: str) -> str:
+    cells = (f"`{key.name}`", f"`{_toml(key.default)}`", key.allowed.text, meaning)
     return "| " + " | ".join(map(_escape_html, cells)) + " |"
 
 
-def _table(keys: list[Key]) -> list[str]:
-    return ["| key | default | allowed | meaning |", "|---|---|---|---|", *map(_row, keys)]
+def _table(rows: list[tuple[Key, str]]) -> list[str]:
+    """A Markdown table of ``(key, what it does)``."""
+    return [
+        "| key | default | allowed | meaning |",
+        "|---|---|---|---|",
+        *(_row(key, meaning) for key, meaning in rows),
+    ]
 
 
 def _users(methods: tuple[Method, ...]) -> dict[str, tuple[str, ...]]:
@@ -63,23 +75,40 @@ def _users(methods: tuple[Method, ...]) -> dict[str, tuple[str, ...]]:
     return users
 
 
-def _sections(methods: tuple[Method, ...]) -> list[tuple[str, str, list[Key]]]:
-    """The methods' keys in groups: (kind, title, keys), kind ``"shared"`` or ``"method"``.
+def _meaning(method: Method, key: Key) -> str:
+    """What ``key`` does (:meth:`~fedx.method.Method.key_help`), naming run-config keys, not arguments.
+
+    A code span that names one of the method's constructor arguments
+    (`` `min_train_nodes` ``) becomes the key that feeds it
+    (`` `min-train-nodes` ``).
+    """
+    keys = {k.argument: k.name for k in method.keys if k.argument}
+    keys.update({APP_BY_NAME[n].argument: n for n in method.takes if APP_BY_NAME[n].argument})
+    return re.sub(
+        r"`([a-z_0-9]+)`",
+        lambda match: f"`{keys.get(match.group(1), match.group(1))}`",
+        method.key_help(key),
+    )
+
+
+def _sections(methods: tuple[Method, ...]) -> list[tuple[str, str, list[tuple[Key, str]]]]:
+    """The methods' keys in groups: (kind, title, rows), kind ``"shared"`` or ``"method"``.
 
     A key several methods declare comes once, in a group of its own before
-    the first of them; each method follows with its own keys.
+    the first of them (described by that method's strategy); each method
+    follows with its own keys. A row is ``(key, what it does)``.
     """
     users = _users(methods)
-    sections: list[tuple[str, str, list[Key]]] = []
+    sections: list[tuple[str, str, list[tuple[Key, str]]]] = []
     done: set[tuple[str, ...]] = set()
     for method in methods:
         for key in method.keys:
             group = users[key.name]
             if len(group) > 1 and group not in done:
                 done.add(group)
-                keys = [k for k in method.keys if users[k.name] == group]
-                sections.append(("shared", ", ".join(group), keys))
-        own = [key for key in method.keys if len(users[key.name]) == 1]
+                rows = [(k, _meaning(method, k)) for k in method.keys if users[k.name] == group]
+                sections.append(("shared", ", ".join(group), rows))
+        own = [(key, _meaning(method, key)) for key in method.keys if len(users[key.name]) == 1]
         shared = [key for key in method.keys if len(users[key.name]) > 1]
         title = f'`strategy = "{method.name}"`: {method.description}.'
         if shared:
@@ -91,29 +120,47 @@ def _sections(methods: tuple[Method, ...]) -> list[tuple[str, str, list[Key]]]:
 def markdown_reference() -> str:
     """The run-config tables in Markdown: the app's keys, then the methods', under headings.
 
-    Each method's heading has the label ``run-config-<method>`` (MyST's
-    ``(label)=``) for links from other pages.
+    A method's heading is its name, so its anchor is ``#<method>`` on GitHub
+    and in the built site alike (``run-config.md#fedmr``).
     """
     lines = [
         "## Every run",
         "",
         "The run, the data, the model, local training and outputs, whichever method runs:",
         "",
-        *_table(list(APP_KEYS)),
+        *_table([(key, key.help) for key in APP_KEYS]),
     ]
-    for kind, title, keys in _sections(builtin_methods()):
+    for kind, title, rows in _sections(builtin_methods()):
         if kind == "shared":
             names = title.split(", ")
-            label = "shared-" + "-".join(names)
             heading = "Shared by " + ", ".join(names)
             text = "Keys that " + ", ".join(f"`{name}`" for name in names) + " declare together."
         else:
             name = title.split('"')[1]
-            label, heading, text = name, f"`{name}`", title
-        lines += ["", f"(run-config-{label})=", f"## {heading}", "", _escape_html(text)]
-        if keys:
-            lines += ["", *_table(keys)]
+            heading, text = f"`{name}`", title
+        lines += ["", f"## {heading}", "", _escape_html(text)]
+        if rows:
+            lines += ["", *_table(rows)]
     return "\n".join(lines) + "\n"
+
+
+def page_reference(page: str) -> str:
+    """The run-config page ``page`` (its text) with the tables between its markers rewritten.
+
+    Raises
+    ------
+    ValueError
+        When the page lacks one of the two marker lines.
+    """
+    lines = page.splitlines(keepends=True)
+    try:
+        start = next(i for i, line in enumerate(lines) if line.strip() == PAGE_START)
+        end = next(i for i, line in enumerate(lines) if line.strip() == PAGE_END)
+    except StopIteration:
+        raise ValueError(
+            f"the run-config page lacks the lines {PAGE_START!r} and {PAGE_END!r}"
+        ) from None
+    return "".join(lines[: start + 1]) + "\n" + markdown_reference() + "\n" + "".join(lines[end:])
 
 
 def pyproject_reference() -> str:
@@ -121,11 +168,11 @@ def pyproject_reference() -> str:
     lines = [PYPROJECT_HEADER + PYPROJECT_TABLE]
     lines += [f"{key.name} = {_toml(key.default)}" for key in APP_KEYS]
     methods = {method.name: method for method in builtin_methods()}
-    for kind, title, keys in _sections(tuple(methods.values())):
-        if keys:
+    for kind, title, rows in _sections(tuple(methods.values())):
+        if rows:
             label = title if kind == "shared" else title.split('"')[1]
             lines.append(f"# {label}")
-            lines += [f"{key.name} = {_toml(key.default)}" for key in keys]
+            lines += [f"{key.name} = {_toml(key.default)}" for key, _ in rows]
     return "\n".join(lines) + "\n"
 
 
@@ -143,13 +190,17 @@ def replace_config_table(text: str, body: str) -> str:
 
 
 def updated(repo: Path = REPO) -> dict[Path, str]:
-    """pyproject.toml as the declarations say it should be."""
+    """pyproject.toml and docs/run-config.md as the declarations say they should be."""
     pyproject = repo / "pyproject.toml"
-    return {pyproject: replace_config_table(pyproject.read_text(), pyproject_reference())}
+    page = repo / "docs" / "run-config.md"
+    return {
+        pyproject: replace_config_table(pyproject.read_text(), pyproject_reference()),
+        page: page_reference(page.read_text()),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Rewrite (or, with ``--check``, compare) pyproject.toml; or print the Markdown tables."""
+    """Rewrite (or, with ``--check``, compare) pyproject.toml and the page; or print the Markdown tables."""
     parser = argparse.ArgumentParser(
         prog="python -m fedx.reference", description=__doc__.split("\n")[0]
     )

@@ -23,6 +23,13 @@ Where methods come from:
 * in-process: :func:`register` (for a ServerApp of your own that imports the
   method's module, and for tests).
 
+Data sets and models come the same way from other packages: an entry point
+in the group ``fedx.datasets`` (a :class:`fedx.data.DatasetSpec`) or
+``fedx.models`` (a function ``(input_shape, num_classes) -> torch.nn.Module``)
+whose name is what ``dataset`` or ``model`` then says, or the run-config
+value ``package.module:NAME`` itself (:func:`find_component`). fedx's own
+data sets and models are found first (:mod:`fedx.data`, :mod:`fedx.models`).
+
 Pure Python: importing this module imports neither numpy nor Flower; the
 strategy modules are imported when a method is first looked up. The
 strategies import :mod:`fedx.method`, never this module, so that finding
@@ -35,6 +42,7 @@ import pkgutil
 import sys
 from importlib.metadata import EntryPoint, entry_points
 from logging import WARNING, getLogger
+from typing import Any
 
 # What a method declares lives below the strategies (which declare their
 # methods with it) and the registry (which finds them): fedx.method. A
@@ -42,7 +50,9 @@ from logging import WARNING, getLogger
 from fedx.method import POOL, SAMPLING, Key, Method, Variant, comma_list
 
 __all__ = [
+    "DATASET_GROUP",
     "ENTRY_POINT_GROUP",
+    "MODEL_GROUP",
     "POOL",
     "SAMPLING",
     "Key",
@@ -52,12 +62,19 @@ __all__ = [
     "all_methods",
     "builtin_methods",
     "comma_list",
+    "component_label",
+    "component_names",
+    "find_component",
     "get_method",
     "method_names",
     "register",
+    "register_component",
 ]
 
 ENTRY_POINT_GROUP = "fedx.methods"
+#: The entry-point groups of data sets and models of other packages.
+DATASET_GROUP = "fedx.datasets"
+MODEL_GROUP = "fedx.models"
 
 _LOG = getLogger("flwr")
 
@@ -74,7 +91,7 @@ class _Registry:
         self._registered: dict[str, Method] = {}
         self._plugins: dict[str, Method] = {}
         self._failed: dict[str, str] = {}
-        self._points: tuple[tuple, dict[str, EntryPoint]] | None = None
+        self._points = _EntryPoints(ENTRY_POINT_GROUP)
 
     def builtin(self) -> dict[str, Method]:
         """fedx's own methods: those declared in the modules of ``fedx.strategies``."""
@@ -97,18 +114,7 @@ class _Registry:
         return method
 
     def _entry_points(self) -> dict[str, EntryPoint]:
-        """The group's entry points, read again only when the installed packages may have changed.
-
-        Reading them reads every installed distribution's metadata: 20 ms on
-        the development machine, and a run-config check looks methods up
-        twice. A process that answers many messages (a warm executor's task,
-        forked afresh for each) would pay it every time.
-        """
-        installation = _installation()
-        if self._points is None or self._points[0] != installation:
-            points = {point.name: point for point in entry_points(group=ENTRY_POINT_GROUP)}
-            self._points = (installation, points)
-        return self._points[1]
+        return self._points.get()
 
     def _load(self, point: EntryPoint) -> Method | None:
         if point.name in self._plugins:
@@ -159,6 +165,27 @@ class _Registry:
         return tuple(method.name for method in self.all())
 
 
+class _EntryPoints:
+    """One group's entry points, read again only when the installed packages may have changed.
+
+    Reading them reads every installed distribution's metadata, and a
+    process that answers many messages (a warm executor's task, forked
+    afresh for each) checks its run config for every one of them.
+    """
+
+    def __init__(self, group: str) -> None:
+        self.group = group
+        self._points: tuple[tuple, dict[str, EntryPoint]] | None = None
+
+    def get(self) -> dict[str, EntryPoint]:
+        """The group's entry points by name."""
+        installation = _installation()
+        if self._points is None or self._points[0] != installation:
+            points = {point.name: point for point in entry_points(group=self.group)}
+            self._points = (installation, points)
+        return self._points[1]
+
+
 def _installation() -> tuple[tuple[str, int | None], ...]:
     """What the installed distributions depend on: the import path, and when each folder on it last changed.
 
@@ -183,6 +210,81 @@ def _add(methods: dict[str, Method], method: Method, origin: str) -> None:
 
 
 _REGISTRY = _Registry()
+_COMPONENTS = {group: _EntryPoints(group) for group in (DATASET_GROUP, MODEL_GROUP)}
+#: Data sets and models registered in this process (:func:`register_component`), by group.
+_REGISTERED_COMPONENTS: dict[str, dict[str, Any]] = {DATASET_GROUP: {}, MODEL_GROUP: {}}
+
+
+def register_component(group: str, name: str, value: Any) -> Any:
+    """Register a data set (:data:`DATASET_GROUP`) or a model (:data:`MODEL_GROUP`) in this process; return it.
+
+    As :func:`register` for methods: for a Flower app of your own whose
+    modules register what it uses (every process that loads the app runs
+    them), and for tests. An installed package says the same with an entry
+    point.
+
+    Raises
+    ------
+    ValueError
+        When ``name`` is registered already, or is a ``package.module:NAME``
+        reference.
+    """
+    if ":" in name:
+        raise ValueError(f"{name!r} is a reference, not a name")
+    registered = _REGISTERED_COMPONENTS[group]
+    if name in registered and registered[name] is not value:
+        raise ValueError(f"{name!r} is registered in the group {group} already")
+    registered[name] = value
+    return value
+
+
+def component_names(group: str) -> tuple[str, ...]:
+    """The names registered in this process and those of the installed entry points of ``group``."""
+    return tuple(sorted({*_REGISTERED_COMPONENTS[group], *_COMPONENTS[group].get()}))
+
+
+def find_component(group: str, name: str) -> Any:
+    """What ``name`` stands for in ``group``: ``package.module:NAME``'s object, or an installed entry point's.
+
+    A name with a colon is a reference: its module is imported now, from the
+    import path (an installed package, or the folder of the Flower app that
+    runs). Any other name is looked up among those registered in this
+    process (:func:`register_component`), then the group's entry points, and
+    loaded.
+
+    Raises
+    ------
+    LookupError
+        Saying why: no such entry point, or the module or its attribute
+        cannot be loaded (the import's own error).
+    """
+    if ":" in name:
+        module_name, _, attribute = name.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as err:  # pylint: disable=broad-exception-caught
+            # The user's module: whatever its import raises is the reason.
+            raise LookupError(f"cannot import {module_name}: {type(err).__name__}: {err}") from err
+        if not hasattr(module, attribute):
+            raise LookupError(f"module {module_name} has no attribute {attribute!r}")
+        return getattr(module, attribute)
+    if name in _REGISTERED_COMPONENTS[group]:
+        return _REGISTERED_COMPONENTS[group][name]
+    point = _COMPONENTS[group].get().get(name)
+    if point is None:
+        installed = ", ".join(component_names(group)) or "none"
+        raise LookupError(f"no entry point {name!r} in the group {group} (installed: {installed})")
+    try:
+        return point.load()
+    except Exception as err:  # pylint: disable=broad-exception-caught
+        raise LookupError(
+            f"entry point {point.value} cannot be loaded: {type(err).__name__}: {err}"
+        ) from err
+
+
+def component_label(name: str) -> str:
+    """A short name of a data set or model for folder names and titles: ``NAME`` of ``package.module:NAME``."""
+    return name.rpartition(":")[2]
 
 
 def register(method: Method) -> Method:

@@ -71,7 +71,7 @@ HELP_TOOLS = {
 }  # fmt: skip
 #: Tools of the system or the shell: only the repository files they name are checked.
 SYSTEM_TOOLS = {
-    "apt-get", "mkdir", "ls", "echo", "chown", "pkill", "git", "tar", "cp", "rm", "cat",
+    "apt-get", "mkdir", "ls", "echo", "chown", "pkill", "git", "tar", "cp", "mv", "rm", "cat",
     "nvidia-cuda-mps-control", "nvidia-smi", "export", "cd", "tee", "curl", "kill",
     "docker", "podman", "uv", "source", ".",
 }  # fmt: skip
@@ -360,6 +360,12 @@ class HelpTexts:
 
     def _run(self, argv: tuple[str, ...]) -> str:
         environment = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb"}
+        # A page's `python -m <module>` of an example: its flags, as if installed
+        # (whether the page installs it or puts it on the path is checked apart).
+        examples = [str(p) for p in sorted((REPO / "examples").iterdir()) if p.is_dir()]
+        environment["PYTHONPATH"] = os.pathsep.join(
+            [*examples, *filter(None, [os.environ.get("PYTHONPATH")])]
+        )
         executable = Path(sys.executable).parent / argv[0]
         command = [str(executable) if executable.exists() else argv[0], *argv[1:], "--help"]
         if argv[0] in {"python", "python3", "python3.11"}:
@@ -460,34 +466,50 @@ def _app_config(app_dir: Path) -> dict[str, Any] | None:
 
 @contextlib.contextmanager
 def _plugins_of(page_installs: set[str]) -> Iterator[None]:
-    """The methods of the example plug-ins a page installs (``pip install ./examples/<x>``),
-    registered while a run config that names them is checked, as installing them would."""
+    """The methods, data sets and models of the example packages a page installs
+    (``pip install ./examples/<x>``), registered while a run config that names them is
+    checked, as installing them would."""
     from fedx import registry  # pylint: disable=import-outside-toplevel
 
-    added = []
+    groups = {
+        registry.ENTRY_POINT_GROUP: registry._REGISTRY._registered,  # pylint: disable=protected-access
+        registry.DATASET_GROUP: registry._REGISTERED_COMPONENTS[registry.DATASET_GROUP],  # pylint: disable=protected-access
+        registry.MODEL_GROUP: registry._REGISTERED_COMPONENTS[registry.MODEL_GROUP],  # pylint: disable=protected-access
+    }
+    added: list[tuple[dict, str]] = []
     for folder in sorted(page_installs):
         project = tomllib.loads((REPO / folder / "pyproject.toml").read_text())
-        points = (
-            project.get("project", {}).get("entry-points", {}).get(registry.ENTRY_POINT_GROUP, {})
-        )
-        for name, target in points.items():
-            module_name, attribute = target.split(":")
-            sys.path.insert(0, str(REPO / folder))
-            try:
-                module = __import__(module_name, fromlist=[attribute])
-            finally:
-                sys.path.remove(str(REPO / folder))
-            # The registry's in-process registrations, undone afterwards (the
-            # public register() has no undo: tests would see the plug-in).
-            registered = registry._REGISTRY._registered  # pylint: disable=protected-access
-            if name not in registered:
-                registered[name] = getattr(module, attribute)
-                added.append(name)
+        entry_points = project.get("project", {}).get("entry-points", {})
+        for group, registered in groups.items():
+            for name, target in entry_points.get(group, {}).items():
+                module_name, attribute = target.split(":")
+                with _on_path([str(REPO / folder)]):
+                    module = __import__(module_name, fromlist=[attribute])
+                # The registry's in-process registrations, undone afterwards (the
+                # public register() has no undo: tests would see the plug-in).
+                if name not in registered:
+                    registered[name] = getattr(module, attribute)
+                    added.append((registered, name))
     try:
         yield
     finally:
-        for name in added:
-            registry._REGISTRY._registered.pop(name)  # pylint: disable=protected-access
+        for registered, name in added:
+            registered.pop(name)
+
+
+@contextlib.contextmanager
+def _on_path(folders: list[str]) -> Iterator[None]:
+    """``folders`` on the import path for the block (and modules they hold forgotten after it)."""
+    before = set(sys.modules)
+    sys.path[:0] = folders
+    try:
+        yield
+    finally:
+        del sys.path[: len(folders)]
+        for name in set(sys.modules) - before:
+            module = sys.modules[name]
+            if any(str(getattr(module, "__file__", "") or "").startswith(f) for f in folders):
+                del sys.modules[name]
 
 
 def check_run_config(
@@ -614,7 +636,7 @@ class Checker:
         elif tool in {"fedx-deploy", "fedx-compare"}:
             problems += self._fedx_tool(command, state)
         elif tool in {"python", "python3", "python3.11"}:
-            problems += self._python(command)
+            problems += self._python(command, state)
         elif tool == "pip":
             problems += self._pip(command, state)
         elif tool == "pytest":
@@ -754,7 +776,7 @@ class Checker:
             problems += [f"{run.label}: {p}" for p in nodes_problems(config, run.num_supernodes)]
         return sorted(set(problems))
 
-    def _python(self, command: Command) -> list[str]:
+    def _python(self, command: Command, state: PageState) -> list[str]:
         argv = command.argv
         if argv[1:2] == ["-"]:
             if command.heredoc is None:
@@ -768,7 +790,15 @@ class Checker:
         if argv[1:3] == ["-m", "venv"]:
             return []
         if argv[1:2] == ["-m"] and len(argv) > 2:
-            if find_spec(argv[2]) is None:
+            # An example's module, where the page put it: installed, or on PYTHONPATH.
+            folders = [str(REPO / folder) for folder in sorted(state.plugins)]
+            folders += [str(REPO / p) for p in command.env.get("PYTHONPATH", "").split(":") if p]
+            with _on_path(folders):
+                try:
+                    found = find_spec(argv[2]) is not None
+                except ModuleNotFoundError:  # its package is not there
+                    found = False
+            if not found:
                 return [f"no module {argv[2]}"]
             return self._help_flags(command, ("python", "-m", argv[2]), argv[3:])
         key = help_key(command)

@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -181,3 +182,42 @@ class PushedMessage:
 
     class metadata:  # pylint: disable=invalid-name
         message_id, dst_node_id = "id-1", 7
+
+
+def undocumented_fields(metrics: dict[str, Any]) -> list[str]:
+    """The fields of a run's ``metrics.json`` that docs/outputs.md's tables do not list.
+
+    A table's first column names fields as code spans (several per cell,
+    ``initial-<architecture>`` for a family); a row's ``clients`` object is
+    one field.
+    """
+    page = (REPO / "docs" / "outputs.md").read_text()
+    names = set()
+    for line in page.splitlines():
+        if line.startswith("| `"):
+            names.update(re.findall(r"`([^`]+)`", line.split(" | ")[0]))
+    patterns = [re.compile("^" + re.escape(n).replace("<architecture>", ".+") + "$") for n in names]
+
+    def documented(field: str) -> bool:
+        return any(pattern.match(field) for pattern in patterns)
+
+    fields = set(metrics) | set(metrics["timings"]) | {f for row in metrics["rounds"] for f in row}
+    return sorted(field for field in fields if not documented(field))
+
+
+def install_example(example: Path, folder: Path) -> Path:
+    """``example`` (a package under ``examples/``) installed by pip, entry points included,
+    into ``folder/site`` (from a copy in ``folder/source``): no change to the environment.
+
+    A process with the returned folder on its ``PYTHONPATH`` sees the
+    package and its entry points, as if it were installed.
+    """
+    source = folder / "source" / example.name
+    shutil.copytree(example, source, ignore=shutil.ignore_patterns("__pycache__"))
+    target = folder / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+         "--no-index", "--target", str(target), str(source)],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    return target

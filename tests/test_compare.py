@@ -2,8 +2,11 @@
 
 import argparse
 import csv
+import io
 import json
 import logging
+import os
+import re
 import signal
 import statistics
 import subprocess
@@ -17,6 +20,7 @@ import pytest
 
 from fedx.compare.cli import main, parse_override, parse_seeds
 from fedx.compare.plan import RUN_RECORD, Setting, app_defaults, plan_runs
+from fedx.compare.progress import GridProgress
 from fedx.compare.report import (
     load_result,
     method_style,
@@ -371,6 +375,9 @@ def digits_comparison(app, tmp_path_factory):
         str(app),
         "--num-supernodes",
         "2",
+        # A progress line for every round the runner sees (the output is not a terminal).
+        "--progress-interval",
+        "0",
     ]
 
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -379,7 +386,7 @@ def digits_comparison(app, tmp_path_factory):
     lines = []
     for line in process.stdout:
         lines.append(line)
-        if line.startswith("[1/2]"):
+        if line.startswith("[1/2]") and ": finished" in line:  # not a progress line
             break
     time.sleep(3)  # the second run is under way
     process.send_signal(signal.SIGTERM)
@@ -408,12 +415,19 @@ def test_compare_stops_cleanly_on_sigterm(digits_comparison):
 def test_compare_resumes_the_grid_and_writes_table_and_plot(digits_comparison):
     out, _, _, first, _ = digits_comparison
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    progress = [line for line in first.stdout.splitlines() if line.startswith("[")]
-    assert progress == [
+    lines = [line for line in first.stdout.splitlines() if line.startswith("[")]
+    outcomes = [line for line in lines if ": finished" in line]
+    assert outcomes == [
         "[1/2] digits-tiny · fedmut · seed 1: finished before, skipped",
-        progress[1],
+        outcomes[1],
     ]
-    assert progress[1].startswith("[2/2] digits-tiny · fedcross · seed 1: finished in")
+    assert outcomes[1].startswith("[2/2] digits-tiny · fedcross · seed 1: finished in")
+    # While the run went: its rounds, as the runner saw them (round 0 is the start).
+    during = [line for line in lines if line not in outcomes]
+    assert all(
+        re.match(r"^\[2/2\] digits-tiny · fedcross · seed 1: (starting, )?round [0-2]/2", line)
+        for line in during
+    ), during
 
     with (out / "results.csv").open() as file:
         table = {row["method"]: row for row in csv.DictReader(file)}
@@ -458,8 +472,8 @@ def test_compare_resumes_the_grid_and_writes_table_and_plot(digits_comparison):
 def test_compare_again_skips_finished_runs(digits_comparison):
     out, _, _, _, second = digits_comparison
     assert second.returncode == 0, second.stderr[-3000:]
-    progress = [line for line in second.stdout.splitlines() if line.startswith("[")]
-    assert len(progress) == 2 and all("finished before, skipped" in line for line in progress)
+    lines = [line for line in second.stdout.splitlines() if line.startswith("[")]
+    assert len(lines) == 2 and all("finished before, skipped" in line for line in lines)
     assert (out / "results.csv").is_file()
 
 
@@ -493,3 +507,128 @@ def test_each_run_records_the_commit_of_the_app_that_ran_it(tmp_path):
     write_report(tmp_path / "out", [run], None)
     (result,) = results_from_csv(tmp_path / "out/runs.csv", tmp_path / "out/curves.csv")
     assert result.commit == head
+
+
+# --------------------------------------------------------------------------- progress
+
+
+class FakeClock:
+    """Monotonic seconds that a test sets."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def write_rounds(run, accuracies: list[float]) -> None:
+    """A running run's metrics.json: round 0 and one row per round done so far."""
+    run.directory.mkdir(parents=True, exist_ok=True)
+    rows = [{"round": r, "accuracy": a} for r, a in enumerate(accuracies)]
+    (run.directory / METRICS_FILE).write_text(json.dumps({"rounds": rows}))
+
+
+def two_runs(tmp_path, rounds: int = 4):
+    setting = write_setting(tmp_path / "g.toml", **{"num-server-rounds": rounds})
+    return plan_runs([setting], ["fedavg", "fedmr"], [0], {}, DEFAULTS, tmp_path / "out")
+
+
+def test_progress_goes_into_a_log_as_plain_lines_at_most_every_interval(tmp_path):
+    runs = two_runs(tmp_path)
+    clock, log = FakeClock(), io.StringIO()
+    progress = GridProgress(runs, log, interval=10.0, clock=clock)
+    progress.start(0)
+    clock.now = 5.0
+    progress.watch()  # no round yet: nothing to say in a log
+    write_rounds(runs[0], [0.1, 0.5])
+    clock.now = 20.0
+    progress.watch()
+    # 20 s for 1 round; 7 of the grid's 8 rounds are left.
+    first = "[1/2] g · fedavg · seed 0: round 1/4, accuracy 0.5000, 0:20 in this run; grid 0:20, about 2:20 left\n"
+    assert log.getvalue() == first
+    clock.now = 25.0
+    progress.watch()  # the same round: no new line
+    write_rounds(runs[0], [0.1, 0.5, 0.6])
+    os.utime(runs[0].directory / METRICS_FILE, ns=(1, 2))  # a new stamp, however fast the disk
+    clock.now = 28.0
+    progress.watch()  # a new round, but only 8 s after the last line
+    assert log.getvalue() == first
+    clock.now = 31.0
+    progress.watch()
+    assert log.getvalue().splitlines()[-1] == (
+        "[1/2] g · fedavg · seed 0: round 2/4, accuracy 0.6000, 0:31 in this run; grid 0:31, about 1:33 left"
+    )
+    write_rounds(runs[0], [0.1, 0.5, 0.6, 0.7, 0.8])  # the run's last rounds came unseen
+    clock.now = 40.0
+    progress.finish(0)
+    progress.start(1)
+    clock.now = 40.0
+    # 40 s for 4 rounds: the second run's 4 rounds, about 40 s.
+    assert progress.seconds_left(40.0) == pytest.approx(40.0)
+    assert progress.line(52.0).endswith("0:12 in this run; grid 0:52, about 0:28 left")
+
+
+def test_progress_on_a_terminal_is_one_line_rewritten_in_place(tmp_path):
+    runs = two_runs(tmp_path)
+    clock, terminal = FakeClock(), Terminal()
+    progress = GridProgress(runs, terminal, clock=clock, width=200)
+    progress.skipped(0)  # done before: counts for nothing
+    progress.start(1)
+    clock.now = 3.0
+    progress.watch()
+    assert (
+        terminal.getvalue()
+        == "\r[2/2] g · fedmr · seed 0: starting, round 0/4, 0:03 in this run; grid 0:03\x1b[K"
+    )
+    write_rounds(runs[1], [0.1, 0.3])
+    clock.now = 13.0
+    progress.watch()
+    last = terminal.getvalue().split("\r")[-1]
+    assert (
+        last
+        == "[2/2] g · fedmr · seed 0: round 1/4, accuracy 0.3000, 0:13 in this run; grid 0:13, about 0:39 left\x1b[K"
+    )
+    assert "\n" not in terminal.getvalue()
+    narrow = GridProgress(runs, Terminal(), clock=clock, width=40)
+    narrow.start(1)
+    narrow.watch()  # cut to the terminal: a wrapped line could not be rewritten
+    assert narrow.stream.getvalue() == "\r" + narrow.line(clock.now)[:39] + "\x1b[K"
+    progress.finish(1)
+    assert terminal.getvalue().endswith("\r\x1b[K")  # the run's own line comes next
+
+
+def test_the_runner_watches_a_run_while_it_goes_and_stops_one_past_its_timeout(tmp_path):
+    from fedx.compare.runner import ComparisonRunner
+
+    (run,) = two_runs(tmp_path, rounds=3)[:1]
+    run.directory.mkdir(parents=True)
+    writer = (
+        "import json, sys, time\n"
+        "rows = [{'round': 0, 'accuracy': 0.1}]\n"
+        "for r in (1, 2, 3):\n"
+        "    time.sleep(0.4)\n"
+        "    rows.append({'round': r, 'accuracy': 0.1 + 0.2 * r})\n"
+        "    open(sys.argv[1] + '.tmp', 'w').write(json.dumps({'rounds': rows}))\n"
+        "    __import__('os').replace(sys.argv[1] + '.tmp', sys.argv[1])\n"
+    )
+    log = io.StringIO()
+    progress = GridProgress([run], log, interval=0.0, poll=0.05)
+    runner = ComparisonRunner(tmp_path, tmp_path / "state", "", run_timeout=60.0)
+    progress.start(0)
+    process = subprocess.Popen([sys.executable, "-c", writer, str(run.directory / METRICS_FILE)])
+    assert runner._wait(process, time.perf_counter(), progress) is False  # pylint: disable=protected-access
+    assert process.returncode == 0
+    shown = [int(line.split("round ")[1].split("/")[0]) for line in log.getvalue().splitlines()]
+    assert shown and shown == sorted(set(shown)) and shown[-1] >= 2, log.getvalue()
+
+    hung = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    slow = ComparisonRunner(tmp_path, tmp_path / "state", "", run_timeout=0.5)
+    started = time.perf_counter()
+    assert slow._wait(hung, started, None) is True  # pylint: disable=protected-access
+    assert hung.returncode is not None and time.perf_counter() - started < 30

@@ -40,9 +40,18 @@ def test_the_defaults_are_valid_and_typed(defaults):
         (
             "model",
             "resnet99",
-            "one of cnn, resnet20, vgg16, lstm, cnn-1, cnn-2, cnn-3, cnn-4, vgg11, vgg13, vgg19",
+            "one of cnn, resnet20, vgg16, lstm, cnn-1, cnn-2, cnn-3, cnn-4, vgg11, vgg13, vgg19, "
+            "or a model of your own: `package.module:NAME` or an entry point of the group "
+            "fedx.models (model 'resnet99': no entry point 'resnet99' in the group fedx.models "
+            "(installed: none))",
         ),
-        ("dataset", "mnist", "one of digits, cifar10, cifar100, femnist, shakespeare"),
+        (
+            "dataset",
+            "mnist",
+            "one of digits, cifar10, cifar100, femnist, shakespeare, or a dataset of your own: "
+            "`package.module:NAME` or an entry point of the group fedx.datasets (dataset "
+            "'mnist': no entry point 'mnist' in the group fedx.datasets (installed: none))",
+        ),
         ("fraction-train", 0.0, "a number in (0, 1]"),
         ("fraction-train", 1.5, "a number in (0, 1]"),
         ("learning-rate", -0.1, "a number in (0, inf)"),

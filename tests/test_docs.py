@@ -197,12 +197,15 @@ def test_the_strategy_pages_list_each_parameter_once(site):
             assert "Parameters" not in constructor[: constructor.index("</dl>")], name
             section = section[:constructor_at]
         fields = re.findall(r"<strong>([*\w]+)</strong>", section)
-        assert fields and len(fields) == len(set(fields)), (name, fields)
+        assert len(fields) == len(set(fields)), (name, fields)
+        # Documented once, by the class that introduces it: FedIndep's arguments are
+        # MultiModelStrategy's, FedAvgFT's PerClientEvaluation's and FedAvg's.
+        assert fields or name in ("FedIndep", "FedAvgFT"), name
     fedmr = html.unescape(re.sub(r"<[^>]+>", "", _section(page, "fedx.strategies.FedMR")))
     low = re.search(
         r"secure_min_layers \(int \(default: 2\)\) – (.*?)secure_max_layers", fedmr, re.S
     )
-    high = re.search(r"secure_max_layers \(int \(default: 4\)\) – (.*?)\*\*kwargs", fedmr, re.S)
+    high = re.search(r"secure_max_layers \(int \(default: 4\)\) – (.*?)Examples", fedmr, re.S)
     assert low and high and low.group(1).strip() != high.group(1).strip()
 
 
@@ -267,8 +270,8 @@ def test_the_check_fails_on_a_broken_link_a_broken_anchor_a_missing_image_and_a_
     )
     edit(
         "methods.html",
-        'href="run-config.html#run-config-fedmr"',
-        'href="run-config.html#run-config-fedmx"',
+        'href="run-config.html#fedmr"',
+        'href="run-config.html#fedmx"',
     )
     edit("compare.html", "</body>", '<script>console.error("injected by the test")</script></body>')
     (broken / "_images" / "digits-cnn-dir0.1.png").unlink()
@@ -277,9 +280,7 @@ def test_the_check_fails_on_a_broken_link_a_broken_anchor_a_missing_image_and_a_
     assert done.returncode == 1, done.stdout[-6000:] + done.stderr[-3000:]
     lines = done.stdout.splitlines()
     assert "/index.html: broken link to /getting-startd.html (HTTP 404)" in lines
-    assert (
-        "/methods.html: broken link to /run-config.html#run-config-fedmx (no such anchor)" in lines
-    )
+    assert "/methods.html: broken link to /run-config.html#fedmx (no such anchor)" in lines
     assert any(
         line.startswith("/compare.html: browser console:") and "injected by the test" in line
         for line in lines

@@ -6,7 +6,6 @@ for every process that has the folder on its path: this one's subprocesses,
 and a simulation SuperLink started with it.
 """
 
-import shutil
 import subprocess
 import sys
 import tomllib
@@ -19,7 +18,7 @@ from fedx.config import ConfigError, RunConfig
 from fedx.registry import Method, register
 from fedx.server.building import build_strategy
 from fedx.strategies import to_model
-from tests.helpers import REPO, environment_with_path, metrics_rows
+from tests.helpers import REPO, environment_with_path, install_example, metrics_rows
 from tests.simulation import run_app, simulation_superlink
 from tests.standin_grid import NODE_IDS, StandInGrid, run_round
 
@@ -32,29 +31,8 @@ sys.path.remove(str(EXAMPLE))
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
-    """The example installed by pip (entry point included) into a folder of its own."""
-    source = tmp_path_factory.mktemp("source") / "fedblend"
-    shutil.copytree(EXAMPLE, source, ignore=shutil.ignore_patterns("__pycache__"))
-    target = tmp_path_factory.mktemp("site")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--no-build-isolation",
-            "--no-index",
-            "--target",
-            str(target),
-            str(source),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    return target
+    """The example installed by pip (entry points included) into a folder of its own."""
+    return install_example(EXAMPLE, tmp_path_factory.mktemp("example"))
 
 
 @pytest.mark.usefixtures("server_task_identity")

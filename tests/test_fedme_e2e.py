@@ -16,7 +16,7 @@ import torch
 
 from fedx.models import build_model
 from fedx.strategies.fedme import FedMe
-from tests.helpers import metrics_rows
+from tests.helpers import metrics_rows, undocumented_fields
 from tests.simulation import run_app
 
 pytestmark = pytest.mark.system
@@ -41,6 +41,7 @@ def test_fedme_clients_adopt_other_architectures_and_report_personalized_accurac
     metrics = json.loads((directory / "metrics.json").read_text())
     rounds = metrics_rows(directory)
     assert sorted(rounds) == [1, 2, 3]
+    assert undocumented_fields(metrics) == []  # docs/outputs.md lists what FedMe writes
     # Both models of every training message went packed (fedx.strategies.packing).
     assert "4 nodes connected (4 identified, 4 read packed models)" in output
     assert re.search(r"models went packed in [1-9]\d* messages, standard in 0\b", output)

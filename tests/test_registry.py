@@ -69,29 +69,45 @@ def test_a_broken_plugin_names_itself_and_stops_no_other_method(tmp_path, monkey
 
 
 def test_the_run_config_reference_is_up_to_date(tmp_path):
+    """pyproject.toml's defaults and docs/run-config.md's tables are the code's."""
     assert reference.main(["--check"]) == 0, "run python -m fedx.reference"
-    # The check can fail: a default that differs from the declaration is found.
+    # The check can fail: a default that differs from the declaration is found,
+    # in either file.
+    (tmp_path / "docs").mkdir()
     pyproject = tmp_path / "pyproject.toml"
     pyproject.write_text(
-        (REPO / "pyproject.toml").read_text().replace("fedmut-alpha = 1.0", "fedmut-alpha = 2.0")
+        (REPO / "pyproject.toml").read_text().replace("fedmut-alpha = 4.0", "fedmut-alpha = 2.0")
+    )
+    page = tmp_path / "docs" / "run-config.md"
+    page.write_text((REPO / "docs" / "run-config.md").read_text())
+    fresh = {
+        path.name for path, text in reference.updated(tmp_path).items() if path.read_text() != text
+    }
+    assert fresh == {"pyproject.toml"}
+    page.write_text(
+        page.read_text().replace("| `fedmut-alpha` | `4.0` |", "| `fedmut-alpha` | `1.0` |")
     )
     stale = {
         path.name for path, text in reference.updated(tmp_path).items() if path.read_text() != text
     }
-    assert stale == {"pyproject.toml"}
+    assert stale == {"pyproject.toml", "run-config.md"}
+    page.write_text(page.read_text().replace(reference.PAGE_END, ""))
+    with pytest.raises(ValueError, match="lacks the lines"):
+        reference.updated(tmp_path)
 
 
 def test_the_documentation_tables_hold_every_key_with_its_default():
-    """The tables docs/run-config.md gets at build time (tests/test_docs.py builds the page)."""
+    """The tables of docs/run-config.md (tests/test_docs.py builds the page)."""
     tables = reference.markdown_reference()
+    assert tables in (REPO / "docs" / "run-config.md").read_text()
     rows = {
         line.split(" | ")[0].strip("| `"): line for line in tables.splitlines() if "| `" in line
     }
     keys = [*APP_KEYS, *(key for method in builtin_methods() for key in method.keys)]
     assert {key.name for key in keys} == set(rows)
     assert "| `fedmut-beta0` | `0.3` | a number in [0, 1] |" in rows["fedmut-beta0"]
-    for method in builtin_methods():
-        assert f"(run-config-{method.name})=\n## `{method.name}`" in tables
+    for method in builtin_methods():  # a heading each, whose anchor is #<method>
+        assert f"\n## `{method.name}`\n" in tables
     # A placeholder such as fixed:<name> is text, not an HTML tag.
     assert "fixed:\\<name>" in rows["fedme-initial-architecture"]
 

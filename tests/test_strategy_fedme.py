@@ -124,6 +124,9 @@ def make_fedme(predictor=None, **kwargs) -> FedMe:
         "architectures": ("narrow", "wide"),
         "initial_model_fn": initial_model,
         "predict_fn": predictor or Predictor(),
+        # These tests' clients start round-robin, in one cluster, unless a test says otherwise.
+        "initial_architecture": "round-robin",
+        "cluster_rounds": (),
         "seed": 0,
         "min_available_nodes": 1,
         "node_wait_timeout": 1.0,

@@ -1,10 +1,12 @@
-"""fedx's own Sphinx extension: the run-config reference generated from the method registry.
+"""fedx's own Sphinx extension: the run-config page must hold the tables the code makes.
 
-``docs/run-config.md`` holds a marker line; when Sphinx reads that page the
-marker is replaced by :func:`fedx.reference.markdown_reference`, the tables
-derived from the app's keys and every built-in method's declaration, so the
-page can never disagree with the code. The page is read again on every
-build (a changed declaration changes no file of the page itself).
+``docs/run-config.md`` holds its tables as a file of the repository, written
+by ``python -m fedx.reference`` from the method registry, so that GitHub
+shows them too. When Sphinx reads the page, this extension compares it with
+what :func:`fedx.reference.page_reference` makes of it now and stops the
+build when they differ, so the site can never disagree with the code. The
+page is read again on every build (a changed declaration changes no file of
+the page itself).
 """
 
 from typing import Any
@@ -13,18 +15,16 @@ from sphinx.application import Sphinx
 from sphinx.environment import BuildEnvironment
 
 PAGE = "run-config"
-MARKER = "% fedx-run-config: the tables are generated here from the method registry"
 
 
-def insert_reference(app: Sphinx, docname: str, source: list[str]) -> None:
-    """Replace the marker line of the run-config page by the generated tables."""
+def check_reference(app: Sphinx, docname: str, source: list[str]) -> None:
+    """Stop the build when the run-config page's tables are not those of the code."""
     if docname != PAGE:
         return
-    from fedx.reference import markdown_reference  # pylint: disable=import-outside-toplevel
+    from fedx.reference import page_reference  # pylint: disable=import-outside-toplevel
 
-    if MARKER not in source[0]:
-        raise ValueError(f"docs/{PAGE}.md lacks the line {MARKER!r}")
-    source[0] = source[0].replace(MARKER, markdown_reference())
+    if page_reference(source[0]) != source[0]:
+        raise ValueError(f"docs/{PAGE}.md is out of date: run python -m fedx.reference")
 
 
 def always_outdated(
@@ -35,6 +35,6 @@ def always_outdated(
 
 
 def setup(app: Sphinx) -> dict[str, Any]:
-    app.connect("source-read", insert_reference)
+    app.connect("source-read", check_reference)
     app.connect("env-get-outdated", always_outdated)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -8,7 +8,10 @@ FedAvg against FedMR on the digits settings, three seeds each::
         --methods fedavg,fedmr --seeds 0,1,2 --out comparisons/digits
 
 Running the same command again skips the finished runs and rewrites the
-report; ``--report-only`` only rewrites the report.
+report; ``--report-only`` only rewrites the report. While a run goes, one
+line says its round of R, its latest accuracy and the grid's time so far and
+left (:mod:`fedx.compare.progress`): rewritten in place on a terminal, a
+plain line every ``--progress-interval`` seconds in a log.
 """
 
 import argparse
@@ -23,6 +26,7 @@ from typing import Any
 
 import fedx
 from fedx.compare.plan import Setting, app_defaults, comparison_methods, default_methods, plan_runs
+from fedx.compare.progress import GridProgress
 from fedx.compare.report import SUMMARY_MARKDOWN, write_report
 from fedx.compare.runner import ComparisonRunner, RunOutcome, finished_record
 from fedx.config import ConfigError
@@ -130,6 +134,14 @@ def _parser() -> argparse.ArgumentParser:
         help="the Flower app folder (default: this fedx checkout)",
     )
     parser.add_argument(
+        "--progress-interval",
+        type=float,
+        default=60.0,
+        help="when the output is not a terminal: seconds between two lines on the running "
+        "run's round, accuracy and the grid's time left (default: %(default)g; on a "
+        "terminal one line is updated in place)",
+    )
+    parser.add_argument(
         "--report-only", action="store_true", help="only rewrite the report from the finished runs"
     )
     return parser
@@ -216,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
             with ComparisonRunner(
                 args.app.resolve(), state_dir, _client_resources(args), args.run_timeout
             ) as runner:
-                outcomes = runner.run_all(runs, _progress(len(runs)))
+                progress = GridProgress(runs, interval=args.progress_interval)
+                outcomes = runner.run_all(runs, _progress(len(runs)), progress)
         except KeyboardInterrupt:
             print(
                 "fedx-compare: interrupted; the same command resumes after the finished runs",

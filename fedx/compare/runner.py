@@ -7,7 +7,8 @@ counts as finished when its ``metrics.json`` holds the last round's
 evaluation, and as diverged when the app stopped it early for diverging (its
 ``stop-reason``); the runner then writes ``run.json`` next to it, and a later
 invocation with the same output folder skips it (a diverged run diverges
-again with the same seed).
+again with the same seed). While a run goes, a :class:`GridProgress` shows
+its round and accuracy and the grid's time (:mod:`fedx.compare.progress`).
 """
 
 import json
@@ -21,6 +22,7 @@ from typing import Any
 import tomli_w
 
 from fedx.compare.plan import DONE, RUN_RECORD, PlannedRun
+from fedx.compare.progress import GridProgress
 from fedx.config import ConfigError
 from fedx.deploy.local import FederationSpec, LocalFederation, free_port
 from fedx.files import write_json_atomically
@@ -173,24 +175,41 @@ class ComparisonRunner:
         return self._federation
 
     def run_all(
-        self, runs: list[PlannedRun], report: Callable[[int, RunOutcome], None]
+        self,
+        runs: list[PlannedRun],
+        report: Callable[[int, RunOutcome], None],
+        progress: GridProgress | None = None,
     ) -> list[RunOutcome]:
-        """Run every unfinished run in order; call ``report(index, outcome)`` after each."""
+        """Run every unfinished run in order; call ``report(index, outcome)`` after each.
+
+        ``progress`` (made for ``runs``) is shown while each run goes.
+        """
         outcomes = []
         for index, run in enumerate(runs):
             record = finished_record(run)
             if record is not None:
+                if progress is not None:
+                    progress.skipped(index)
                 outcome = RunOutcome(
                     run, "skipped", record["wall-seconds"], f"{record['status']} before"
                 )
             else:
-                outcome = self.run_one(run)
+                if progress is not None:
+                    progress.start(index)
+                try:
+                    outcome = self.run_one(run, progress)
+                finally:
+                    if progress is not None:
+                        progress.finish(index)
             outcomes.append(outcome)
             report(index, outcome)
         return outcomes
 
-    def run_one(self, run: PlannedRun) -> RunOutcome:
-        """One ``flwr run`` of ``run``; its log goes to ``flwr-run.log`` in the run folder."""
+    def run_one(self, run: PlannedRun, progress: GridProgress | None = None) -> RunOutcome:
+        """One ``flwr run`` of ``run``; its log goes to ``flwr-run.log`` in the run folder.
+
+        While it runs, ``progress`` looks at its ``metrics.json`` every few seconds.
+        """
         run.remove_outputs()
         run.directory.mkdir(parents=True)
         config_file = run.directory / RUN_CONFIG_FILE
@@ -208,18 +227,15 @@ class ComparisonRunner:
         federation = self._superlink()
         started = time.perf_counter()
         with (run.directory / RUN_LOG).open("w") as log:
+            process = subprocess.Popen(
+                command, env=self._spec.environment(), stdout=log, stderr=subprocess.STDOUT
+            )
             try:
-                subprocess.run(
-                    command,
-                    env=self._spec.environment(),
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    timeout=self.run_timeout,
-                    check=False,
-                )
-                timed_out = False
-            except subprocess.TimeoutExpired:
-                timed_out = True
+                timed_out = self._wait(process, started, progress)
+            except BaseException:
+                process.kill()
+                process.wait()
+                raise
         wall = time.perf_counter() - started
         diverged = None if timed_out else stop_reason(run)
         if timed_out:
@@ -243,3 +259,21 @@ class ComparisonRunner:
             write_json_atomically(run.directory / RUN_RECORD, record)
             return RunOutcome(run, status, wall, diverged or "")
         return RunOutcome(run, "failed", wall, detail)
+
+    def _wait(
+        self, process: subprocess.Popen, started: float, progress: GridProgress | None
+    ) -> bool:
+        """Wait for ``flwr run`` to end, showing ``progress``; whether it ran past the run timeout (then it is killed)."""
+        poll = progress.poll if progress is not None else 2.0
+        while True:
+            left = started + self.run_timeout - time.perf_counter()
+            if left <= 0:
+                process.kill()
+                process.wait()
+                return True
+            try:
+                process.wait(timeout=min(poll, left))
+                return False
+            except subprocess.TimeoutExpired:
+                if progress is not None:
+                    progress.watch()

@@ -4,19 +4,25 @@
 is the default; ``cifar10`` and ``cifar100`` are read from torchvision's
 on-disk format under the ``data-root`` folder, ``femnist`` and
 ``shakespeare`` from LEAF's JSON files there (:mod:`fedx.data.leaf`), where
-``partitioning="natural"`` makes every LEAF user one client. Personalized
-methods (evaluated per client) use :func:`load_local_splits` and
-:func:`load_unlabeled`.
+``partitioning="natural"`` makes every LEAF user one client. A data set of
+another package is a :class:`DatasetSpec` that the ``dataset`` key names
+(``package.module:NAME``, or an entry point of the group ``fedx.datasets``:
+:func:`find_dataset`). Personalized methods (evaluated per client) use
+:func:`load_local_splits` and :func:`load_unlabeled`.
 """
 
 from fedx.data.datasets import (
     DATASET_NAMES,
     SPLITS,
     DatasetInfo,
+    DatasetSpec,
     DigitsDataset,
     SplitSettings,
     SplitSource,
+    dataset_has_users,
     dataset_info,
+    dataset_names,
+    find_dataset,
     load_split,
 )
 from fedx.data.device import DeviceBatches, DeviceImages, ImageTransform, device_batches
@@ -46,6 +52,7 @@ __all__ = [
     "PARTITIONINGS",
     "SPLITS",
     "DatasetInfo",
+    "DatasetSpec",
     "DeviceBatches",
     "DeviceImages",
     "DigitsDataset",
@@ -58,12 +65,15 @@ __all__ = [
     "batch_gatherer",
     "batch_loader",
     "dataset_groups",
+    "dataset_has_users",
     "dataset_info",
     "dataset_labels",
+    "dataset_names",
     "decode_text",
     "device_batches",
     "dirichlet_sizes",
     "encode_text",
+    "find_dataset",
     "load_local_splits",
     "load_partition",
     "load_split",

@@ -1,8 +1,14 @@
-"""Dataset loaders: scikit-learn's bundled digits (offline), CIFAR-10/100 and LEAF from disk.
+"""Dataset loaders: scikit-learn's bundled digits (offline), CIFAR-10/100 and LEAF from disk, and data sets of other packages.
 
 A loader imports its library when it is first used: a digits run never
 imports torchvision, and reads the digits without importing scikit-learn
 once its train/test split is in the disk cache (:mod:`fedx.data.cache`).
+
+A data set of one's own is a :class:`DatasetSpec` (its input shape, its
+number of classes, and a function that loads a split) in a package of its
+own, named by the ``dataset`` key: ``package.module:NAME``, or the name of
+an entry point in the group ``fedx.datasets`` (:func:`find_dataset`). fedx
+partitions it, caches it and feeds it to the models like its own.
 """
 
 import functools
@@ -10,6 +16,7 @@ import gzip
 import hashlib
 import importlib.util
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict, Unpack
@@ -28,7 +35,9 @@ from fedx.data.leaf import (
     SHAKESPEARE_SEQUENCE_LENGTH,
     load_leaf,
 )
+from fedx.registry import DATASET_GROUP, component_names, find_component
 
+#: fedx's own data sets (others come from packages of their own: :func:`dataset_names`).
 DATASET_NAMES: tuple[str, ...] = ("digits", "cifar10", "cifar100", *LEAF_DATASETS)
 SPLITS: tuple[str, ...] = ("train", "test")
 
@@ -134,16 +143,116 @@ class DigitsDataset(Dataset):
         return self.data[torch.from_numpy(positions)], torch.from_numpy(self.targets[positions])
 
 
+@dataclass(frozen=True)
+class DatasetSpec:
+    """A data set of one's own, for the fedx app: what it holds and how to load it.
+
+    Name it with the ``dataset`` run-config key, as ``package.module:NAME``
+    or as an entry point of the group ``fedx.datasets`` of an installed
+    package (``[project.entry-points."fedx.datasets"] name =
+    "package.module:NAME"``). fedx partitions its training split among the
+    clients with the ``partitioning`` key, holds it out for evaluation, and
+    caches what it loads per process.
+
+    Attributes
+    ----------
+    input_shape : tuple[int, ...]
+        Shape of one input as the model reads it: ``(channels, height,
+        width)`` of an image, ``(features,)`` of a row of a table, ...
+    num_classes : int
+        Number of labels; labels are the integers ``0 .. num_classes - 1``.
+    load : callable
+        ``load(split, source) -> torch.utils.data.Dataset`` with ``split``
+        ``"train"`` or ``"test"`` and ``source`` the run's
+        :class:`SplitSource` (``source.root``: the ``data-root`` folder, an
+        absolute path; ``source.seed``, ``source.test_fraction``). Its items
+        are ``(input, label)`` with ``input`` a float tensor of
+        ``input_shape``, and its ``targets`` attribute holds every label in
+        order. A dataset with a ``gather(positions) -> (inputs, labels)``
+        method gives fedx each batch in one call (:mod:`fedx.data.loaders`).
+        Every process calls it once per split and run config.
+    users : bool
+        Whether both splits also have ``users`` (one id per user) and
+        ``user_index`` (each sample's user, ``0 .. len(users) - 1``), like
+        LEAF's: ``partitioning = "natural"`` then makes every user a client.
+    """
+
+    input_shape: tuple[int, ...]
+    num_classes: int
+    load: Callable[[str, "SplitSource"], Dataset]
+    users: bool = False
+
+    @property
+    def info(self) -> DatasetInfo:
+        """The input shape and class count."""
+        return DatasetInfo(tuple(int(side) for side in self.input_shape), int(self.num_classes))
+
+
+def dataset_names() -> tuple[str, ...]:
+    """fedx's data sets, then those installed packages declare (entry points of ``fedx.datasets``)."""
+    return DATASET_NAMES + tuple(
+        n for n in component_names(DATASET_GROUP) if n not in DATASET_NAMES
+    )
+
+
+def find_dataset(name: str) -> DatasetSpec:
+    """The :class:`DatasetSpec` of a data set that is not fedx's own.
+
+    Parameters
+    ----------
+    name : str
+        ``package.module:NAME`` (the module is imported now), or the name of
+        an installed entry point of the group ``fedx.datasets``.
+
+    Raises
+    ------
+    ValueError
+        When ``name`` is one of fedx's own, names nothing, cannot be loaded,
+        or is not a :class:`DatasetSpec`; the message says which.
+    """
+    if name in DATASET_NAMES:
+        raise ValueError(f"dataset {name!r} is one of fedx's own")
+    try:
+        spec = find_component(DATASET_GROUP, name)
+    except LookupError as err:
+        raise ValueError(f"dataset {name!r}: {err}") from None
+    if not isinstance(spec, DatasetSpec):
+        raise ValueError(
+            f"dataset {name!r} is a {type(spec).__name__}, not a fedx.data.DatasetSpec"
+        )
+    return spec
+
+
 def dataset_info(name: str) -> DatasetInfo:
     """Return the input shape and class count of a dataset without loading it.
 
     Raises
     ------
     ValueError
-        If ``name`` is not one of :data:`DATASET_NAMES`.
+        If ``name`` is neither one of :data:`DATASET_NAMES` nor a data set
+        of another package (:func:`find_dataset`).
     """
-    _check_choice("dataset", name, DATASET_NAMES)
-    return _INFO[name]
+    if name in _INFO:
+        return _INFO[name]
+    return _own_spec(name).info
+
+
+def _own_spec(name: str) -> DatasetSpec:
+    """:func:`find_dataset`, saying first what the name is not (a plain name may be a typo)."""
+    try:
+        return find_dataset(name)
+    except ValueError as err:
+        if ":" in name:
+            raise
+        raise ValueError(
+            f"dataset {name!r} is not one of {', '.join(DATASET_NAMES)}, nor a data set of "
+            f"another package ({err})"
+        ) from None
+
+
+def dataset_has_users(name: str) -> bool:
+    """Whether the data set's samples belong to users (LEAF's, or a :class:`DatasetSpec` that says so)."""
+    return name in LEAF_DATASETS or (name not in DATASET_NAMES and _own_spec(name).users)
 
 
 class SplitSettings(TypedDict, total=False):
@@ -169,12 +278,13 @@ class SplitSource:
     Attributes
     ----------
     name : str
-        One of :data:`DATASET_NAMES`.
+        One of :data:`DATASET_NAMES`, or a data set of another package
+        (:func:`find_dataset`).
     root : str
         Folder holding the CIFAR files (``cifar-10-batches-py/`` or
-        ``cifar-100-python/``) or LEAF's (``femnist/data/train/`` ...). A
-        relative path is resolved against the current working directory.
-        Unused for ``digits``.
+        ``cifar-100-python/``), LEAF's (``femnist/data/train/`` ...) or those
+        of a data set of one's own. A relative path is resolved against the
+        current working directory. Unused for ``digits``.
     download : bool
         Let torchvision download missing CIFAR files into ``root``. LEAF data
         is never downloaded.
@@ -213,10 +323,11 @@ class SplitSource:
 
     def load(self, split: str, *, augment: bool = True) -> Dataset:
         """The training or the test split: :func:`load_split` with these settings."""
-        _check_choice("dataset", self.name, DATASET_NAMES)
         _check_choice("split", split, SPLITS)
         if not 0.0 < self.test_fraction < 1.0:
             raise ValueError(f"test-fraction={self.test_fraction!r} must be in (0, 1)")
+        if self.name not in DATASET_NAMES:
+            return _load_own(self.canonical(), split)
         if self.name == "digits":
             train, test = _digits_splits(int(self.seed), float(self.test_fraction))
             return train if split == "train" else test
@@ -246,7 +357,8 @@ def load_split(
     Parameters
     ----------
     name : str
-        One of :data:`DATASET_NAMES`.
+        One of :data:`DATASET_NAMES`, or a data set of another package
+        (:func:`find_dataset`).
     split : str
         ``"train"`` or ``"test"``.
     augment : bool, optional
@@ -273,12 +385,68 @@ def load_split(
     Raises
     ------
     ValueError
-        If ``name``, ``split`` or ``test_fraction`` is invalid.
+        If ``name``, ``split`` or ``test_fraction`` is invalid, or the
+        loader of a data set of another package fails or gives a dataset
+        that does not fit its :class:`DatasetSpec`.
     FileNotFoundError
         If CIFAR files are missing from ``root`` and ``download`` is false, or
         LEAF files are missing (the message gives LEAF's command).
     """
     return SplitSource(name, **settings).load(split, augment=augment)
+
+
+@functools.lru_cache(maxsize=8)
+def _load_own(source: SplitSource, split: str) -> Dataset:
+    """A split of a data set of another package (:class:`DatasetSpec`), checked against its spec.
+
+    Raises
+    ------
+    ValueError
+        When the loader fails (other than with a missing file) or gives a
+        dataset that does not fit its spec.
+    """
+    spec = _own_spec(source.name)
+    try:
+        dataset = spec.load(split, source)
+    except FileNotFoundError:
+        raise
+    except Exception as err:
+        raise ValueError(
+            f"dataset {source.name!r}: loading its {split} split failed: {type(err).__name__}: {err}"
+        ) from err
+    _check_own(source.name, spec, split, dataset)
+    return dataset
+
+
+def _check_own(name: str, spec: DatasetSpec, split: str, dataset: Dataset) -> None:
+    """Raise ValueError when a split does not fit what its spec declares."""
+    where = f"dataset {name!r}, {split} split"
+    targets = getattr(dataset, "targets", None)
+    if targets is None:
+        raise ValueError(f"{where}: it has no 'targets' attribute with its labels")
+    labels = np.asarray(targets)
+    size = len(dataset)  # type: ignore[arg-type]
+    if labels.shape != (size,) or size == 0:
+        raise ValueError(f"{where}: {size} samples but targets of shape {labels.shape}")
+    if (
+        not np.issubdtype(labels.dtype, np.integer)
+        or labels.min() < 0
+        or labels.max() >= spec.num_classes
+    ):
+        raise ValueError(
+            f"{where}: labels must be integers in [0, {spec.num_classes}), got {labels.dtype} from {labels.min()} to {labels.max()}"
+        )
+    first, _ = dataset[0]
+    if tuple(first.shape) != spec.info.input_shape:
+        raise ValueError(
+            f"{where}: an input has shape {tuple(first.shape)}, its spec says {spec.info.input_shape}"
+        )
+    if spec.users and (
+        getattr(dataset, "users", None) is None or getattr(dataset, "user_index", None) is None
+    ):
+        raise ValueError(
+            f"{where}: its spec says users=True but it has no 'users' and 'user_index'"
+        )
 
 
 @functools.lru_cache(maxsize=8)

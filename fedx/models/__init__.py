@@ -10,6 +10,11 @@ methods (model exchange): ``cnn-1`` ... ``cnn-4`` (the CNN with 1-4 conv
 blocks; ``cnn-2`` has the structure of ``cnn``) and ``vgg11``, ``vgg13``,
 ``vgg16``, ``vgg19``. ResNet-20 and the VGGs are built from torchvision's
 blocks: their modules, and torchvision, are imported when one is first built.
+
+A model of one's own is a function ``(input_shape, num_classes) ->
+torch.nn.Module`` in a package of its own, named by the ``model`` key (or in
+a method's list of architectures) as ``package.module:function``, or as an
+entry point of the group ``fedx.models`` (:func:`find_model`).
 """
 
 import functools
@@ -22,6 +27,7 @@ from torch import nn
 
 from fedx.models.cnn import CNN
 from fedx.models.lstm import CharLSTM
+from fedx.registry import MODEL_GROUP, component_names, find_component
 
 # Output channels of the conv blocks of cnn-<d>: the first d of these. The
 # first two are the FedAvg CNN's; deeper blocks double the width.
@@ -63,10 +69,42 @@ for _depth in range(1, len(CNN_FAMILY_CHANNELS) + 1):
 for _depth in (11, 13, 19):
     _BUILDERS[f"vgg{_depth}"] = _lazy("VGG", depth=_depth)
 
+#: fedx's own models (others come from packages of their own: :func:`model_names`).
 MODEL_NAMES: tuple[str, ...] = tuple(_BUILDERS)
 #: Models that read token sequences, input shape ``(length,)``; all others
 #: read images, ``(channels, height, width)``.
 SEQUENCE_MODELS: tuple[str, ...] = ("lstm",)
+
+
+def model_names() -> tuple[str, ...]:
+    """fedx's models, then those installed packages declare (entry points of ``fedx.models``)."""
+    return MODEL_NAMES + tuple(n for n in component_names(MODEL_GROUP) if n not in MODEL_NAMES)
+
+
+def find_model(name: str) -> Callable[[tuple[int, ...], int], nn.Module]:
+    """The builder of a model that is not fedx's own: ``builder(input_shape, num_classes)``.
+
+    Parameters
+    ----------
+    name : str
+        ``package.module:function`` (the module is imported now), or the
+        name of an installed entry point of the group ``fedx.models``.
+
+    Raises
+    ------
+    ValueError
+        When ``name`` is one of fedx's own, names nothing, cannot be loaded
+        or is not callable; the message says which.
+    """
+    if name in _BUILDERS:
+        raise ValueError(f"model {name!r} is one of fedx's own")
+    try:
+        builder = find_component(MODEL_GROUP, name)
+    except LookupError as err:
+        raise ValueError(f"model {name!r}: {err}") from None
+    if not callable(builder):
+        raise ValueError(f"model {name!r} is a {type(builder).__name__}, not a function")
+    return builder
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
@@ -76,7 +114,8 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn
     ----------
     name : str
         One of :data:`MODEL_NAMES` (the ``model`` run-config key, or an entry
-        of a method's list of architectures).
+        of a method's list of architectures), or a model of another package
+        (:func:`find_model`), which is called with the two other arguments.
     input_shape : tuple[int, ...]
         ``(channels, height, width)`` of one input image, or ``(length,)`` of
         one token sequence for :data:`SEQUENCE_MODELS`; for example
@@ -94,11 +133,12 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn
     ValueError
         If ``name`` is unknown, the input is of the other kind (an image for
         ``lstm``, a sequence for an image model), or too small for the model
-        (the VGGs need at least 32x32).
+        (the VGGs need at least 32x32); if the builder of a model of another
+        package fails or returns something else than a ``torch.nn.Module``.
     """
-    if name not in _BUILDERS:
-        raise ValueError(f"model={name!r} is not one of {MODEL_NAMES}")
     shape = tuple(int(side) for side in input_shape)
+    if name not in _BUILDERS:
+        return _build_own(name, shape, int(num_classes))
     if name in SEQUENCE_MODELS and (len(shape) != 1 or shape[0] < 1):
         raise ValueError(
             f"model {name} reads token sequences (such as shakespeare's): input_shape must be "
@@ -112,6 +152,28 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn
     if num_classes < 1:
         raise ValueError(f"num_classes must be at least 1, got {num_classes}")
     return _BUILDERS[name](shape, int(num_classes))
+
+
+def _build_own(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    try:
+        builder = find_model(name)
+    except ValueError as err:
+        if ":" in name:
+            raise
+        raise ValueError(
+            f"model {name!r} is not one of {', '.join(MODEL_NAMES)}, nor a model of another "
+            f"package ({err})"
+        ) from None
+    try:
+        model = builder(input_shape, num_classes)
+    except Exception as err:
+        raise ValueError(
+            f"model {name!r} for inputs {input_shape} and {num_classes} classes: "
+            f"{type(err).__name__}: {err}"
+        ) from err
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model {name!r} returned a {type(model).__name__}, not a torch.nn.Module")
+    return model
 
 
 def client_model_seed(seed: int, client_id: int) -> int:
@@ -149,4 +211,6 @@ __all__ = [
     "build_model",
     "build_seeded_model",
     "client_model_seed",
+    "find_model",
+    "model_names",
 ]

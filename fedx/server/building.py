@@ -16,7 +16,7 @@ from flwr.serverapp.strategy import Strategy
 
 from fedx.checks import ArgumentError
 from fedx.config import APP_BY_NAME, ConfigError, RunConfig, invalid
-from fedx.data import LEAF_DATASETS, dataset_info, load_split
+from fedx.data import LEAF_DATASETS, dataset_has_users, dataset_info, load_split
 from fedx.data.personalized import MIN_LOCAL_SAMPLES
 from fedx.messaging import wait_for_nodes
 from fedx.method import resolve
@@ -85,14 +85,16 @@ def check_data_and_model(cfg: RunConfig) -> None:
     ------
     ConfigError
         When ``partitioning = "natural"`` is asked of a dataset without users
-        (not LEAF), or a model of the run (``model``, or the method's
-        ``model_key``) cannot read the dataset's inputs (``lstm`` on images,
-        an image model on Shakespeare, a VGG on 28x28 FEMNIST).
+        (not LEAF, nor one of another package that has them), or a model of
+        the run (``model``, or the method's ``model_key``) cannot read the
+        dataset's inputs (``lstm`` on images, an image model on Shakespeare,
+        a VGG on 28x28 FEMNIST, a model of one's own whose builder fails).
     """
-    if cfg.partitioning == "natural" and cfg.dataset not in LEAF_DATASETS:
+    if cfg.partitioning == "natural" and not dataset_has_users(cfg.dataset):
         raise ConfigError(
             f"invalid run config partitioning='natural': it makes every user of a LEAF dataset "
-            f"({', '.join(LEAF_DATASETS)}) one client; dataset={cfg.dataset!r} has no users"
+            f"({', '.join(LEAF_DATASETS)}) or of a DatasetSpec with users=True one client; "
+            f"dataset={cfg.dataset!r} has no users"
         )
     info = dataset_info(cfg.dataset)
     key = cfg.method.model_key

@@ -27,6 +27,7 @@ from fedx.data import dataset_info
 from fedx.models import build_model
 from fedx.outputs import RunRecorder
 from fedx.protocol.common import TrainingSettings
+from fedx.registry import component_label
 from fedx.server.building import build_strategy, check_natural_clients, prepare_data, require_nodes
 from fedx.server.evaluation import RoundEvaluation
 from fedx.server.resume import Checkpointer, model_label, overridden_keys
@@ -140,6 +141,6 @@ def _run_experiment(grid: Grid, context: Context, kernels: contextlib.ExitStack)
             packing.sent_packed,
             packing.sent_standard,
         )
-    recorder.plot(f"{cfg.strategy} on {cfg.dataset} ({model_label(cfg)})")
+    recorder.plot(f"{cfg.strategy} on {component_label(cfg.dataset)} ({model_label(cfg)})")
     save_models(strategy, model, result, directory)
     log_final(recorder, directory)

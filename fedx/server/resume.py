@@ -27,20 +27,23 @@ from fedx.config import ConfigError, RunConfig
 from fedx.data import dataset_info
 from fedx.models import build_model
 from fedx.ops import Model, find_problem
+from fedx.registry import component_label
 from fedx.strategies import checkpoint as checkpoints
 from fedx.strategies import to_model
 from fedx.strategies.capabilities import KeepsPersonalizedModels
 
 
 def model_label(cfg: RunConfig) -> str:
-    """The models of a run for names and titles (``cnn``; ``cnn-1+cnn-2`` for several)."""
-    return "+".join(cfg.models)
+    """The models of a run for names and titles (``cnn``; ``cnn-1+cnn-2`` for several; ``build_mlp``
+    for ``package.module:build_mlp``)."""
+    return "+".join(component_label(name) for name in cfg.models)
 
 
 def run_directory(cfg: RunConfig) -> Path:
     """``<output-dir>/<run-name>``, with a timestamped name when none is given."""
+    dataset = component_label(cfg.dataset)
     name = cfg.run_name or (
-        f"{cfg.strategy}-{cfg.dataset}-{model_label(cfg)}-{datetime.now():%Y%m%d-%H%M%S}"
+        f"{cfg.strategy}-{dataset}-{model_label(cfg)}-{datetime.now():%Y%m%d-%H%M%S}"
     )
     return Path(cfg.output_dir).resolve() / name
 

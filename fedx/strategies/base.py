@@ -24,7 +24,7 @@ from logging import INFO, WARNING
 from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Message, RecordDict
+from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
@@ -36,6 +36,10 @@ from fedx.ops import Model, find_problem
 from fedx.strategies.rounds import run_rounds
 
 Target = TypeVar("Target")
+
+#: ``function(replies, weighted_by_key) -> MetricRecord``: how Flower's FedAvg
+#: aggregates the MetricRecords of a round's replies (its ``*_metrics_aggr_fn``).
+MetricsAggregation = Callable[[list[RecordDict], str], MetricRecord]
 
 
 def to_model(record: ArrayRecord) -> Model:
@@ -408,6 +412,7 @@ class FedxStrategy(Strategy, Generic[Sent]):
 __all__ = [
     "Answered",
     "FedxStrategy",
+    "MetricsAggregation",
     "RandomStreams",
     "RoundInFlight",
     "read_model",

@@ -32,13 +32,8 @@ FEDPROX = Method(
     strategy=FedProx,
     description="Flower's FedProx: FedAvg whose clients add a proximal term",
     keys=(
-        Key(
-            "proximal-mu",
-            0.0,
-            NON_NEGATIVE,
-            "FedProx's mu, the weight of the proximal term",
-            argument="proximal_mu",
-        ),
+        # What it does: Flower's FedProx docstring says, for proximal_mu.
+        Key("proximal-mu", 0.0, NON_NEGATIVE, argument="proximal_mu"),
     ),
     takes=SAMPLING,
     checks_arguments=False,

@@ -7,7 +7,6 @@ methods they compare with; only their own method matches it.
 
 from collections.abc import Iterable
 from logging import INFO
-from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common import log
@@ -20,6 +19,7 @@ from fedx.ops import Model, average
 from fedx.protocol.personalized import FINETUNE_EPOCHS
 from fedx.strategies.base import (
     FedxStrategy,
+    MetricsAggregation,
     RoundInFlight,
     read_reply,
     to_arrayrecord,
@@ -46,15 +46,10 @@ class FedAvgFT(PerClientEvaluation, FedxStrategy[tuple[RoundInFlight[None], Mode
     strategy keeps every client's result (:attr:`evaluations`) and reports
     the mean and standard deviation over clients, as personalized methods do.
 
-    Parameters
-    ----------
-    finetune_epochs : int (default: 1)
-        Local fine-tuning epochs before testing; 0 tests the global model
-        itself on every client's test split (FedAvg without fine-tuning).
-    evaluate_every : int (default: 1)
-        Evaluate every this many rounds, and after the last.
-    **kwargs
-        Flower's FedAvg arguments; ``fraction_evaluate`` defaults to 1.0.
+    Its arguments are :class:`~fedx.strategies.personalized.PerClientEvaluation`'s
+    (``finetune_epochs``: 0 tests the global model itself on every client's
+    test split, FedAvg without fine-tuning), :class:`~fedx.strategies.FedxStrategy`'s
+    and Flower's ``FedAvg``'s, as those classes document them.
 
     Examples
     --------
@@ -68,9 +63,39 @@ class FedAvgFT(PerClientEvaluation, FedxStrategy[tuple[RoundInFlight[None], Mode
     (1, 5, 1.0)
     """
 
-    def __init__(self, *, finetune_epochs: int = 1, evaluate_every: int = 1, **kwargs: Any) -> None:
-        kwargs.setdefault("fraction_evaluate", 1.0)
-        super().__init__(**kwargs)
+    # pylint: disable=too-many-arguments
+    def __init__(
+        self,
+        *,
+        finetune_epochs: int = 1,
+        evaluate_every: int = 1,
+        fraction_train: float = 1.0,
+        fraction_evaluate: float = 1.0,
+        min_train_nodes: int = 2,
+        min_evaluate_nodes: int = 2,
+        min_available_nodes: int = 2,
+        weighted_by_key: str = "num-examples",
+        arrayrecord_key: str = "arrays",
+        configrecord_key: str = "config",
+        train_metrics_aggr_fn: MetricsAggregation | None = None,
+        evaluate_metrics_aggr_fn: MetricsAggregation | None = None,
+        seed: int | None = None,
+        node_wait_timeout: float = 60.0,
+    ) -> None:
+        super().__init__(
+            seed=seed,
+            node_wait_timeout=node_wait_timeout,
+            fraction_train=fraction_train,
+            fraction_evaluate=fraction_evaluate,
+            min_train_nodes=min_train_nodes,
+            min_evaluate_nodes=min_evaluate_nodes,
+            min_available_nodes=min_available_nodes,
+            weighted_by_key=weighted_by_key,
+            arrayrecord_key=arrayrecord_key,
+            configrecord_key=configrecord_key,
+            train_metrics_aggr_fn=train_metrics_aggr_fn,
+            evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn,
+        )
         self.finetune_epochs = check("finetune_epochs", finetune_epochs, Integer(0))
         self.evaluate_every = check("evaluate_every", evaluate_every, Integer(1))
         self.evaluations: dict[int, list[ClientEvaluation]] = {}

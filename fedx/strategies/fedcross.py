@@ -4,13 +4,13 @@ Hu et al., "FedCross: Towards Accurate Federated Learning via Multi-Model
 Cross-Aggregation", ICDE 2024.
 """
 
-from typing import Any
-
 from fedx.checks import Integer, Number, OneOf, check
 from fedx.method import Key, Method
 from fedx.ops import SELECTIONS, SIMILARITY_MEASURES, Model, average, cross_aggregate
-from fedx.strategies.keys import POOL_MEAN_KEY
+from fedx.strategies.base import MetricsAggregation
+from fedx.strategies.keys import NUM_MODELS_KEY, POOL_MEAN_KEY
 from fedx.strategies.multi_model import MultiModelStrategy, PoolRound
+from fedx.strategies.secure import SecureRecombination
 
 #: A model's own weight in a fusion, [0.5, 1).
 ALPHA = Number(0.5, 1.0, high_open=True)
@@ -27,33 +27,36 @@ class FedCross(MultiModelStrategy):
     weighted by the reply its slot trained this round, untrained slots left
     out).
 
+    The arguments after ``alpha_start`` are
+    :class:`~fedx.strategies.MultiModelStrategy`'s.
+
     Parameters
     ----------
     alpha : float (default: 0.99)
-        Weight of a model's own parameters, in [0.5, 1) (paper: 0.99).
-    selection : {"in_order", "highest_similarity", "lowest_similarity"}
-        Collaborator rule (default: "lowest_similarity", the paper's best).
-        In-order uses the paper's round counter r = server_round - 1.
-        A model never picks itself, whatever the measure gives it.
-    similarity : {"model", "layer-pairs"}
-        What the similarity selections compare (default: "model"): the
-        paper's cosine over all floating-point parameters as one vector, or
-        "layer-pairs", the quantity the FedCross code of the authors' lab
-        computes (the sum of cosines of consecutive pairs of state-dict
-        entries, see :func:`fedx.ops.cosine_similarity_matrix`). Not used by
-        "in_order" or in propeller rounds.
+        Weight alpha of a model's own parameters in its fusion, in [0.5, 1)
+        (paper: 0.99).
+    selection : {"in_order", "highest_similarity", "lowest_similarity"} (default: "lowest_similarity")
+        Collaborator rule: the paper's best, the least similar model, by
+        default. In-order uses the paper's round counter
+        r = server_round - 1. A model never picks itself, whatever the
+        measure gives it.
+    similarity : {"model", "layer-pairs"} (default: "model")
+        What the similarity rules compare: the paper's cosine over all
+        floating-point parameters as one vector, or ``"layer-pairs"``, the
+        quantity the FedCross code of the authors' lab computes (the sum of
+        cosines of consecutive pairs of state-dict entries, see
+        :func:`fedx.ops.cosine_similarity_matrix`). Not used by
+        ``"in_order"`` or in propeller rounds.
     propeller_rounds : int (default: 0)
-        For the first rounds, fuse with two in-order propeller models:
-        ``alpha * v_i + (1 - alpha) / 2 * (p1 + p2)``.
+        For the first this many rounds, fuse with two in-order propeller
+        models: ``alpha * v_i + (1 - alpha) / 2 * (p1 + p2)``.
     dynamic_alpha_rounds : int (default: 0)
         Let alpha grow linearly from ``alpha_start`` to ``alpha`` over this
         many rounds, starting after the propeller rounds (so propellers for
         rounds 1-50 and dynamic alpha for 51-100 is the paper's PM-DA).
         0 keeps alpha fixed.
     alpha_start : float (default: 0.5)
-        Starting alpha of the dynamic schedule, in [0.5, alpha].
-    **kwargs
-        As for :class:`~fedx.strategies.MultiModelStrategy`.
+        Starting alpha of the dynamic schedule, in [0.5, ``alpha``].
 
     Examples
     --------
@@ -70,7 +73,7 @@ class FedCross(MultiModelStrategy):
     ('lowest_similarity', [0.5, 0.745, 0.99])
     """
 
-    # pylint: disable=too-many-arguments
+    # pylint: disable=too-many-arguments,too-many-locals
     def __init__(
         self,
         *,
@@ -80,9 +83,41 @@ class FedCross(MultiModelStrategy):
         propeller_rounds: int = 0,
         dynamic_alpha_rounds: int = 0,
         alpha_start: float = 0.5,
-        **kwargs: Any,
+        fraction_train: float = 1.0,
+        fraction_evaluate: float = 1.0,
+        min_train_nodes: int = 2,
+        min_evaluate_nodes: int = 2,
+        min_available_nodes: int = 2,
+        weighted_by_key: str = "num-examples",
+        arrayrecord_key: str = "arrays",
+        configrecord_key: str = "config",
+        train_metrics_aggr_fn: MetricsAggregation | None = None,
+        evaluate_metrics_aggr_fn: MetricsAggregation | None = None,
+        seed: int | None = None,
+        node_wait_timeout: float = 60.0,
+        num_models: int | None = None,
+        pool_mean: str = "uniform",
+        unresponsive_cooldown: float = 60.0,
+        secure: SecureRecombination | None = None,
     ) -> None:
-        super().__init__(**kwargs)
+        super().__init__(
+            fraction_train=fraction_train,
+            fraction_evaluate=fraction_evaluate,
+            min_train_nodes=min_train_nodes,
+            min_evaluate_nodes=min_evaluate_nodes,
+            min_available_nodes=min_available_nodes,
+            weighted_by_key=weighted_by_key,
+            arrayrecord_key=arrayrecord_key,
+            configrecord_key=configrecord_key,
+            train_metrics_aggr_fn=train_metrics_aggr_fn,
+            evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn,
+            seed=seed,
+            node_wait_timeout=node_wait_timeout,
+            num_models=num_models,
+            pool_mean=pool_mean,
+            unresponsive_cooldown=unresponsive_cooldown,
+            secure=secure,
+        )
         self.alpha = check("alpha", alpha, ALPHA)
         self.selection = check("selection", selection, OneOf(SELECTIONS))
         self.similarity = check("similarity", similarity, OneOf(SIMILARITY_MEASURES))
@@ -140,45 +175,16 @@ METHOD = Method(
     strategy=FedCross,
     description="FedCross (Hu et al., ICDE'24): each model fused with a collaborator by cosine similarity",
     keys=(
+        NUM_MODELS_KEY,
         POOL_MEAN_KEY,
-        Key("fedcross-alpha", 0.99, ALPHA, "weight of a model's own parameters", argument="alpha"),
-        Key(
-            "fedcross-selection",
-            "lowest_similarity",
-            OneOf(SELECTIONS),
-            "collaborator rule",
-            argument="selection",
-        ),
-        Key(
-            "fedcross-similarity",
-            "model",
-            OneOf(SIMILARITY_MEASURES),
-            "what the similarity rules compare: the cosine of whole models (`model`, the "
-            "paper) or the sum over consecutive pairs of state-dict entries (`layer-pairs`, "
-            "the authors' lab's code)",
-            argument="similarity",
-        ),
-        Key(
-            "fedcross-propeller-rounds",
-            0,
-            Integer(0),
-            "rounds with two propeller models",
-            argument="propeller_rounds",
-        ),
-        Key(
-            "fedcross-dynamic-alpha-rounds",
-            0,
-            Integer(0),
-            "rounds over which alpha rises",
-            argument="dynamic_alpha_rounds",
-        ),
-        Key(
-            "fedcross-alpha-start",
-            0.5,
-            ALPHA,
-            "starting alpha of the dynamic schedule (at most `fedcross-alpha`)",
-            argument="alpha_start",
-        ),
+        # What each key does is its argument's description in FedCross's docstring.
+        Key("fedcross-alpha", 0.99, ALPHA, argument="alpha"),
+        Key("fedcross-selection", "lowest_similarity", OneOf(SELECTIONS), argument="selection"),
+        Key("fedcross-similarity", "model", OneOf(SIMILARITY_MEASURES), argument="similarity"),
+        Key("fedcross-propeller-rounds", 0, Integer(0), argument="propeller_rounds"),
+        Key("fedcross-dynamic-alpha-rounds", 0, Integer(0), argument="dynamic_alpha_rounds"),
+        # At most fedcross-alpha: the constructor checks the pair.
+        Key("fedcross-alpha-start", 0.5, ALPHA, argument="alpha_start"),
     ),
     style={"color": "#009E73", "linestyle": "-"},
 )

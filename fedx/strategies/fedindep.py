@@ -2,7 +2,7 @@
 
 from fedx.method import Method
 from fedx.ops import Model, recombine
-from fedx.strategies.keys import POOL_MEAN_KEY
+from fedx.strategies.keys import NUM_MODELS_KEY, POOL_MEAN_KEY
 from fedx.strategies.multi_model import MultiModelStrategy, PoolRound
 
 
@@ -14,11 +14,10 @@ class FedIndep(MultiModelStrategy):
     the mean of the K trained models. It separates the effect of
     recombination from that of dispatching a different model to each node.
 
-    Parameters
-    ----------
-    **kwargs
-        As for :class:`~fedx.strategies.MultiModelStrategy` (``secure``
-        included: the clients may swap layers before the shuffle).
+    It has no arguments of its own: they are
+    :class:`~fedx.strategies.MultiModelStrategy`'s (``secure`` included: the
+    clients may swap layers before the shuffle), and its signature is that
+    class's.
 
     Examples
     --------
@@ -40,6 +39,6 @@ METHOD = Method(
     name="fedindep",
     strategy=FedIndep,
     description="FedIndep (Hu et al., KDD'24): K independent models, shuffled whole (FedMR-p1.0)",
-    keys=(POOL_MEAN_KEY,),
+    keys=(NUM_MODELS_KEY, POOL_MEAN_KEY),
     style={"color": "#CC79A7", "linestyle": "-"},
 )

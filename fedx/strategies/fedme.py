@@ -115,10 +115,15 @@ class FedMe(PerClientEvaluation, FedxStrategy[_ExchangeRound]):
     ``finetune_epochs`` epochs and tests it on its own test split. There is
     no global model: ``aggregate_train`` returns no arrays.
 
+    ``finetune_epochs`` and ``evaluate_every`` are
+    :class:`~fedx.strategies.personalized.PerClientEvaluation`'s, ``seed`` and
+    ``node_wait_timeout`` :class:`~fedx.strategies.FedxStrategy`'s.
+
     Parameters
     ----------
     architectures : Sequence[str]
-        Architecture names clients may have: assigned round-robin by client
+        The architectures clients may have (in the fedx app: ``model``
+        names; the VGGs need 32x32 images): assigned round-robin by client
         id (a name may repeat to give it more clients), or the candidates of
         the local choice.
     initial_model_fn : callable
@@ -128,25 +133,36 @@ class FedMe(PerClientEvaluation, FedxStrategy[_ExchangeRound]):
         probabilities on the server's unlabeled set, shape ``(U, M)``, the
         same U samples for every model. Called once per sampled client in
         rounds with more than one cluster.
-    cluster_rounds : Sequence[int] (default: ())
+    cluster_rounds : Sequence[int] (default: (10, 15, 18))
         Increasing rounds (>= 2) at which the cluster count, 1 at first,
-        grows by one (paper: 1 to 4).
+        grows by one; empty: one cluster always. The paper grows it from 1
+        to 4 at 50%, 75% and 90% of its rounds in every setting (rounds 250,
+        375 and 450 of CIFAR-10's 500); the default is that schedule for the
+        fedx app's default of 20 rounds. Set it with the number of rounds.
     model_tuning : bool (default: True)
-        False: clients always keep their personalized model (ablation).
+        Clients may adopt the exchanged model; False: they always keep their
+        personalized model (ablation).
     mutual_learning : bool (default: True)
-        False: clients train the two models on cross-entropy only (ablation).
+        KL terms in the clients' losses; False: they train the two models
+        on cross-entropy only (ablation).
     clustering : bool (default: True)
-        False: one cluster always, exchanged models are uniformly random
-        other models and no outputs are computed (ablation).
-    initial_architecture : str (default: "round-robin")
+        Cluster by outputs; False: one cluster always, exchanged models are
+        uniformly random other models and no outputs are computed
+        (ablation).
+    initial_architecture : str (default: "local-best")
         How a client new to the strategy gets its first architecture:
-        ``"round-robin"``, ``"local-best"`` (the client's choice, see above;
-        its ClientApp must answer the choice message, as fedx's does) or
-        ``"fixed:<name>"`` with ``<name>`` one of ``architectures`` (every
-        client starts with it).
+        ``"local-best"``, the paper's experiments (Sec. 5.1.3: each client
+        starts with "the best accurate model on Local Data Only"): the
+        client trains every candidate for ``choice_epochs`` epochs and
+        keeps the best on its validation split (a ClientApp that does not
+        answer that message gets its round-robin architecture, with one log
+        line); ``"round-robin"`` by client id; or ``"fixed:<name>"`` with
+        ``<name>`` one of ``architectures`` (every client starts with it,
+        the paper's Table 5).
     choice_epochs : int (default: 5)
-        ``"local-best"``: local epochs each candidate is trained before the
-        client compares them. The choice waits as long as a round.
+        ``"local-best"``: local epochs each candidate architecture is trained
+        before the client compares them (the paper does not say). The
+        choice waits as long as a round.
     fraction_train : float (default: 1.0)
         Fraction of registered, connected clients trained per round (the
         paper trains all).
@@ -155,14 +171,6 @@ class FedMe(PerClientEvaluation, FedxStrategy[_ExchangeRound]):
         a partner).
     min_available_nodes : int (default: 2)
         Nodes to wait for (at most ``node_wait_timeout`` seconds) each round.
-    evaluate_every : int (default: 1)
-        Personalized evaluation every this many rounds, and after the last.
-    finetune_epochs : int (default: 0)
-        Local epochs of fine-tuning before each personalized evaluation.
-    seed : int, optional
-        Seeds client sampling, architecture assignment, exchanges and KMeans.
-    node_wait_timeout : float (default: 60.0)
-        Seconds to wait for ``min_available_nodes``.
     weighted_by_key : str (default: "num-examples")
         The reply's metric that must be positive and weights the aggregated
         training metrics.
@@ -206,17 +214,17 @@ class FedMe(PerClientEvaluation, FedxStrategy[_ExchangeRound]):
         architectures: Sequence[str],
         initial_model_fn: InitialModelFn,
         predict_fn: PredictFn,
-        cluster_rounds: Sequence[int] = (),
+        cluster_rounds: Sequence[int] = (10, 15, 18),
         model_tuning: bool = True,
         mutual_learning: bool = True,
         clustering: bool = True,
-        initial_architecture: str = "round-robin",
+        initial_architecture: str = "local-best",
         choice_epochs: int = 5,
         fraction_train: float = 1.0,
         min_train_nodes: int = 2,
         min_available_nodes: int = 2,
         evaluate_every: int = 1,
-        finetune_epochs: int = 0,
+        finetune_epochs: int = 1,
         seed: int | None = None,
         node_wait_timeout: float = 60.0,
         weighted_by_key: str = "num-examples",
@@ -671,37 +679,25 @@ METHOD = Method(
     "exchanged within clusters",
     keys=(
         FINETUNE_EPOCHS_KEY,
+        # What each key does is its argument's description in FedMe's docstring.
         Key(
             "fedme-architectures",
             "cnn-1,cnn-2,cnn-3,cnn-4",
             Rule(str, lambda v: bool(comma_list(v)), "comma-separated `model` names"),
-            "the architectures clients may have (VGGs need 32x32 images); a name may repeat "
-            "to give it more round-robin clients",
             argument="architectures",
             parse=comma_list,
         ),
         Key(
             "fedme-initial-architecture",
-            # fedx's ClientApp answers the choice; the constructor's default,
-            # round-robin, suits ClientApps that do not.
             "local-best",
             Rule(
                 str,
                 _initial_architecture_form,
                 "local-best, round-robin or fixed:<name> (<name> one of `fedme-architectures`)",
             ),
-            "a client's first architecture: round-robin by client id, the best on its own "
-            "validation split after `fedme-choice-epochs` (the paper's experiments), or one for "
-            "all (the paper's Table 5)",
             argument="initial_architecture",
         ),
-        Key(
-            "fedme-choice-epochs",
-            5,
-            Integer(1),
-            "`local-best`: local epochs each candidate architecture is trained before the choice",
-            argument="choice_epochs",
-        ),
+        Key("fedme-choice-epochs", 5, Integer(1), argument="choice_epochs"),
         Key(
             "fedme-cluster-rounds",
             "10,15,18",
@@ -710,31 +706,12 @@ METHOD = Method(
                 _increasing_rounds,
                 "comma-separated increasing rounds >= 2 (empty: always one cluster)",
             ),
-            "the cluster count (1 at first) grows by one at each",
             argument="cluster_rounds",
             parse=_cluster_rounds,
         ),
-        Key(
-            "fedme-model-tuning",
-            True,
-            Flag(),
-            "clients may adopt the exchanged model (false: ablation)",
-            argument="model_tuning",
-        ),
-        Key(
-            "fedme-mutual-learning",
-            True,
-            Flag(),
-            "KL terms in the local losses (false: ablation)",
-            argument="mutual_learning",
-        ),
-        Key(
-            "fedme-clustering",
-            True,
-            Flag(),
-            "cluster by outputs (false: random partners, ablation)",
-            argument="clustering",
-        ),
+        Key("fedme-model-tuning", True, Flag(), argument="model_tuning"),
+        Key("fedme-mutual-learning", True, Flag(), argument="mutual_learning"),
+        Key("fedme-clustering", True, Flag(), argument="clustering"),
     ),
     takes=(
         "fraction-train",

@@ -4,12 +4,11 @@ Hu et al., "Is Aggregation the Only Choice? Federated Learning via Layer-wise
 Model Recombination", KDD 2024 (arXiv:2305.10730).
 """
 
-from typing import Any
-
 from fedx.checks import FRACTION, Flag, Integer, OneOf, Rule, check, renamed
 from fedx.method import Key, Method, Variant
 from fedx.ops import GROUPINGS, Model, recombine
-from fedx.strategies.keys import POOL_MEAN_KEY
+from fedx.strategies.base import MetricsAggregation
+from fedx.strategies.keys import NUM_MODELS_KEY, POOL_MEAN_KEY
 from fedx.strategies.multi_model import MultiModelStrategy, PoolRound
 from fedx.strategies.secure import KEYS as SECURE_KEYS
 from fedx.strategies.secure import SecureRecombination
@@ -27,27 +26,32 @@ class FedMR(MultiModelStrategy):
     means, as in the authors' code, unless ``pool_mean="weighted"`` (see
     :meth:`~fedx.strategies.MultiModelStrategy.round_mean`).
 
+    The arguments after ``secure_max_layers`` are
+    :class:`~fedx.strategies.MultiModelStrategy`'s but ``secure``, which
+    FedMR builds from its ``secure_*`` arguments.
+
     Parameters
     ----------
     first_stage_rounds : int (default: 0)
-        Rounds of FedAvg before recombination starts (the paper uses 100 for
-        ResNet-20 and VGG-16, 0 for the CNN).
+        Rounds of FedAvg before recombination starts (two-stage FedMR; the
+        paper uses 100 for ResNet-20 and VGG-16, 0 for the CNN).
     grouping : {"tensor", "module"} (default: "tensor")
         What one layer is: each state-dict tensor (the authors' code), or all
         tensors of one module together (weight, bias, BatchNorm statistics).
     segment_fraction : float, optional
         The FedMR-px ablation: with N layers, layer j belongs to segment
         ceil(j / (x N)) and a segment moves as one unit. ``1.0`` moves whole
-        models (see :class:`FedIndep`). ``None`` (default) recombines every
-        layer on its own.
+        models (see :class:`FedIndep`). ``None`` (default; run config: 0)
+        recombines every layer on its own.
     secure_recombination : bool (default: False)
         Appendix B: before uploading, the clients exchange random layers
         among themselves, end-to-end encrypted through the server
-        (:mod:`fedx.secure`), so the server only receives recombined models.
-        The ClientApp must support it (:mod:`fedx.secure.client`). The
-        server-side recombination still follows. Each exchange waits at most
-        the ``timeout`` given to :meth:`start`. (Any pool strategy can take
-        a :class:`~fedx.strategies.secure.SecureRecombination` as ``secure``.)
+        (:mod:`fedx.secure`, and the page Secure recombination), so the
+        server only receives recombined models. The ClientApp must support
+        it (:mod:`fedx.secure.client`). The server-side recombination still
+        follows. Each exchange waits at most the ``timeout`` given to
+        :meth:`start`. (Any pool strategy can take a
+        :class:`~fedx.strategies.secure.SecureRecombination` as ``secure``.)
     secure_repeats : int (default: 3)
         r_s, repetitions of the exchange per round (at least 1).
     secure_min_layers : int (default: 2)
@@ -57,12 +61,8 @@ class FedMR(MultiModelStrategy):
         model unchanged does not upload it; more repetitions and layers make
         that rarer (under 1% of uploads with the defaults and K >= 4).
     secure_max_layers : int (default: 4)
-        n_u, the most layers a client sends per repetition (at least n_l;
-        capped at the number of layers).
-    **kwargs
-        Sampling, record-key and seeding arguments of
-        :class:`~fedx.strategies.MultiModelStrategy` (those of Flower's FedAvg
-        plus ``num_models``, ``seed`` and ``node_wait_timeout``).
+        n_u, the most layers a client sends per repetition (at least n_l,
+        ``secure_min_layers``; capped at the model's number of layers).
 
     Examples
     --------
@@ -77,6 +77,7 @@ class FedMR(MultiModelStrategy):
     (100, 'tensor', 0.1)
     """
 
+    # pylint: disable=too-many-arguments,too-many-locals
     def __init__(
         self,
         *,
@@ -87,7 +88,21 @@ class FedMR(MultiModelStrategy):
         secure_repeats: int = 3,
         secure_min_layers: int = 2,
         secure_max_layers: int = 4,
-        **kwargs: Any,
+        fraction_train: float = 1.0,
+        fraction_evaluate: float = 1.0,
+        min_train_nodes: int = 2,
+        min_evaluate_nodes: int = 2,
+        min_available_nodes: int = 2,
+        weighted_by_key: str = "num-examples",
+        arrayrecord_key: str = "arrays",
+        configrecord_key: str = "config",
+        train_metrics_aggr_fn: MetricsAggregation | None = None,
+        evaluate_metrics_aggr_fn: MetricsAggregation | None = None,
+        seed: int | None = None,
+        node_wait_timeout: float = 60.0,
+        num_models: int | None = None,
+        pool_mean: str = "uniform",
+        unresponsive_cooldown: float = 60.0,
     ) -> None:
         self.first_stage_rounds = check("first_stage_rounds", first_stage_rounds, Integer(0))
         self.grouping = check("grouping", grouping, OneOf(GROUPINGS))
@@ -102,7 +117,24 @@ class FedMR(MultiModelStrategy):
                 secure = SecureRecombination(
                     secure_repeats, secure_min_layers, secure_max_layers, grouping
                 )
-        super().__init__(secure=secure, **kwargs)
+        super().__init__(
+            fraction_train=fraction_train,
+            fraction_evaluate=fraction_evaluate,
+            min_train_nodes=min_train_nodes,
+            min_evaluate_nodes=min_evaluate_nodes,
+            min_available_nodes=min_available_nodes,
+            weighted_by_key=weighted_by_key,
+            arrayrecord_key=arrayrecord_key,
+            configrecord_key=configrecord_key,
+            train_metrics_aggr_fn=train_metrics_aggr_fn,
+            evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn,
+            seed=seed,
+            node_wait_timeout=node_wait_timeout,
+            num_models=num_models,
+            pool_mean=pool_mean,
+            unresponsive_cooldown=unresponsive_cooldown,
+            secure=secure,
+        )
 
     def summary(self) -> None:
         """Log summary configuration of the strategy."""
@@ -144,22 +176,11 @@ METHOD = Method(
     strategy=FedMR,
     description="FedMR (Hu et al., KDD'24): layer-wise recombination of the K trained models",
     keys=(
+        NUM_MODELS_KEY,
         POOL_MEAN_KEY,
-        Key(
-            "first-stage-rounds",
-            0,
-            Integer(0),
-            "FedAvg rounds before recombination (two-stage FedMR)",
-            argument="first_stage_rounds",
-        ),
-        Key(
-            "grouping",
-            "tensor",
-            OneOf(GROUPINGS),
-            "what one layer is: a state-dict tensor, or a module's tensors together",
-            argument="grouping",
-        ),
-        # 0 switches segments off (every layer recombined on its own).
+        # What each key does is its argument's description in FedMR's docstring.
+        Key("first-stage-rounds", 0, Integer(0), argument="first_stage_rounds"),
+        Key("grouping", "tensor", OneOf(GROUPINGS), argument="grouping"),
         Key(
             "segment-fraction",
             0.0,
@@ -168,9 +189,8 @@ METHOD = Method(
                 lambda v: 0.0 <= v <= 1.0,
                 "0 (off: layer-wise recombination) or a number in (0, 1]",
             ),
-            "the FedMR-px ablation: layer j of N belongs to segment ceil(j / (x N)); 0 = off",
             argument="segment_fraction",
-            parse=lambda value: value or None,
+            parse=lambda value: value or None,  # 0 switches segments off
         ),
         *SECURE_KEYS,
     ),

@@ -9,8 +9,10 @@ from typing import Any
 from fedx.checks import NON_NEGATIVE, UNIT_INTERVAL, Integer, check
 from fedx.method import Key, Method
 from fedx.ops import Model, dynamic_beta, mutate
-from fedx.strategies.keys import POOL_MEAN_KEY
+from fedx.strategies.base import MetricsAggregation
+from fedx.strategies.keys import NUM_MODELS_KEY, POOL_MEAN_KEY
 from fedx.strategies.multi_model import MultiModelStrategy, PoolRound
+from fedx.strategies.secure import SecureRecombination
 
 
 class FedMut(MultiModelStrategy):
@@ -26,17 +28,22 @@ class FedMut(MultiModelStrategy):
     ``beta_t = max(beta0 (1 - t / beta_rounds), 0)`` (eq. 5). Round 1 sends
     the initial model to every node. The global model is ``w_glb``.
 
+    The arguments after ``beta_rounds`` are
+    :class:`~fedx.strategies.MultiModelStrategy`'s.
+
     Parameters
     ----------
     alpha : float (default: 4.0)
-        Mutation range, >= 0 (the paper uses 4.0 throughout).
+        Mutation range alpha, >= 0: the paper's 4.0 (all its experiments,
+        with the local learning rate 0.01). The mutation moves a model by
+        alpha times the last global update, which grows with the learning
+        rate: at the fedx app's default learning rate, 0.05, alpha = 4
+        diverges on the digits and about 1 does not.
     beta0 : float (default: 0.3)
-        Initial dynamic preference in [0, 1] (paper: 0.3 for CNN and VGG-16,
-        0.5 for ResNet).
+        Initial dynamic preference beta0 in [0, 1] (paper: 0.3 for the CNN
+        and VGG-16, 0.5 for ResNet).
     beta_rounds : int (default: 100)
         ``T_b``, the round at which beta_t reaches 0 (authors' code: 100).
-    **kwargs
-        As for :class:`~fedx.strategies.MultiModelStrategy`.
 
     Examples
     --------
@@ -50,10 +57,48 @@ class FedMut(MultiModelStrategy):
     (4.0, 0.5, 100)
     """
 
+    # pylint: disable=too-many-arguments,too-many-locals
     def __init__(
-        self, *, alpha: float = 4.0, beta0: float = 0.3, beta_rounds: int = 100, **kwargs: Any
+        self,
+        *,
+        alpha: float = 4.0,
+        beta0: float = 0.3,
+        beta_rounds: int = 100,
+        fraction_train: float = 1.0,
+        fraction_evaluate: float = 1.0,
+        min_train_nodes: int = 2,
+        min_evaluate_nodes: int = 2,
+        min_available_nodes: int = 2,
+        weighted_by_key: str = "num-examples",
+        arrayrecord_key: str = "arrays",
+        configrecord_key: str = "config",
+        train_metrics_aggr_fn: MetricsAggregation | None = None,
+        evaluate_metrics_aggr_fn: MetricsAggregation | None = None,
+        seed: int | None = None,
+        node_wait_timeout: float = 60.0,
+        num_models: int | None = None,
+        pool_mean: str = "uniform",
+        unresponsive_cooldown: float = 60.0,
+        secure: SecureRecombination | None = None,
     ) -> None:
-        super().__init__(**kwargs)
+        super().__init__(
+            fraction_train=fraction_train,
+            fraction_evaluate=fraction_evaluate,
+            min_train_nodes=min_train_nodes,
+            min_evaluate_nodes=min_evaluate_nodes,
+            min_available_nodes=min_available_nodes,
+            weighted_by_key=weighted_by_key,
+            arrayrecord_key=arrayrecord_key,
+            configrecord_key=configrecord_key,
+            train_metrics_aggr_fn=train_metrics_aggr_fn,
+            evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn,
+            seed=seed,
+            node_wait_timeout=node_wait_timeout,
+            num_models=num_models,
+            pool_mean=pool_mean,
+            unresponsive_cooldown=unresponsive_cooldown,
+            secure=secure,
+        )
         self.alpha = check("alpha", alpha, NON_NEGATIVE)
         self.beta0 = check("beta0", beta0, UNIT_INTERVAL)
         self.beta_rounds = check("beta_rounds", beta_rounds, Integer(1))
@@ -105,24 +150,12 @@ METHOD = Method(
     strategy=FedMut,
     description="FedMut (Hu et al., AAAI'24): K mutations of the global model along its last update",
     keys=(
+        NUM_MODELS_KEY,
         POOL_MEAN_KEY,
-        Key(
-            "fedmut-alpha",
-            1.0,
-            NON_NEGATIVE,
-            "mutation range alpha (paper: 4.0, with lr 0.01; it must suit the learning rate: [FedMut](methods.md#fedmut-model-mutation))",
-            argument="alpha",
-        ),
-        Key(
-            "fedmut-beta0", 0.3, UNIT_INTERVAL, "initial dynamic preference beta0", argument="beta0"
-        ),
-        Key(
-            "fedmut-beta-rounds",
-            100,
-            Integer(1),
-            "T_b: rounds until beta_t = 0",
-            argument="beta_rounds",
-        ),
+        # What each key does is its argument's description in FedMut's docstring.
+        Key("fedmut-alpha", 4.0, NON_NEGATIVE, argument="alpha"),
+        Key("fedmut-beta0", 0.3, UNIT_INTERVAL, argument="beta0"),
+        Key("fedmut-beta-rounds", 100, Integer(1), argument="beta_rounds"),
     ),
     style={"color": "#D55E00", "linestyle": "-"},
 )

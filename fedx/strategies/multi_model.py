@@ -18,6 +18,7 @@ from fedx.ops import Model, average
 from fedx.secure.relay import RelayStats
 from fedx.strategies.base import (
     FedxStrategy,
+    MetricsAggregation,
     RoundInFlight,
     read_reply,
     to_arrayrecord,
@@ -76,17 +77,19 @@ class MultiModelStrategy(FedxStrategy[RoundInFlight[int]], FedAvg):
 
     Federated evaluation works as in FedAvg, on the global model.
 
+    Its arguments are Flower's FedAvg's (sampling, record keys, metric
+    aggregation), :class:`~fedx.strategies.FedxStrategy`'s (``seed``,
+    ``node_wait_timeout``) and the pool's own below; a method that derives
+    from it adds its own in front of them.
+
     Parameters
     ----------
     fraction_train : float (default: 1.0)
-        Fraction of connected nodes sampled for training. With ``min_train_nodes``
-        it fixes K, the pool size, in the first round.
-    fraction_evaluate : float (default: 1.0)
-        Fraction of connected nodes sampled for federated evaluation.
+        Fraction of connected nodes sampled for training. With
+        ``min_train_nodes`` it fixes K, the pool size, in the first round,
+        unless ``num_models`` sets K.
     min_train_nodes : int (default: 2)
         Minimum number of nodes sampled for training.
-    min_evaluate_nodes : int (default: 2)
-        Minimum number of nodes sampled for federated evaluation.
     min_available_nodes : int (default: 2)
         Number of connected nodes to wait for (at most ``node_wait_timeout``
         seconds) before sampling.
@@ -94,30 +97,20 @@ class MultiModelStrategy(FedxStrategy[RoundInFlight[int]], FedAvg):
         Key of the reply's MetricRecord that every reply must carry (a
         positive number); it weights averages when ``pool_mean`` is
         ``"weighted"``.
-    arrayrecord_key : str (default: "arrays")
-        Key of the ArrayRecord in the messages.
-    configrecord_key : str (default: "config")
-        Key of the ConfigRecord in the messages.
-    train_metrics_aggr_fn : callable, optional
-        Aggregates the MetricRecords of the accepted training replies, as in
-        FedAvg.
-    evaluate_metrics_aggr_fn : callable, optional
-        Aggregates the MetricRecords of federated evaluation, as in FedAvg.
     num_models : int, optional
-        Pool size K. ``None`` takes the number of nodes sampled in round 1.
+        K, the number of models in the pool. ``None`` (default; run config:
+        0) takes the number of nodes sampled in round 1: ``fraction_train``
+        of the connected nodes, at least ``min_train_nodes``. Each round
+        samples at most K nodes; with fewer, a random subset of the K models
+        trains that round.
     pool_mean : {"uniform", "weighted"} (default: "uniform")
-        How the method averages the round's models (the global model, and
-        any mean the method takes, see :meth:`round_mean`): the plain mean of
-        the K models, as the authors' code computes it, or the trained ones
-        weighted by ``weighted_by_key``. With skewed partitions the weighted mean follows
-        a few large clients (docs/results.md: a mutation around it diverges
-        where one around the plain mean does not).
-    seed : int, optional
-        Seed of node sampling and of the method's randomness. ``None`` draws
-        fresh entropy; the run is then not reproducible.
-    node_wait_timeout : float (default: 60.0)
-        Seconds to wait for ``min_available_nodes`` before sampling among the
-        nodes that are connected. The round never waits forever.
+        How the method averages a round's models (the global model, and any
+        mean the method takes: a first stage, the centre of mutations, see
+        :meth:`round_mean`): the plain mean of the K models, as the authors'
+        code computes it, or the trained ones weighted by
+        ``weighted_by_key`` (not with secure recombination). With skewed
+        partitions the weighted mean follows a few large clients (a mutation
+        around it diverges where one around the plain mean does not).
     unresponsive_cooldown : float (default: 60.0)
         Seconds a node that sent no reply in a round (or for which the
         SuperLink answered that it is unavailable) is left out of sampling
@@ -136,21 +129,41 @@ class MultiModelStrategy(FedxStrategy[RoundInFlight[int]], FedAvg):
 
     random_streams = ("sampling", "method", "evaluation")
 
+    # pylint: disable=too-many-arguments,too-many-locals
     def __init__(
         self,
         *,
-        num_models: int | None = None,
-        pool_mean: str = "uniform",
+        fraction_train: float = 1.0,
+        fraction_evaluate: float = 1.0,
+        min_train_nodes: int = 2,
+        min_evaluate_nodes: int = 2,
+        min_available_nodes: int = 2,
+        weighted_by_key: str = "num-examples",
+        arrayrecord_key: str = "arrays",
+        configrecord_key: str = "config",
+        train_metrics_aggr_fn: MetricsAggregation | None = None,
+        evaluate_metrics_aggr_fn: MetricsAggregation | None = None,
         seed: int | None = None,
         node_wait_timeout: float = 60.0,
+        num_models: int | None = None,
+        pool_mean: str = "uniform",
         unresponsive_cooldown: float = 60.0,
         secure: SecureRecombination | None = None,
-        **kwargs: Any,
     ) -> None:
-        # The rest are Flower's FedAvg arguments, with FedAvg's defaults.
-        if "fraction_train" in kwargs:
-            check("fraction_train", kwargs["fraction_train"], FRACTION)
-        super().__init__(seed=seed, node_wait_timeout=node_wait_timeout, **kwargs)
+        super().__init__(
+            seed=seed,
+            node_wait_timeout=node_wait_timeout,
+            fraction_train=check("fraction_train", fraction_train, FRACTION),
+            fraction_evaluate=fraction_evaluate,
+            min_train_nodes=min_train_nodes,
+            min_evaluate_nodes=min_evaluate_nodes,
+            min_available_nodes=min_available_nodes,
+            weighted_by_key=weighted_by_key,
+            arrayrecord_key=arrayrecord_key,
+            configrecord_key=configrecord_key,
+            train_metrics_aggr_fn=train_metrics_aggr_fn,
+            evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn,
+        )
         self.num_models = (
             None if num_models is None else check("num_models", num_models, Integer(1))
         )

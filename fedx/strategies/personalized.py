@@ -146,6 +146,19 @@ class PerClientEvaluation:
     A strategy that mixes this in sets :attr:`evaluating` in its
     ``configure_evaluate`` (the nodes asked, and what each stands for) and
     says, if it knows, which client a node is (:meth:`evaluated_client`).
+    Their constructors take the two arguments below, which this class
+    documents for all of them.
+
+    Parameters
+    ----------
+    finetune_epochs : int (default: 1)
+        Local epochs each client fine-tunes the model it is evaluated with,
+        on its own training split, before testing it on its own test split;
+        0 tests the model as it is. Matsuda et al. (SDM 2022) fine-tune
+        the methods they compare before testing (Sec. 5.1.3, Table 7)
+        without giving the epochs: one is our choice.
+    evaluate_every : int (default: 1)
+        Personalized evaluation every this many rounds, and after the last.
     """
 
     #: Every client's result, by round (the ServerApp writes them into metrics.json).

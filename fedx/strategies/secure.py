@@ -83,36 +83,11 @@ class SecureRecombination:
         metrics["secure-aborted"] = stats.aborted
 
 
-#: The run-config keys of secure recombination, fed to FedMR's ``secure_*`` arguments.
+#: The run-config keys of secure recombination, fed to FedMR's ``secure_*`` arguments
+#: (what each does: their description in FedMR's docstring).
 KEYS = (
-    Key(
-        "secure-recombination",
-        False,
-        Flag(),
-        "clients swap layers, encrypted, before upload ([secure recombination](secure-recombination.md))",
-        argument="secure_recombination",
-        exclusive=True,
-    ),
-    Key(
-        "secure-repeats",
-        3,
-        AT_LEAST_ONE,
-        "r_s, repetitions of the exchange per round",
-        argument="secure_repeats",
-    ),
-    Key(
-        "secure-min-layers",
-        2,
-        AT_LEAST_ONE,
-        "n_l, fewest layers a client sends per repetition",
-        argument="secure_min_layers",
-    ),
-    Key(
-        "secure-max-layers",
-        4,
-        Integer(1),
-        "n_u, most layers a client sends per repetition (at least `secure-min-layers`; capped "
-        "at the model's number of layers)",
-        argument="secure_max_layers",
-    ),
+    Key("secure-recombination", False, Flag(), argument="secure_recombination", exclusive=True),
+    Key("secure-repeats", 3, AT_LEAST_ONE, argument="secure_repeats"),
+    Key("secure-min-layers", 2, AT_LEAST_ONE, argument="secure_min_layers"),
+    Key("secure-max-layers", 4, Integer(1), argument="secure_max_layers"),
 )
