@@ -64,8 +64,9 @@ And one use of Flower's internals that changes nothing:
 - :mod:`~fedx.flower.wire`: Flower's serialization of a ``RecordDict``, for
   the in-process loopback grid (:mod:`fedx.secure.loopback`).
 
-Importing this package, or any module of it, imports no module of Flower's:
-a change imports the Flower code it changes when it is checked and made.
+Importing this package, or any module of it, imports none of Flower's
+internals (``tests/test_flower_changes.py`` checks it): a change imports the
+Flower code it changes when it is checked and made.
 """
 
 import math
