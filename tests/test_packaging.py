@@ -92,7 +92,7 @@ def test_the_sdist_and_the_wheel_are_fedx_flowers_and_pass_twines_check(built):
     with tarfile.open(sdist) as archive:
         members = {m.name.split("/", 1)[1] for m in archive.getmembers() if "/" in m.name}
     assert {"pyproject.toml", "README.md", "LICENSE", "fedx/__init__.py"} <= members
-    assert not any(m.startswith((".venv/", "outputs/", "data/")) for m in members)
+    assert not any(m.startswith((".venv/", ".hypothesis/", "outputs/", "data/")) for m in members)
 
 
 def test_the_wheel_installs_light_and_with_the_app_extra_and_runs_the_app(
