@@ -83,7 +83,7 @@ def test_the_sdist_and_the_wheel_are_fedx_flowers_and_pass_twines_check(built):
     newest = CHECKED_FLWR[-1].rsplit(".", 1)[0]  # 1.42: the range ends below the next minor
     next_minor = f"1.{int(newest.split('.')[1]) + 1}"
     assert f"flwr<{next_minor},>=1.36" in requirements
-    assert f'flwr[simulation]<{next_minor},>=1.41; extra == "app"' in requirements
+    assert f"flwr[simulation]<{next_minor},>=1.41; extra == 'app'" in requirements
     # The import package, and nothing of the checkout besides.
     assert {"fedx/__init__.py", "fedx/flower/_installer.py", "fedx/strategies/__init__.py"} <= set(
         names
