@@ -29,7 +29,7 @@ from packaging.requirements import Requirement
 import fedx.extras
 from fedx.deploy.local import FederationSpec, LocalFederation, free_port
 from fedx.flower import CHECKED_FLWR
-from tests.helpers import REPO, flwr_run
+from tests.helpers import REPO, flwr_run, modules_imported_by
 
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
 #: What a Flower project imports of fedx without the app extra, and the console scripts' entry.
@@ -120,15 +120,7 @@ def test_what_a_flower_project_imports_of_fedx_changes_nothing_of_flowers():
     modules, _ = light_closure()
     assert "fedx.messaging" in modules
     assert not [m for m in modules if m.startswith("fedx.flower")], sorted(modules)
-    code = (
-        "import sys; import flwr.app, flwr.serverapp; before = set(sys.modules); "
-        + "; ".join(f"import {m}" for m in LIGHT_MODULES)
-        + "; print(sorted(m for m in set(sys.modules) - before if m.startswith('fedx.flower')))"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
-    )
-    assert done.stdout.strip() == "[]", done.stdout
+    assert modules_imported_by(LIGHT_MODULES, "fedx.flower") == []
 
 
 def test_the_app_extra_holds_what_the_light_install_leaves_out():

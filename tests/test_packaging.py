@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from fedx.deploy.local import FederationSpec, LocalFederation, free_port
 from fedx.extras import DISTRIBUTION
 from fedx.flower import CHECKED_FLWR
 from tests.helpers import REPO, flwr_run, skip_unless_importable
+from tests.simulation import simulation_superlink
 
 # A package index: build's isolated environment (hatchling) and pip's installs.
 pytestmark = pytest.mark.system
@@ -124,14 +124,9 @@ def test_the_wheel_installs_light_and_with_the_app_extra_and_runs_the_app(
     app = tmp_path / "app"  # the app's configuration alone: its code is the installed wheel's
     app.mkdir()
     shutil.copy2(REPO / "pyproject.toml", app / "pyproject.toml")
-    spec = FederationSpec(
-        0, tmp_path / "federation", port=free_port(), insecure=True, simulation=True,
-        bin_dir=bin_dir,
-    )  # fmt: skip
-    with LocalFederation(spec) as federation:
-        federation.start_superlink(timeout=180)
+    with simulation_superlink(tmp_path / "federation", bin_dir=bin_dir, timeout=180) as env:
         output = flwr_run(
-            spec.environment(),
+            env,
             app,
             f'num-server-rounds=1 output-dir="{tmp_path / "outputs"}"',
             "--federation-config",

@@ -13,7 +13,8 @@ Each module says what it changes, why (the cost it removes, as measured),
 the Flower releases it was checked against (:data:`CHECKED_FLWR`) and what
 fedx does under another Flower; its ``FLOWER_CODE`` names the Flower code it
 relies on, with the fingerprint of that code's source in each checked
-release, and its ``apply`` makes the change. A process makes its changes with
+release (one table for all: :mod:`fedx.flower._fingerprints`), and its
+``apply`` makes the change. A process makes its changes with
 one call of :func:`install`, which checks every fingerprint against the code
 the process runs first, then makes all of the changes in one order
 (:data:`ORDER`), or, where any differs (another Flower, a patch release,

@@ -31,6 +31,8 @@ Under another Flower
 
 from typing import Any
 
+from fedx.flower._fingerprints import flower_code
+
 #: Flower's ClientApp errors, which this module hands fedx's actor (imported when asked for).
 FLOWER_ERRORS = ("ClientAppException", "LoadClientAppError")
 
@@ -44,18 +46,11 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-#: The Flower code this change relies on, with the fingerprint of its source
-#: (SHA-256, first 16 hex digits) as checked: tests/test_flower_changes.py.
-FLOWER_CODE = {
-    "flwr.simulation.ray_transport.ray_actor:VirtualClientEngineActor": {
-        "1.41.0": "a64283908b1ec170",
-        "1.42.0": "a64283908b1ec170",
-    },
-    "flwr.server.superlink.fleet.vce.vce_api:worker": {
-        "1.41.0": "60f308688ba34fb5",
-        "1.42.0": "60f308688ba34fb5",
-    },
-}
+#: The Flower code this change relies on (its fingerprints: fedx.flower._fingerprints).
+FLOWER_CODE = flower_code(
+    "flwr.simulation.ray_transport.ray_actor:VirtualClientEngineActor",
+    "flwr.server.superlink.fleet.vce.vce_api:worker",
+)
 #: What to re-check in that code when it changes.
 RECHECK = (
     "that fedx.simulation.actor.ClientAppActor still takes Flower's actor arguments, "

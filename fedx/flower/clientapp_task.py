@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fedx.flower import replace
+from fedx.flower._fingerprints import flower_code
 
 if TYPE_CHECKING:
     from flwr.supercore.superexec.executor import ExecutionSpec
@@ -58,26 +59,13 @@ TASK_MODULES = (__name__, "flwr.supernode.runtime.run_clientapp", "httpcore")
 #: Flower's ClientApp task, whose ``install_from_fab`` this replaces.
 RUN_CLIENTAPP = "flwr.supernode.runtime.run_clientapp"
 
-#: The Flower code this change relies on, with the fingerprint of its source
-#: (SHA-256, first 16 hex digits) as checked: tests/test_flower_changes.py.
-FLOWER_CODE = {
-    "flwr.supernode.runtime.run_clientapp:run_clientapp": {
-        "1.41.0": "6ce09559f3a2f5dc",
-        "1.42.0": "6ce09559f3a2f5dc",
-    },
-    "flwr.supernode.cli.flwr_clientapp:flwr_clientapp": {
-        "1.41.0": "9e02b412fb895b05",
-        "1.42.0": "9e02b412fb895b05",
-    },
-    "flwr.cli.install:install_from_fab": {
-        "1.41.0": "481bd04cde582322",
-        "1.42.0": "481bd04cde582322",
-    },
-    "flwr.cli.install:validate_and_install": {
-        "1.41.0": "628b69fb852ae858",
-        "1.42.0": "628b69fb852ae858",
-    },
-}
+#: The Flower code this change relies on (its fingerprints: fedx.flower._fingerprints).
+FLOWER_CODE = flower_code(
+    "flwr.supernode.runtime.run_clientapp:run_clientapp",
+    "flwr.supernode.cli.flwr_clientapp:flwr_clientapp",
+    "flwr.cli.install:install_from_fab",
+    "flwr.cli.install:validate_and_install",
+)
 #: What to re-check in that code when it changes.
 RECHECK = (
     "that run_clientapp still installs the task's FAB through the module global "

@@ -31,18 +31,15 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fedx.flower import replace
+from fedx.flower._fingerprints import flower_code
 
 #: Flower's simulation engine.
 VCE_API = "flwr.server.superlink.fleet.vce.vce_api"
 
-#: The Flower code this change relies on, with the fingerprint of its source
-#: (SHA-256, first 16 hex digits) as checked: tests/test_flower_changes.py.
-FLOWER_CODE = {
-    "flwr.server.superlink.fleet.vce.vce_api:run_api": {
-        "1.41.0": "f85c0cd6e902752f",
-        "1.42.0": "f85c0cd6e902752f",
-    },
-}
+#: The Flower code this change relies on (its fingerprints: fedx.flower._fingerprints).
+FLOWER_CODE = flower_code(
+    "flwr.server.superlink.fleet.vce.vce_api:run_api",
+)
 #: What to re-check in that code when it changes.
 RECHECK = (
     "that run_api still runs backend.num_workers endless worker loops in the module "

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fedx.flower import flowers_own, replace
+from fedx.flower._fingerprints import flower_code
 
 #: Flower's simulation engine.
 VCE_API = "flwr.server.superlink.fleet.vce.vce_api"
@@ -46,18 +47,11 @@ def flower_add_messages_to_queue(*args: Any, **kwargs: Any) -> None:
     flowers_own(importlib.import_module(VCE_API), "add_messages_to_queue")(*args, **kwargs)
 
 
-#: The Flower code this change relies on, with the fingerprint of its source
-#: (SHA-256, first 16 hex digits) as checked: tests/test_flower_changes.py.
-FLOWER_CODE = {
-    "flwr.server.superlink.fleet.vce.vce_api:add_messages_to_queue": {
-        "1.41.0": "953f4bd41a931a77",
-        "1.42.0": "953f4bd41a931a77",
-    },
-    "flwr.server.superlink.fleet.vce.vce_api:run_api": {
-        "1.41.0": "f85c0cd6e902752f",
-        "1.42.0": "f85c0cd6e902752f",
-    },
-}
+#: The Flower code this change relies on (its fingerprints: fedx.flower._fingerprints).
+FLOWER_CODE = flower_code(
+    "flwr.server.superlink.fleet.vce.vce_api:add_messages_to_queue",
+    "flwr.server.superlink.fleet.vce.vce_api:run_api",
+)
 #: What to re-check in that code when it changes.
 RECHECK = (
     "that run_api still starts the module global add_messages_to_queue(state, queue, "

@@ -67,6 +67,8 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
+from fedx.flower._fingerprints import flower_code
+
 #: Flower's module of object pulls and pushes.
 INFLATABLE_UTILS = "flwr.supercore.inflatable.inflatable_utils"
 #: Flower's functions that pull objects (of :data:`INFLATABLE_UTILS`), each with the keywords
@@ -82,18 +84,11 @@ LONGEST_WAIT = 0.25
 #: object's sender is pushing it that moment, and most arrive within tens of milliseconds.
 FIRST_WAIT = 0.02
 
-#: The Flower code this change relies on, with the fingerprint of its source
-#: (SHA-256, first 16 hex digits) as checked: tests/test_flower_changes.py.
-FLOWER_CODE = {
-    "flwr.supercore.inflatable.inflatable_utils:pull_objects": {
-        "1.41.0": "31bb2de46b450e6a",
-        "1.42.0": "31bb2de46b450e6a",
-    },
-    "flwr.supercore.inflatable.inflatable_utils:pull_and_inflate_object_from_tree": {
-        "1.41.0": "139811483a15e4a6",
-        "1.42.0": "139811483a15e4a6",
-    },
-}
+#: The Flower code this change relies on (its fingerprints: fedx.flower._fingerprints).
+FLOWER_CODE = flower_code(
+    "flwr.supercore.inflatable.inflatable_utils:pull_objects",
+    "flwr.supercore.inflatable.inflatable_utils:pull_and_inflate_object_from_tree",
+)
 #: What to re-check in that code when it changes.
 RECHECK = (
     "that both functions still take initial_backoff, backoff_cap and max_tries_per_object as "

@@ -43,6 +43,7 @@ import os
 from typing import Any
 
 from fedx.flower import flowers_own, replace
+from fedx.flower._fingerprints import flower_code
 
 #: Flower's module of object pulls and pushes.
 INFLATABLE_UTILS = "flwr.supercore.inflatable.inflatable_utils"
@@ -59,30 +60,14 @@ KEYWORDS = {
 #: The most objects in flight fedx sets (each is a thread while it waits).
 MOST = 256
 
-#: The Flower code this change relies on, with the fingerprint of its source
-#: (SHA-256, first 16 hex digits) as checked: tests/test_flower_changes.py.
-FLOWER_CODE = {
-    "flwr.supercore.inflatable.inflatable_utils:get_num_workers": {
-        "1.41.0": "d738f7dba5bff74b",
-        "1.42.0": "d738f7dba5bff74b",
-    },
-    "flwr.supercore.inflatable.inflatable_utils:pull_objects": {
-        "1.41.0": "31bb2de46b450e6a",
-        "1.42.0": "31bb2de46b450e6a",
-    },
-    "flwr.supercore.inflatable.inflatable_utils:pull_and_inflate_object_from_tree": {
-        "1.41.0": "139811483a15e4a6",
-        "1.42.0": "139811483a15e4a6",
-    },
-    "flwr.supercore.inflatable.inflatable_utils:push_objects": {
-        "1.41.0": "5893dafc584a46c8",
-        "1.42.0": "5893dafc584a46c8",
-    },
-    "flwr.supercore.inflatable.inflatable_utils:push_object_contents_from_iterable": {
-        "1.41.0": "89d2efe1cf720c91",
-        "1.42.0": "89d2efe1cf720c91",
-    },
-}
+#: The Flower code this change relies on (its fingerprints: fedx.flower._fingerprints).
+FLOWER_CODE = flower_code(
+    "flwr.supercore.inflatable.inflatable_utils:get_num_workers",
+    "flwr.supercore.inflatable.inflatable_utils:pull_objects",
+    "flwr.supercore.inflatable.inflatable_utils:pull_and_inflate_object_from_tree",
+    "flwr.supercore.inflatable.inflatable_utils:push_objects",
+    "flwr.supercore.inflatable.inflatable_utils:push_object_contents_from_iterable",
+)
 #: What to re-check in that code when it changes.
 RECHECK = (
     "that the pulls and pushes still run get_num_workers(max_concurrent_...) threads, each "

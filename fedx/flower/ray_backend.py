@@ -45,30 +45,18 @@ Under another Flower
 from typing import Any
 
 from fedx.flower import flowers_own, replace
+from fedx.flower._fingerprints import flower_code
 
 #: Where Flower's engine finds its backend class.
 MODULE = "flwr.server.superlink.fleet.vce.backend.raybackend"
 
-#: The Flower code this change relies on, with the fingerprint of its source
-#: (SHA-256, first 16 hex digits) as checked: tests/test_flower_changes.py.
-FLOWER_CODE = {
-    "flwr.server.superlink.fleet.vce.backend.raybackend:RayBackend": {
-        "1.41.0": "2ad67054433feddf",
-        "1.42.0": "2ad67054433feddf",
-    },
-    "flwr.server.superlink.fleet.vce.backend.backend:Backend": {
-        "1.41.0": "b12e9f514dd36767",
-        "1.42.0": "b12e9f514dd36767",
-    },
-    "flwr.server.superlink.fleet.vce.vce_api:start_vce": {
-        "1.41.0": "2d5e267f893950a7",
-        "1.42.0": "2d5e267f893950a7",
-    },
-    "flwr.simulation.ray_transport.ray_actor:pool_size_from_resources": {
-        "1.41.0": "dec698571d396dc8",
-        "1.42.0": "dec698571d396dc8",
-    },
-}
+#: The Flower code this change relies on (its fingerprints: fedx.flower._fingerprints).
+FLOWER_CODE = flower_code(
+    "flwr.server.superlink.fleet.vce.backend.raybackend:RayBackend",
+    "flwr.server.superlink.fleet.vce.backend.backend:Backend",
+    "flwr.server.superlink.fleet.vce.vce_api:start_vce",
+    "flwr.simulation.ray_transport.ray_actor:pool_size_from_resources",
+)
 #: What to re-check in that code when it changes.
 RECHECK = (
     "that start_vce still imports RayBackend from its module when it builds the backend, "

@@ -103,6 +103,7 @@ from logging import INFO, WARNING
 from typing import Any
 
 from fedx.flower import replace
+from fedx.flower._fingerprints import flower_code
 
 #: The SuperNode's loop (the module whose globals :func:`install` changes).
 LOOP = "flwr.supernode.start_client_internal"
@@ -115,42 +116,17 @@ REPLY_WAIT = 0.5
 #: ``FEDX_STOPPED_RUNS=flower``: Flower's behaviour (for comparisons).
 VARIABLE = "FEDX_STOPPED_RUNS"
 
-#: The Flower code this change relies on, with the fingerprint of its source
-#: (SHA-256, first 16 hex digits) as checked: tests/test_flower_changes.py.
-FLOWER_CODE = {
-    "flwr.supernode.start_client_internal:start_client_internal": {
-        "1.41.0": "9e89a6eb68fbec68",
-        "1.42.0": "9e89a6eb68fbec68",
-    },
-    "flwr.supernode.start_client_internal:_pull_and_store_message": {
-        "1.41.0": "eaf5d0e36dc34e4c",
-        "1.42.0": "eaf5d0e36dc34e4c",
-    },
-    "flwr.supernode.start_client_internal:_push_messages": {
-        "1.41.0": "00bb86faffdec114",
-        "1.42.0": "00bb86faffdec114",
-    },
-    "flwr.supernode.nodestate.in_memory_nodestate:InMemoryNodeState._store_error_replies": {
-        "1.41.0": "3af03090bfae3ea7",
-        "1.42.0": "3af03090bfae3ea7",
-    },
-    "flwr.supernode.servicer.runtime.runtime_handlers:pull_messages": {
-        "1.41.0": "49089949d9fd1246",
-        "1.42.0": "49089949d9fd1246",
-    },
-    "flwr.supercore.corestate.in_memory_corestate:InMemoryCoreState.finish_task": {
-        "1.41.0": "74802c12902fb68b",
-        "1.42.0": "74802c12902fb68b",
-    },
-    "flwr.supercore.retry.http_retry:make_simple_http_retry_invoker": {
-        "1.41.0": "49e12326a4b17e26",
-        "1.42.0": "49e12326a4b17e26",
-    },
-    "flwr.superlink.servicer.fleet.fleet_handlers:get_run": {
-        "1.41.0": "004ad390c8b38c0e",
-        "1.42.0": "004ad390c8b38c0e",
-    },
-}
+#: The Flower code this change relies on (its fingerprints: fedx.flower._fingerprints).
+FLOWER_CODE = flower_code(
+    "flwr.supernode.start_client_internal:start_client_internal",
+    "flwr.supernode.start_client_internal:_pull_and_store_message",
+    "flwr.supernode.start_client_internal:_push_messages",
+    "flwr.supernode.nodestate.in_memory_nodestate:InMemoryNodeState._store_error_replies",
+    "flwr.supernode.servicer.runtime.runtime_handlers:pull_messages",
+    "flwr.supercore.corestate.in_memory_corestate:InMemoryCoreState.finish_task",
+    "flwr.supercore.retry.http_retry:make_simple_http_retry_invoker",
+    "flwr.superlink.servicer.fleet.fleet_handlers:get_run",
+)
 #: What to re-check in that code when it changes.
 RECHECK = (
     "that start_client_internal still calls _pull_and_store_message(state=, object_store=, "

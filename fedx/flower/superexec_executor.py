@@ -64,6 +64,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from fedx.flower import SUPEREXEC_TASK_POLL, IdleBackoff, replace
+from fedx.flower._fingerprints import flower_code
 
 __all__ = [
     "TaskPollWaits",
@@ -90,30 +91,14 @@ FLOWER_TYPES = {
     "TaskType": "flwr.supercore.constant",
 }
 
-#: The Flower code this change relies on, with the fingerprint of its source
-#: (SHA-256, first 16 hex digits) as checked: tests/test_flower_changes.py.
-FLOWER_CODE = {
-    "flwr.supercore.superexec.run_superexec:run_superexec": {
-        "1.41.0": "d11f4e7fbc8f0b12",
-        "1.42.0": "91e7a33c5b898f33",
-    },
-    "flwr.supercore.superexec.run_superexec:_get_task_poll_interval": {
-        "1.41.0": "032c4beb47964e73",
-        "1.42.0": "032c4beb47964e73",
-    },
-    "flwr.supercore.superexec.executor.factory:get_executor": {
-        "1.41.0": "891abfc53747803d",
-        "1.42.0": "891abfc53747803d",
-    },
-    "flwr.supercore.superexec.executor.types:Executor": {
-        "1.41.0": "c6d3173df690f03e",
-        "1.42.0": "c6d3173df690f03e",
-    },
-    "flwr.supercore.superexec.executor.types:ExecutionSpec": {
-        "1.41.0": "a52aad6399c9a5ec",
-        "1.42.0": "a52aad6399c9a5ec",
-    },
-}
+#: The Flower code this change relies on (its fingerprints: fedx.flower._fingerprints).
+FLOWER_CODE = flower_code(
+    "flwr.supercore.superexec.run_superexec:run_superexec",
+    "flwr.supercore.superexec.run_superexec:_get_task_poll_interval",
+    "flwr.supercore.superexec.executor.factory:get_executor",
+    "flwr.supercore.superexec.executor.types:Executor",
+    "flwr.supercore.superexec.executor.types:ExecutionSpec",
+)
 #: What to re-check in that code when it changes.
 RECHECK = (
     "that run_superexec still builds its executor once, at its start, through the module "

@@ -55,49 +55,22 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from fedx.flower import replace
+from fedx.flower._fingerprints import flower_code
 
-#: The Flower code this change relies on, with the fingerprint of its source
-#: (SHA-256, first 16 hex digits) as checked: tests/test_flower_changes.py.
+#: The Flower code this change relies on (its fingerprints: fedx.flower._fingerprints).
 #: Each scoped middleware's ``dispatch`` only passes the request on outside
 #: its scope (:data:`SCOPES`).
-FLOWER_CODE = {
-    "flwr.superlink.main:_get_middleware": {
-        "1.41.0": "acdbc2dce1520f8f",
-        "1.42.0": "911d5e2a5aaf11ec",
-    },
-    "flwr.superlink.routers.control.middlewares:ControlSensitiveResponseMiddleware": {
-        "1.41.0": "25cca938600324c2",
-        "1.42.0": "25cca938600324c2",
-    },
-    "flwr.superlink.routers.control.middlewares:ControlAuthenticationMiddleware": {
-        "1.41.0": "1495e41d9bbbd25d",
-        "1.42.0": "1495e41d9bbbd25d",
-    },
-    "flwr.superlink.routers.control.middlewares:ControlLicenseMiddleware": {
-        "1.41.0": "0f57194171e921a3",
-        "1.42.0": "0f57194171e921a3",
-    },
-    "flwr.superlink.routers.control.middlewares:ControlEventLogMiddleware": {
-        "1.41.0": "d8db2d506ca7d0c5",
-        "1.42.0": "d8db2d506ca7d0c5",
-    },
-    "flwr.superlink.routers.control.middlewares:_is_control_path": {
-        "1.41.0": "bfb5469e9013b256",
-        "1.42.0": "bfb5469e9013b256",
-    },
-    "flwr.superlink.routers.fleet.node_auth:NodeAuthMiddleware": {
-        "1.41.0": "36b9ef8b482a1722",
-        "1.42.0": "36b9ef8b482a1722",
-    },
-    "flwr.superlink.routers.fleet.middlewares:FleetEventLogMiddleware": {
-        "1.41.0": "4466ecde96fb2315",
-        "1.42.0": "4466ecde96fb2315",
-    },
-    "flwr.supercore.routers.runtime.tracing:RuntimeTracingMiddleware": {
-        "1.41.0": "4f574b47f7f33cd8",
-        "1.42.0": None,
-    },
-}
+FLOWER_CODE = flower_code(
+    "flwr.superlink.main:_get_middleware",
+    "flwr.superlink.routers.control.middlewares:ControlSensitiveResponseMiddleware",
+    "flwr.superlink.routers.control.middlewares:ControlAuthenticationMiddleware",
+    "flwr.superlink.routers.control.middlewares:ControlLicenseMiddleware",
+    "flwr.superlink.routers.control.middlewares:ControlEventLogMiddleware",
+    "flwr.superlink.routers.control.middlewares:_is_control_path",
+    "flwr.superlink.routers.fleet.node_auth:NodeAuthMiddleware",
+    "flwr.superlink.routers.fleet.middlewares:FleetEventLogMiddleware",
+    "flwr.supercore.routers.runtime.tracing:RuntimeTracingMiddleware",
+)
 #: What to re-check in that code when it changes.
 RECHECK = (
     "that _get_middleware still lists the middleware FLOWER_MIDDLEWARE names for its release "

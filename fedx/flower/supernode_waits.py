@@ -64,6 +64,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fedx.flower import IDLE_AFTER, SUPERNODE_IDLE_WAIT, IdleBackoff, replace
+from fedx.flower._fingerprints import flower_code
 
 #: Flower's SuperNode loop (the module whose globals this changes).
 LOOP = "flwr.supernode.start_client_internal"
@@ -73,34 +74,15 @@ REPLY_WAIT = 0.5
 #: The node state's methods through which the Runtime API stores what a ClientApp pushes.
 STORES = ("store_message_and_object_tree", "store_object")
 
-#: The Flower code this change relies on, with the fingerprint of its source
-#: (SHA-256, first 16 hex digits) as checked: tests/test_flower_changes.py.
-FLOWER_CODE = {
-    "flwr.supernode.start_client_internal:start_client_internal": {
-        "1.41.0": "9e89a6eb68fbec68",
-        "1.42.0": "9e89a6eb68fbec68",
-    },
-    "flwr.supernode.start_client_internal:_push_messages": {
-        "1.41.0": "00bb86faffdec114",
-        "1.42.0": "00bb86faffdec114",
-    },
-    "flwr.supernode.nodestate.in_memory_nodestate:InMemoryNodeState.store_message_and_object_tree": {
-        "1.41.0": "6712f3c6442a9092",
-        "1.42.0": "6712f3c6442a9092",
-    },
-    "flwr.supercore.corestate.in_memory_corestate:InMemoryCoreState.store_object": {
-        "1.41.0": "2f952e079f4dadd4",
-        "1.42.0": "2f952e079f4dadd4",
-    },
-    "flwr.supernode.servicer.runtime.runtime_handlers:push_messages": {
-        "1.41.0": "f0b01d8d3c43d44a",
-        "1.42.0": "f0b01d8d3c43d44a",
-    },
-    "flwr.supernode.servicer.runtime.runtime_handlers:push_object": {
-        "1.41.0": "c6dad970cb51b02b",
-        "1.42.0": "c6dad970cb51b02b",
-    },
-}
+#: The Flower code this change relies on (its fingerprints: fedx.flower._fingerprints).
+FLOWER_CODE = flower_code(
+    "flwr.supernode.start_client_internal:start_client_internal",
+    "flwr.supernode.start_client_internal:_push_messages",
+    "flwr.supernode.nodestate.in_memory_nodestate:InMemoryNodeState.store_message_and_object_tree",
+    "flwr.supercore.corestate.in_memory_corestate:InMemoryCoreState.store_object",
+    "flwr.supernode.servicer.runtime.runtime_handlers:push_messages",
+    "flwr.supernode.servicer.runtime.runtime_handlers:push_object",
+)
 #: What to re-check in that code when it changes.
 RECHECK = (
     "that the loop still sleeps time.sleep(3) when the SuperLink has no message and "

@@ -34,20 +34,18 @@ Under another Flower
 
 import importlib
 
+from fedx.flower._fingerprints import flower_code
+
 #: Flower's heartbeat module, whose ``HEARTBEAT_DEFAULT_INTERVAL`` this sets.
 HEARTBEAT = "flwr.supercore.heartbeat"
 #: ``HEARTBEAT_DEFAULT_INTERVAL`` of a warm task's heartbeat: Flower sends it
 #: every (interval - 5 s) x 0.7-0.9, 3.5-4.5 s with 10 (Flower's 30: 17.5-22.5 s).
 TASK_HEARTBEAT_INTERVAL = 10
 
-#: The Flower code this change relies on, with the fingerprint of its source
-#: (SHA-256, first 16 hex digits) in each checked release: tests/test_flower_changes.py.
-FLOWER_CODE = {
-    "flwr.supercore.heartbeat:HeartbeatSender._run": {
-        "1.41.0": "b176ff96c68dbee2",
-        "1.42.0": "b176ff96c68dbee2",
-    },
-}
+#: The Flower code this change relies on (its fingerprints: fedx.flower._fingerprints).
+FLOWER_CODE = flower_code(
+    "flwr.supercore.heartbeat:HeartbeatSender._run",
+)
 #: What to re-check in that code when it changes.
 RECHECK = (
     "that HeartbeatSender._run still waits (HEARTBEAT_DEFAULT_INTERVAL - "

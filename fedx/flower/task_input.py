@@ -52,26 +52,17 @@ import importlib
 from collections.abc import Callable
 
 from fedx.flower import flowers_own, replace
+from fedx.flower._fingerprints import flower_code
 
 #: Where Flower's ClientApp task pulls its input (the module global ``pull_task_input``).
 RUN_CLIENTAPP = "flwr.supernode.runtime.run_clientapp"
 
-#: The Flower code this change relies on, with the fingerprint of its source
-#: (SHA-256, first 16 hex digits) as checked: tests/test_flower_changes.py.
-FLOWER_CODE = {
-    "flwr.supernode.runtime.run_clientapp:pull_task_input": {
-        "1.41.0": "5607a23e1673ee87",
-        "1.42.0": "5607a23e1673ee87",
-    },
-    "flwr.supernode.runtime.run_clientapp:run_clientapp": {
-        "1.41.0": "6ce09559f3a2f5dc",
-        "1.42.0": "6ce09559f3a2f5dc",
-    },
-    "flwr.supernode.start_client_internal:_pull_and_store_message": {
-        "1.41.0": "eaf5d0e36dc34e4c",
-        "1.42.0": "eaf5d0e36dc34e4c",
-    },
-}
+#: The Flower code this change relies on (its fingerprints: fedx.flower._fingerprints).
+FLOWER_CODE = flower_code(
+    "flwr.supernode.runtime.run_clientapp:pull_task_input",
+    "flwr.supernode.runtime.run_clientapp:run_clientapp",
+    "flwr.supernode.start_client_internal:_pull_and_store_message",
+)
 #: What to re-check in that code when it changes.
 RECHECK = (
     "that run_clientapp still gets the task's input first, through the module global "

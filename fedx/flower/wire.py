@@ -23,18 +23,13 @@ Under another Flower
 
 from flwr.app import RecordDict
 
-#: The Flower code this module relies on, with the fingerprint of its source
-#: (SHA-256, first 16 hex digits) as checked: tests/test_flower_changes.py.
-FLOWER_CODE = {
-    "flwr.common.serde:recorddict_to_proto": {
-        "1.41.0": "f1fcf5e8709af8a7",
-        "1.42.0": "f1fcf5e8709af8a7",
-    },
-    "flwr.common.serde:recorddict_from_proto": {
-        "1.41.0": "e77ea2318c034a71",
-        "1.42.0": "e77ea2318c034a71",
-    },
-}
+from fedx.flower._fingerprints import flower_code
+
+#: The Flower code this module relies on (its fingerprints: fedx.flower._fingerprints).
+FLOWER_CODE = flower_code(
+    "flwr.common.serde:recorddict_to_proto",
+    "flwr.common.serde:recorddict_from_proto",
+)
 #: What to re-check in that code when it changes.
 RECHECK = (
     "that the two functions still convert a RecordDict to and from the protobuf message "
