@@ -18,10 +18,11 @@ What it changes
     touched.
 
 Why
-    Each of the nine is a Starlette ``BaseHTTPMiddleware``: even when its
-    ``dispatch`` only passes the request on, it wraps the request and
-    streams the response through a task group and memory streams of its
-    own, on the SuperLink's single event-loop thread. A model is one
+    Each of them (nine on 1.41, where this was measured) is a Starlette
+    ``BaseHTTPMiddleware``: even when its ``dispatch`` only passes the
+    request on, it wraps the request and streams the response through a
+    task group and memory streams of its own, on the SuperLink's single
+    event-loop thread. A model is one
     request per object (a trained ResNet-20: about 260 a message, an array
     and its chunk each), and every request of every SuperNode and of the
     ServerApp passes all nine: on the 2-core machine the SuperLink spent
