@@ -36,7 +36,10 @@ def test_a_run_on_a_changed_flower_runs_flowers_own_engine_with_one_warning_and_
         " round-timeout=120.0 deterministic=true"
     )
     with simulation_superlink(tmp_path / "flwr-home", PYTHONPATH=path) as env:
-        output = run_app(env, app, f'{settings} run-name="changed" output-dir="{outputs}"')
+        # Flower's own engine parts, on a busy machine: more time than fedx's plain run needs.
+        output = run_app(
+            env, app, f'{settings} run-name="changed" output-dir="{outputs}"', timeout=900
+        )
     warnings = [
         line for line in output.splitlines() if "fedx: Flower's code is not the code" in line
     ]
