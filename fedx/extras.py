@@ -1,17 +1,18 @@
 """fedx's console scripts, each stopped with one clear line when the ``app`` extra is missing.
 
-``pip install fedx`` gives the strategies, the ops and the registry (numpy,
-Flower, scikit-learn): what a Flower project needs to use a fedx strategy,
-whatever it trains with. The app (``flwr run .``), its simulation backend,
+fedx's distribution, ``fedx-flower`` (:data:`DISTRIBUTION`), without extras
+gives the strategies, the ops and the registry (numpy, Flower,
+scikit-learn): what a Flower project needs to use a fedx strategy, whatever
+it trains with. The app (``flwr run .``), its simulation backend,
 deployment (``fedx-deploy``, ``fedx-superexec``, ``fedx-supernode``,
 ``fedx-superlink``), ``fedx-compare`` and the plots need torch, torchvision,
-Ray, matplotlib and Flower 1.41: the ``app`` extra of ``pyproject.toml``,
-``pip install "fedx[app]"``. The console scripts of ``pyproject.toml`` start
+Ray, matplotlib and Flower 1.41 or 1.42: the ``app`` extra of
+``pyproject.toml``, ``pip install "fedx-flower[app]"``. The console scripts of ``pyproject.toml`` start
 here, so that a light install answers them with what to install instead of
 a traceback. What the extra holds is read from fedx's installed metadata:
 ``pyproject.toml`` is the one place that lists it. ``fedx-supernode`` and
 ``fedx-superlink`` are Flower's own processes with fedx's changes: of the
-extra they need Flower 1.41 alone (the SuperNode image has no torch).
+extra they need Flower 1.41 or 1.42 alone (the SuperNode image has no torch).
 """
 
 import importlib
@@ -19,6 +20,9 @@ import sys
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, requires, version
 
+#: fedx's distribution on a package index (its import package is ``fedx``; the index's
+#: ``fedx`` is another project).
+DISTRIBUTION = "fedx-flower"
 #: The extra that the app, deployment, fedx-compare and the plots come with.
 APP = "app"
 
@@ -46,7 +50,7 @@ def missing_requirements(extra: str = APP, only: tuple[str, ...] | None = None) 
     from packaging.requirements import Requirement  # pylint: disable=import-outside-toplevel
 
     try:
-        listed = requires("fedx") or []
+        listed = requires(DISTRIBUTION) or []
     except PackageNotFoundError:
         return []
     problems: list[str] = []
@@ -65,7 +69,9 @@ def missing_requirements(extra: str = APP, only: tuple[str, ...] | None = None) 
 
 def install_hint(extra: str = APP) -> str:
     """How to install fedx with ``extra``, from an index and from a clone."""
-    return f'pip install "fedx[{extra}]" (in a clone of fedx: pip install -e ".[{extra}]")'
+    return (
+        f'pip install "{DISTRIBUTION}[{extra}]" (in a clone of fedx: pip install -e ".[{extra}]")'
+    )
 
 
 def _run(

@@ -26,10 +26,12 @@ it pushes; replies the SuperLink writes itself (an error reply for a node
 that went offline, whose ClientApp crashed, or whose reply objects could not
 be pulled) come back like any other reply; replies are returned in the
 order they arrived; ``timeout=None`` waits until every reply is in.
-The objects of a reply that the SuperLink hands out while its node is
-still pushing them are asked for at the same pace as the replies (from
-``first_interval`` to ``max_interval``), not after 1, 2, 4 ... 10 s as
-Flower asks (:mod:`fedx.flower.object_pulls`). Differences: a message the
+In fedx's own ServerApp the objects of a reply that the SuperLink hands
+out while its node is still pushing them are asked for at the same pace as
+the replies (:func:`pull_intervals`), not after 1, 2, 4 ... 10 s as Flower
+asks: :func:`fedx.server_app.change_flower` makes that change to Flower for
+its process (:mod:`fedx.flower.object_pulls`); this module itself changes
+nothing of Flower's, in any project. Differences: a message the
 SuperLink refused at the push (``None`` id) is logged and not waited for
 (``send_and_receive`` would wait for it until the timeout), and the replies
 are pulled at least once, even with ``timeout=0``.
@@ -55,9 +57,6 @@ from logging import DEBUG, INFO, WARNING
 from flwr.app import Message
 from flwr.common import log
 from flwr.serverapp import Grid
-
-from fedx.flower import objects_in_flight
-from fedx.flower.object_pulls import retry_object_pulls_after
 
 #: Seconds before the first pull after a push or a reply, and its growth factor.
 FIRST_PULL_INTERVAL = 0.02
@@ -116,24 +115,6 @@ class ReplySignal:
 
 #: Notified by whatever stores replies in this process (fedx's Ray backend, in simulation).
 REPLIES_STORED = ReplySignal()
-
-
-def _pull_reply_objects_at(first_interval: float, max_interval: float) -> None:
-    """Ask again for a reply's objects that its node is still pushing as soon as
-    for the reply itself (:mod:`fedx.flower.object_pulls`); under a Flower whose object
-    pulls cannot be set so (the strategies plug into other Flower versions),
-    keep Flower's waits and say so once."""
-    global _object_pulls_unset  # pylint: disable=global-statement
-    try:
-        retry_object_pulls_after(first_interval, max_interval)
-    except RuntimeError as error:
-        if not _object_pulls_unset:
-            log(WARNING, "fedx: Flower's object pull waits kept: %s", error)
-        _object_pulls_unset = True
-
-
-#: Whether this process's Flower refused fedx's object pull waits (logged once).
-_object_pulls_unset = False
 
 
 def pull_intervals() -> tuple[float, float]:
@@ -199,8 +180,6 @@ def send_and_collect(
         )
     if not (hasattr(grid, "push_messages") and hasattr(grid, "pull_messages")):
         return list(grid.send_and_receive(messages, timeout=timeout))
-    _pull_reply_objects_at(first_interval, max_interval)
-    objects_in_flight.apply_environment()
     messages = list(messages)
     if not messages:
         return []

@@ -11,6 +11,8 @@ here would hold Ray's start back (1.6-2.3 s on 2 cores), where importing it
 in ``main`` runs alongside it.
 """
 
+from logging import WARNING
+
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
@@ -27,9 +29,38 @@ if simulation.in_simulation_engine():
 app = ServerApp()
 
 
+def change_flower() -> None:
+    """In a deployment, make this process's changes to Flower (:mod:`fedx.flower`), all or none.
+
+    The objects of a reply that its node is still pushing are asked for at
+    the pace of the reply pulls (:func:`fedx.messaging.pull_intervals`;
+    Flower: after 1 s, 2 s, 4 s ... up to 10 s), and ``FEDX_OBJECTS_IN_FLIGHT``
+    objects move at once when it is set. In Flower's simulation the grid is
+    in memory and no object is pulled: nothing is changed there.
+    """
+    if simulation.in_simulation_engine():
+        return
+    # pylint: disable=import-outside-toplevel
+    from flwr.common import log
+
+    from fedx import flower
+    from fedx.flower import objects_in_flight
+    from fedx.messaging import pull_intervals
+
+    first, longest = pull_intervals()
+    changes: dict[str, dict] = {"object_pulls": {"first": first, "longest": longest}}
+    try:
+        if (count := objects_in_flight.from_environment()) is not None:
+            changes["objects_in_flight"] = {"count": count}
+    except ValueError as err:
+        log(WARNING, "fedx: Flower's objects in flight kept: %s", err)
+    flower.install("serverapp", changes)
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Run one fedx experiment as the run config describes."""
     from fedx.server.experiment import run_experiment  # pylint: disable=import-outside-toplevel
 
+    change_flower()
     run_experiment(grid, context)

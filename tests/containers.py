@@ -22,6 +22,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ BUILD_INPUTS = [
     "docker/entrypoint.py",
     "fedx",
     "pyproject.toml",
+    "LICENSE",
     ".dockerignore",
 ]
 # What a project folder needs: the build inputs, the compose files, the test app.
@@ -157,13 +159,23 @@ def build_environment() -> dict[str, str]:
     return {
         "FEDX_BASE_IMAGE": os.environ.get("FEDX_BASE_IMAGE", LOCAL_BASE),
         "FEDX_TORCH_INDEX_URL": os.environ.get("FEDX_TORCH_INDEX_URL", "https://pypi.org/simple"),
+        # The images' Flower is the one these tests run on (fedx checks 1.41 and 1.42).
+        "FEDX_FLWR_VERSION": os.environ.get("FEDX_FLWR_VERSION", version("flwr")),
     }
 
 
+def _substituted(text: str, environment: dict[str, str]) -> str:
+    """``text`` with compose's ``${NAME:-default}`` replaced as compose replaces it."""
+    return re.sub(
+        r"\$\{(\w+):-([^}]*)\}", lambda m: environment.get(m.group(1)) or m.group(2), text
+    )
+
+
 def built_images() -> list[str]:
-    """The images docker-compose.yml builds, by name."""
+    """The images docker-compose.yml builds, by name (with :func:`build_environment`'s settings)."""
     services = yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]
-    return sorted(s["image"] for s in services.values() if "build" in s)
+    environment = build_environment()
+    return sorted(_substituted(s["image"], environment) for s in services.values() if "build" in s)
 
 
 def _image_id(image: str) -> str | None:

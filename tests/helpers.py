@@ -1,5 +1,6 @@
 """What several test modules share (fixtures are in conftest.py): the app's defaults, models, runs."""
 
+import ast
 import importlib.util
 import json
 import os
@@ -8,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -221,3 +223,21 @@ def install_example(example: Path, folder: Path) -> Path:
         check=True, capture_output=True, timeout=300,
     )  # fmt: skip
     return target
+
+
+def modules_imported_by(
+    modules: Sequence[str], prefix: str, already: Sequence[str] = ()
+) -> list[str]:
+    """The modules starting with ``prefix`` that importing ``modules`` loads, in a fresh
+    interpreter that has imported ``already`` first (what those load does not count)."""
+    code = (
+        "import sys\n"
+        + "".join(f"import {m}\n" for m in already)
+        + "before = set(sys.modules)\n"
+        + "".join(f"import {m}\n" for m in modules)
+        + f"print(sorted(m for m in set(sys.modules) - before if m.startswith({prefix!r})))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+    )
+    return ast.literal_eval(done.stdout.strip())

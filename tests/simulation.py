@@ -16,13 +16,19 @@ FEDERATION = "num-supernodes=4 client-resources-num-cpus=1"
 
 
 @contextmanager
-def simulation_superlink(home: Path, **environment: str):
-    """A simulation SuperLink of our own (``environment`` added to its processes'); yields ``flwr``'s environment."""
+def simulation_superlink(
+    home: Path, *, bin_dir: Path | None = None, timeout: float = 60, **environment: str
+):
+    """A simulation SuperLink of our own (``environment`` added to its processes'); yields ``flwr``'s environment.
+
+    ``bin_dir``: the environment whose Flower and fedx it runs (default: this one's).
+    """
     spec = FederationSpec(
-        0, home, port=free_port(), insecure=True, simulation=True, extra_environment=environment
-    )
+        0, home, port=free_port(), insecure=True, simulation=True, extra_environment=environment,
+        **({"bin_dir": bin_dir} if bin_dir else {}),
+    )  # fmt: skip
     with LocalFederation(spec) as federation:
-        federation.start_superlink(timeout=60)
+        federation.start_superlink(timeout=timeout)
         yield spec.environment()
 
 

@@ -1,7 +1,7 @@
 """fedx.strategies on Flower 1.36, the last release whose Fleet API is gRPC.
 
 The test builds (once; later runs and other checkouts reuse it) a virtual
-environment with what ``pip install fedx`` installs, no extras (the
+environment with what ``fedx-flower`` installs without extras (the
 ``dependencies`` of ``pyproject.toml``), Flower pinned to ``flwr==1.36.*``:
 no torch. It lives under ``$XDG_CACHE_HOME/fedx/tests/`` (else
 ``~/.cache/fedx/tests/``), outside the repository as pip's own cache is, and
@@ -40,7 +40,7 @@ VENV = (
     / f"venv-{PIN.replace('==', '-').rstrip('.*')}-py{sys.version_info.major}.{sys.version_info.minor}"
 )
 READY = VENV / "fedx-ready.txt"
-#: The light install's requirements (``pip install fedx``, no extras), Flower pinned to 1.36.
+#: The light install's requirements (``fedx-flower`` without extras), Flower pinned to 1.36.
 REQUIREMENTS = [
     PIN if Requirement(text).name == "flwr" else text
     for text in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import time
 import tomllib
-from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -28,11 +27,13 @@ from flwr.cli.supernode.register import try_load_public_key
 from fedx.deploy.cli import main as deploy_main
 from fedx.deploy.credentials import TlsFiles, write_supernode_keys, write_tls_certificates
 from fedx.deploy.local import FederationSpec
+from fedx.flower import CHECKED_FLWR
 from tests.deployment import deploy_up_faked
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-FLWR_VERSION = version("flwr")
+#: The compose files' Flower: FEDX_FLWR_VERSION, the newest release fedx checked by default.
+COMPOSE_FLWR = f"${{FEDX_FLWR_VERSION:-{CHECKED_FLWR[-1]}}}"
 # The checkout's version, which tags the superexec image: fedx need not be installed (on a GPU
 # machine it is this checkout on PYTHONPATH, without the metadata importlib reads).
 FEDX_VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
@@ -274,7 +275,7 @@ def build_of(service: dict) -> dict:
     return service["build"]
 
 
-def test_compose_builds_each_image_once_from_the_dockerfile_for_the_installed_flwr():
+def test_compose_builds_each_image_once_from_the_dockerfile_for_a_checked_flwr():
     services = load_compose("docker-compose.yml")
     builders = {name: s for name, s in services.items() if "build" in s}
     targets = {name: build_of(s)["target"] for name, s in builders.items()}
@@ -285,8 +286,8 @@ def test_compose_builds_each_image_once_from_the_dockerfile_for_the_installed_fl
     }
     images = {build_of(s)["target"]: s["image"] for s in builders.values()}
     assert images == {
-        "superlink": f"fedx/superlink:{FLWR_VERSION}",
-        "supernode": f"fedx/supernode:{FLWR_VERSION}",
+        "superlink": f"fedx/superlink:{COMPOSE_FLWR}",
+        "supernode": f"fedx/supernode:{COMPOSE_FLWR}",
         "superexec": f"fedx/superexec:{FEDX_VERSION}",
     }
     for name, service in services.items():  # the others use the images built
@@ -295,7 +296,7 @@ def test_compose_builds_each_image_once_from_the_dockerfile_for_the_installed_fl
     for service in builders.values():
         build = build_of(service)
         assert (build["context"], build["dockerfile"]) == (".", "docker/Dockerfile")
-        assert build["args"]["FLWR_VERSION"] == FLWR_VERSION
+        assert build["args"]["FLWR_VERSION"] == COMPOSE_FLWR
         assert (
             build["args"]["BASE_IMAGE"] == "${FEDX_BASE_IMAGE:-docker.io/library/python:3.11-slim}"
         )
@@ -308,7 +309,7 @@ def test_compose_builds_each_image_once_from_the_dockerfile_for_the_installed_fl
         ("flower", "requirements"),
         ("flower", "superexec"),
     ]
-    assert f"ARG FLWR_VERSION={FLWR_VERSION}" in dockerfile
+    assert f"ARG FLWR_VERSION={CHECKED_FLWR[-1]}" in dockerfile
     assert "ARG BASE_IMAGE=docker.io/library/python:3.11-slim" in dockerfile
     for role in ENTRYPOINTS:
         assert f'ENTRYPOINT ["fedx-entrypoint", "{ENTRYPOINTS[role]}"]' in dockerfile
@@ -358,7 +359,7 @@ def test_the_build_context_holds_only_what_the_images_copy():
             if not s.startswith("--")
         }
     )
-    assert kept == sources == ["docker/entrypoint.py", "fedx", "pyproject.toml"]
+    assert kept == sources == ["LICENSE", "docker/entrypoint.py", "fedx", "pyproject.toml"]
 
 
 def test_compose_wires_addresses_partitions_and_volumes():
@@ -478,7 +479,7 @@ def test_gpu_variant_reserves_a_gpu_for_every_clientapp_container():
         "superexec",
         "https://pypi.org/simple",
     )
-    assert build["args"]["FLWR_VERSION"] == FLWR_VERSION
+    assert build["args"]["FLWR_VERSION"] == COMPOSE_FLWR
     assert all(
         "deploy" not in services[n] for n in ["superlink", "superexec-serverapp", *SUPERNODES]
     )

@@ -1,13 +1,18 @@
 """fedx's changes to Flower's internals (fedx/flower/): made to the Flower code they were checked against, and doing what they say.
 
 For every module of :mod:`fedx.flower`: each piece of Flower code it names in
-``FLOWER_CODE`` still has the source the change was checked against (its
-fingerprint: the first 16 hex digits of the SHA-256 of
+``FLOWER_CODE`` has, in the installed Flower, the source recorded for that
+release (its fingerprint: the first 16 hex digits of the SHA-256 of
 ``inspect.getsource``), so that a Flower upgrade that touches it fails here
 and names the change, the Flower code and what to re-check; the module says
 what it changes, why, against which Flower and what happens under another;
-and nothing else in fedx imports Flower's internals. Then a behaviour test
-per change on the installed Flower. The parts of fedx that the changes
+and nothing else in fedx imports Flower's internals. The installer
+(:func:`fedx.flower.install`) makes a process's changes in one order, all or
+none: on a Flower whose code differs (a changed copy of a Flower function, in
+process here; a changed copy of Flower on a whole simulation run in
+tests/test_flower_mismatch.py) it makes none, says so in one warning, and
+Flower's own code runs. Then a behaviour test per change on the installed
+Flower. The parts of fedx that the changes
 plug in are tested on their own: the actor pool, the feeder's passes and
 fedx's actor on Ray in tests/test_ray_backend.py, the warm executor and
 fedx-supernode on real processes in tests/test_warm_executor.py.
@@ -36,29 +41,31 @@ from flwr.supercore.inflatable import inflatable_utils
 from flwr.supercore.superexec import run_superexec
 
 import fedx.flower
+from fedx import flower
 from fedx.flower import (
     IdleBackoff,
     clientapp_actor,
     clientapp_task,
     engine_threads,
     linkstate_stores,
-    message_feeder,
     object_pulls,
     ray_backend,
     stopped_runs,
     superexec_executor,
     superlink_middleware,
     supernode_waits,
+    task_heartbeat,
     task_input,
     wire,
 )
 from fedx.flower.object_pulls import (
-    PULL_FUNCTIONS,
     RETRY_KEYWORDS,
+    pull_functions,
     restore_object_pulls,
     retry_object_pulls_after,
 )
-from tests.helpers import REPO, OneMessageGrid, PushedMessage
+from tests.changed_flower import changed_copy
+from tests.helpers import REPO, OneMessageGrid, PushedMessage, modules_imported_by
 
 #: The modules of fedx.flower, each a change (or, for ``wire``, a use) of Flower's internals.
 CHANGES = sorted(
@@ -119,22 +126,29 @@ def module(change: str):
 # ----------------------------------------------------------------------
 
 
+INSTALLED = importlib.metadata.version("flwr")
+
+
 @pytest.mark.parametrize(("change", "name"), flower_code())
 def test_the_flower_code_a_change_relies_on_is_the_code_it_was_checked_against(change, name):
     changed = module(change)
     recorded = changed.FLOWER_CODE[name]
+    # Every checked release has its fingerprint (None: that release has no such code).
+    assert set(recorded) == set(fedx.flower.CHECKED_FLWR), (change, name, recorded)
     try:
         now = fingerprint(name)
-    except (ImportError, AttributeError, OSError, TypeError, StopIteration) as err:
-        now = f"gone ({type(err).__name__}: {err})"
-    installed = importlib.metadata.version("flwr")
+    except (ImportError, AttributeError, OSError, TypeError, StopIteration):
+        now = None
     summary = changed.__doc__.splitlines()[0]
-    assert now == recorded, (
+    assert INSTALLED in recorded and now == recorded[INSTALLED], (
         f"fedx.flower.{change} ({summary}): Flower's {name} is not the code this change was "
-        f"checked against (flwr {fedx.flower.CHECKED_FLWR}; installed: flwr {installed}). "
-        f"Re-check {changed.RECHECK}. Then record its fingerprint {now!r} (was {recorded!r}) "
-        f"in FLOWER_CODE of fedx/flower/{change}.py, and the version in fedx.flower.CHECKED_FLWR."
+        f"checked against (flwr {', '.join(fedx.flower.CHECKED_FLWR)}; installed: flwr "
+        f"{INSTALLED}). Re-check {changed.RECHECK}. Then record its fingerprint {now!r} for "
+        f"{INSTALLED!r} in fedx/flower/_fingerprints.py (was {recorded}), the release in "
+        f"fedx.flower.CHECKED_FLWR, and the tables of docs/flower-changes.md."
     )
+    # What the installer computes at run time, from the live object, is the same.
+    assert flower.fingerprint(name) == now
 
 
 @pytest.mark.parametrize("change", CHANGES)
@@ -145,12 +159,148 @@ def test_every_change_says_what_why_for_which_flower_and_is_listed(change):
     assert "\nWhat it changes\n" in doc or "\nWhat it uses\n" in doc, change
     for part in DOCSTRING_PARTS:
         assert f"\n{part}\n" in doc, f"fedx.flower.{change}'s docstring has no '{part}' part"
-    assert fedx.flower.CHECKED_FLWR in doc.split("\nChecked against\n")[1], change
+    for release in fedx.flower.CHECKED_FLWR:
+        assert release in doc.split("\nChecked against\n")[1], (change, release)
     assert f":mod:`~fedx.flower.{change}`" in fedx.flower.__doc__, f"fedx.flower lists no {change}"
     page = (REPO / "docs" / "flower-changes.md").read_text()
     assert f"fedx/flower/{change}.py" in page, f"docs/flower-changes.md has no row for {change}"
-    for name in changed.FLOWER_CODE:
+    for name, recorded in changed.FLOWER_CODE.items():
         assert name.replace(":", ".") in page, f"docs/flower-changes.md does not name {name}"
+        for fingerprint_of_release in filter(None, recorded.values()):
+            assert fingerprint_of_release in page, (
+                f"docs/flower-changes.md does not list {name}'s fingerprint {fingerprint_of_release}"
+            )
+    if change != "wire":  # a use, made by no process
+        assert callable(getattr(changed, "apply", None)) or change in (
+            "clientapp_actor",
+            "linkstate_stores",
+        ), change
+        assert any(change in changes for changes in flower.PROCESSES.values()), change
+
+
+def test_importing_the_changes_imports_no_flower_internals():
+    """A change imports the Flower code it changes when it is checked and made, not before."""
+    changes = ["fedx.flower", *(f"fedx.flower.{change}" for change in CHANGES)]
+    assert modules_imported_by(changes, "flwr", already=("flwr.app", "flwr.common")) == []
+
+
+# ----------------------------------------------------------------------
+# The installer: one order, all or none, the Flower code checked first
+# ----------------------------------------------------------------------
+
+
+def test_every_process_makes_its_changes_in_the_one_order():
+    assert sorted(flower.ORDER) == sorted(set(flower.ORDER)) == [c for c in CHANGES if c != "wire"]
+    for process, changes in flower.PROCESSES.items():
+        assert list(changes) == [c for c in flower.ORDER if c in changes], process
+    # The SuperNode's waits wrap the stopped-runs push: stopped runs come first.
+    order = flower.ORDER
+    assert order.index("stopped_runs") < order.index("supernode_waits")
+    with pytest.raises(ValueError, match="unknown process"):
+        flower.install("flwr-serverapp", {})
+    with pytest.raises(ValueError, match="makes no change ray_backend"):
+        flower.install("fedx-supernode", {"ray_backend": {}})
+
+
+def test_the_installer_makes_all_or_none_of_a_processs_changes(supernode_loop, monkeypatch):
+    """A change that fails while it is made undoes the ones made before it."""
+    loop = supernode_loop
+    monkeypatch.setattr(loop, "time", loop.time)
+    flowers = {n: getattr(loop, n) for n in ("_pull_and_store_message", "_push_messages", "time")}
+
+    def fails(**arguments):
+        raise RuntimeError("made to fail")
+
+    monkeypatch.setattr(supernode_waits, "apply", fails)
+    with pytest.raises(RuntimeError, match="made to fail"):
+        flower.install("fedx-supernode", {"supernode_waits": {"interval": 0.2}, "stopped_runs": {}})
+    assert {n: getattr(loop, n) for n in flowers} == flowers  # stopped_runs undone
+    monkeypatch.undo()
+
+
+@pytest.fixture
+def flowers_serverapp_pulls(monkeypatch):
+    """Flower's object pull keywords during the test, and what was there after it."""
+    for function in pull_functions():
+        monkeypatch.setattr(function, "__kwdefaults__", dict(function.__kwdefaults__))
+
+
+def test_a_changed_flower_function_keeps_flowers_code_with_one_warning(
+    supernode_loop, monkeypatch, caplog
+):
+    """The mismatch: a copy of Flower's own _push_messages, changed by one line, in Flower's place.
+
+    The installer makes none of fedx-supernode's changes, says so once, naming the change, the
+    Flower code and the releases it was checked against; Flower's (changed) loop runs, with
+    Flower's behaviour: the older reply goes out for the newer message. With the options that
+    need the changes, fedx-supernode refuses to start, with the same words.
+    """
+    from fedx.deploy import supernode  # pylint: disable=import-outside-toplevel
+
+    copy = changed_copy(
+        supernode_loop._push_messages, 'log(INFO, "a changed Flower pushes replies")'
+    )
+    monkeypatch.setattr(supernode_loop, "_push_messages", copy)
+    monkeypatch.setattr(supernode_loop, "time", supernode_loop.time)
+    monkeypatch.setattr(flower._installer, "_WARNED", set())
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        for _ in range(2):
+            made = flower.install("fedx-supernode", supernode.changes())
+            assert not made and made.made == ()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    (warning,) = warnings
+    print(warning)
+    checked = ", ".join(fedx.flower.CHECKED_FLWR)
+    assert warning == (
+        f"fedx: Flower's code is not the code fedx's changes to it were checked against (flwr "
+        f"{checked}; installed: flwr {INSTALLED}): stopped_runs relies on "
+        "flwr.supernode.start_client_internal:_push_messages. None of this process's changes "
+        "(stopped_runs; fedx-supernode) is made: Flower's own code runs"
+    )
+    # Flower's code runs: the loop's functions are Flower's, the changed one included.
+    assert supernode_loop._push_messages is copy
+    assert not isinstance(getattr(supernode_loop._pull_and_store_message, "__self__", None),
+                          stopped_runs._Loop)  # fmt: skip
+    # ... with Flower's behaviour: the orphan's reply goes out in place of the new message's.
+    node = OneRunSuperNode(supernode_loop)
+    node.stopped = True
+    orphan, _ = node.receive(supernode_loop._pull_and_store_message, 0)
+    node.take()
+    node.reply(orphan, Error(0, "ClientApp stopped responding"))
+    node.stopped = False
+    message, _ = node.receive(supernode_loop._pull_and_store_message, 1)
+    _, taken = node.take()
+    answer = threading.Timer(0.3, node.reply, (taken, RecordDict({"arrays": ArrayRecord()})))
+    answer.start()
+    node.push(supernode_loop._push_messages)
+    answer.join()
+    assert node.sent == [orphan.metadata.message_id]  # the new message's reply stays behind
+    # The options that need the changes: fedx-supernode refuses to start, saying why.
+    monkeypatch.setattr(supernode, "run_flower_supernode", lambda arguments: None)
+    with pytest.raises(SystemExit) as refused:
+        supernode.main(["--poll-interval", "0.2", "--insecure"])
+    assert str(refused.value).startswith("fedx-supernode: fedx: Flower's code is not the code")
+    assert "stopped_runs relies on flwr.supernode.start_client_internal:_push_messages" in str(
+        refused.value
+    )
+    assert str(refused.value).endswith("; use flower-supernode")
+    assert supernode_loop._push_messages is copy
+
+
+def test_a_replacement_of_fedxs_own_hides_no_flower_code(supernode_loop, monkeypatch):
+    """After fedx's changes, the installer still fingerprints Flower's code beneath them."""
+    from fedx.deploy import supernode  # pylint: disable=import-outside-toplevel
+
+    monkeypatch.setattr(supernode_loop, "time", supernode_loop.time)
+    name = "flwr.supernode.start_client_internal:_push_messages"
+    flowers = flower.fingerprint(name)
+    assert flower.install("fedx-supernode", supernode.changes(0.2))
+    assert supernode_loop._push_messages.__wrapped__.__self__.flowers_push is flower.flowers_own(
+        supernode_loop, "_push_messages"
+    )
+    assert flower.fingerprint(name) == flowers
+    assert flower.install("fedx-supernode", supernode.changes(0.2))  # again: still checked
 
 
 def _flower_modules_named(path) -> list[tuple[int, str]]:
@@ -210,7 +360,7 @@ FLOWERS = {
 @pytest.fixture(autouse=True)
 def flowers_waits(monkeypatch):
     """Flower's retry keywords during every test, and what was there before after it."""
-    for function in PULL_FUNCTIONS:
+    for function in pull_functions():
         for keyword in RETRY_KEYWORDS:
             monkeypatch.setitem(function.__kwdefaults__, keyword, FLOWERS[keyword])
 
@@ -234,7 +384,7 @@ def test_a_short_first_wait_and_cap_replace_flowers_1_to_10_s():
     assert (
         before == FLOWERS == {"initial_backoff": 1, "backoff_cap": 10, "max_tries_per_object": 500}
     )
-    for function in PULL_FUNCTIONS:
+    for function in pull_functions():
         assert function.__kwdefaults__["initial_backoff"] == 0.02
         assert function.__kwdefaults__["backoff_cap"] == 0.05
         # The wait is bounded by Flower's max_time alone (500 short tries would end it early).
@@ -265,32 +415,53 @@ def test_bad_waits_and_another_flower_are_refused(monkeypatch):
     def pull_objects(object_ids, pull_object_fn, *, backoff=1):  # no initial_backoff
         del object_ids, pull_object_fn, backoff
 
-    monkeypatch.setattr(object_pulls, "PULL_FUNCTIONS", (pull_objects,))
-    with pytest.raises(RuntimeError, match="flwr 1.41"):
+    monkeypatch.setattr(object_pulls, "pull_functions", lambda: [pull_objects])
+    with pytest.raises(RuntimeError, match="flwr 1.36"):
         retry_object_pulls_after(0.1)
 
 
-def test_the_serverapps_exchange_pulls_reply_objects_at_its_own_pace():
+@pytest.fixture
+def deployed_serverapp(monkeypatch):
+    """fedx's ServerApp module as a deployment's ServerApp process runs it (no simulation engine)."""
+    from fedx import server_app, simulation  # pylint: disable=import-outside-toplevel
+
+    monkeypatch.setattr(simulation, "in_simulation_engine", lambda: False)
+    monkeypatch.delenv("FEDX_REPLY_PULL_INTERVAL", raising=False)
+    monkeypatch.delenv("FEDX_OBJECTS_IN_FLIGHT", raising=False)
+    monkeypatch.setattr(
+        inflatable_utils, "get_num_workers", flower.flowers_own(inflatable_utils, "get_num_workers")
+    )
+    return server_app
+
+
+def test_the_serverapp_asks_for_reply_objects_at_the_pace_of_its_reply_pulls(
+    deployed_serverapp, monkeypatch
+):
     from fedx.messaging import send_and_collect  # pylint: disable=import-outside-toplevel
 
-    # No reply ever: one push, pulls until the timeout.
+    # The exchange itself changes nothing of Flower's (a strategy in anyone's ServerApp).
     send_and_collect(
         OneMessageGrid(), [PushedMessage()], timeout=0.05, first_interval=0.01, max_interval=0.2
     )
-    assert inflatable_utils.pull_objects.__kwdefaults__["initial_backoff"] == 0.01
-    assert inflatable_utils.pull_objects.__kwdefaults__["backoff_cap"] == 0.2
+    assert inflatable_utils.pull_objects.__kwdefaults__["initial_backoff"] == 1
+    deployed_serverapp.change_flower()  # as fedx's ServerApp's main does first
+    assert inflatable_utils.pull_objects.__kwdefaults__["initial_backoff"] == 0.02
+    assert inflatable_utils.pull_objects.__kwdefaults__["backoff_cap"] == 0.25
+    monkeypatch.setenv("FEDX_REPLY_PULL_INTERVAL", "3")  # Flower's pace: Flower's waits
+    monkeypatch.setitem(inflatable_utils.pull_objects.__kwdefaults__, "initial_backoff", 1)
+    deployed_serverapp.change_flower()
+    assert inflatable_utils.pull_objects.__kwdefaults__["initial_backoff"] == 1
 
 
-def test_a_flower_whose_pulls_cannot_be_set_keeps_its_waits_and_the_exchange_goes_on(
-    monkeypatch, caplog
+def test_a_serverapp_on_a_changed_flower_keeps_its_waits_and_the_exchange_goes_on(
+    deployed_serverapp, monkeypatch, caplog
 ):
     from fedx import messaging  # pylint: disable=import-outside-toplevel
 
-    def pull_objects(object_ids, pull_object_fn, *, backoff=1):  # no initial_backoff
-        del object_ids, pull_object_fn, backoff
-
-    monkeypatch.setattr(object_pulls, "PULL_FUNCTIONS", (pull_objects,))
-    monkeypatch.setattr(messaging, "_object_pulls_unset", False)
+    copy = changed_copy(inflatable_utils.pull_objects, "    backoff_cap = max(backoff_cap, 1)")
+    monkeypatch.setattr(inflatable_utils, "pull_objects", copy)
+    monkeypatch.setattr(flower._installer, "_WARNED", set())
+    monkeypatch.setenv("FEDX_OBJECTS_IN_FLIGHT", "8")
 
     class Reply:
         class metadata:  # pylint: disable=invalid-name
@@ -299,13 +470,19 @@ def test_a_flower_whose_pulls_cannot_be_set_keeps_its_waits_and_the_exchange_goe
     grid = OneMessageGrid([Reply()])  # the reply comes at the first pull
     with caplog.at_level("WARNING", logger="flwr"):
         for _ in range(2):
+            deployed_serverapp.change_flower()
             replies = messaging.send_and_collect(grid, [PushedMessage()], timeout=1.0)
             assert len(replies) == 1 and isinstance(replies[0], Reply)
-    assert caplog.text.count("object pull waits kept") == 1
+    assert caplog.text.count("fedx: Flower's code is not the code") == 1
     assert (
-        inflatable_utils.pull_objects.__kwdefaults__["initial_backoff"]
-        == FLOWERS["initial_backoff"]
-    )
+        "object_pulls relies on flwr.supercore.inflatable.inflatable_utils:pull_objects; "
+        "objects_in_flight relies on flwr.supercore.inflatable.inflatable_utils:pull_objects. "
+        "None of this process's changes (object_pulls, objects_in_flight; serverapp)"
+    ) in caplog.text
+    # Flower's waits and count, on both functions.
+    for function in (copy, inflatable_utils.pull_and_inflate_object_from_tree):
+        assert function.__kwdefaults__["initial_backoff"] == FLOWERS["initial_backoff"]
+        assert function.__kwdefaults__["max_concurrent_pulls"] == 2
 
 
 # ----------------------------------------------------------------------
@@ -388,11 +565,6 @@ def test_fedx_supernode_shortens_the_reply_wait_and_backs_off_its_idle_wait(monk
     waits.sleep(3)
     assert slept[-1] == 0.2
     assert waits.monotonic() == 200.0  # the rest is the time module's
-    monkeypatch.setattr(
-        supernode_waits.inspect, "getsource", lambda module: "time.sleep(5)"
-    )  # another Flower
-    with pytest.raises(RuntimeError, match="no time.sleep"):
-        supernode_waits.shorten_loop_waits(0.2)
 
 
 def test_fedx_supernodes_reply_wait_ends_when_a_clientapp_stores_on_the_node():
@@ -438,14 +610,17 @@ def test_fedx_supernodes_reply_wait_ends_when_a_clientapp_stores_on_the_node():
     waits.watch(object())
 
 
-def test_fedx_supernode_patches_flowers_loop(monkeypatch):
+def test_fedx_supernode_patches_flowers_loop(monkeypatch, flowers_serverapp_pulls):
     from fedx.deploy import supernode  # pylint: disable=import-outside-toplevel
 
-    loop = supernode_waits.supernode_loop
+    loop = supernode_waits.supernode_loop()
     monkeypatch.setattr(loop, "time", loop.time)  # put back after the test
     flowers_push = loop._push_messages  # pylint: disable=protected-access
     monkeypatch.setattr(loop, "_push_messages", flowers_push)
-    supernode.shorten_waits(0.2, idle_after=5.0, ceiling=2.0)
+    monkeypatch.setenv(stopped_runs.VARIABLE, "flower")  # the waits alone
+    assert flower.install(
+        "fedx-supernode", supernode.changes(0.2, idle_after=5.0, ceiling=2.0)
+    ).made == ("supernode_waits", "object_pulls")
     waits = loop.time
     assert isinstance(waits, supernode_waits.ShortWaits) and waits.interval == 0.2
     assert waits.backoff == IdleBackoff(0.2, 5.0, 2.0)
@@ -460,7 +635,7 @@ def test_fedx_supernode_patches_flowers_loop(monkeypatch):
     with pytest.raises(TypeError):  # Flower's, called without its arguments
         pushed()
     assert waits.last_message > 0.0
-    supernode.shorten_waits(0.2)  # again: Flower's function is wrapped once, not twice
+    supernode_waits.shorten_loop_waits(0.2)  # again: Flower's function is wrapped once
     assert loop._push_messages.__wrapped__ is flowers_push  # pylint: disable=protected-access
 
     @functools.wraps(flowers_push)
@@ -468,16 +643,16 @@ def test_fedx_supernode_patches_flowers_loop(monkeypatch):
         return flowers_push(*args, **kwargs)
 
     monkeypatch.setattr(loop, "_push_messages", someone_elses)
-    supernode.shorten_waits(0.2)
+    supernode_waits.shorten_loop_waits(0.2)
     assert loop._push_messages.__wrapped__ is someone_elses  # pylint: disable=protected-access
     for interval in (0, 5):
         with pytest.raises(ValueError, match="poll interval must be in"):
-            supernode.shorten_waits(interval)
+            supernode.changes(interval)
     with pytest.raises(ValueError, match="longest idle wait"):
-        supernode.shorten_waits(0.2, ceiling=5.0)
-    monkeypatch.delattr(loop, "_push_messages")  # another Flower
-    with pytest.raises(RuntimeError, match="no _push_messages"):
-        supernode.shorten_waits(0.2)
+        supernode.changes(0.2, ceiling=5.0)
+    monkeypatch.delattr(loop, "_push_messages")  # another Flower: refused, naming the code
+    with pytest.raises(flower.FlowerCodeMismatch, match="start_client_internal:_push_messages"):
+        flower.install("fedx-supernode", supernode.changes(0.2), refuse=True)
 
 
 # ----------------------------------------------------------------------
@@ -498,16 +673,32 @@ def test_flowers_superexec_builds_its_executor_with_fedxs_factory(monkeypatch):
     assert run_superexec.get_executor is factory  # what run_superexec calls as it starts
     monkeypatch.setenv("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.3")
     assert superexec_executor.task_poll_interval() == 0.3
-    monkeypatch.delattr(run_superexec, "get_executor")  # another Flower
-    with pytest.raises(RuntimeError, match="no get_executor to replace"):
-        superexec_executor.use_executor_factory(factory)
+
+
+def test_fedx_superexec_refuses_to_start_on_a_changed_flower(monkeypatch):
+    from fedx.deploy import superexec  # pylint: disable=import-outside-toplevel
+
+    started = []
+    monkeypatch.setattr(superexec, "run_flower_superexec", started.append)
+    monkeypatch.setattr(run_superexec, "get_executor", run_superexec.get_executor)
+    monkeypatch.setattr(run_superexec, "time", run_superexec.time)
+    copy = changed_copy(run_superexec.run_superexec, "    task_poll_interval = 0.5")
+    monkeypatch.setattr(run_superexec, "run_superexec", copy)
+    with pytest.raises(SystemExit) as refused:
+        superexec.main(["--insecure"])
+    assert "superexec_executor relies on flwr.supercore.superexec.run_superexec:run_superexec" in (
+        str(refused.value)
+    )
+    assert str(refused.value).endswith("; use flower-superexec") and started == []
+    assert run_superexec.get_executor is flower.flowers_own(run_superexec, "get_executor")
 
 
 def test_fedx_superexec_backs_off_its_task_polls_and_asks_for_none_while_a_task_runs(
     monkeypatch,
 ):
     monkeypatch.setattr(run_superexec, "time", run_superexec.time)  # put back after the test
-    waits = superexec_executor.back_off_task_polls(IdleBackoff(0.1, 10.0, 1.0))
+    waits = superexec_executor.TaskPollWaits(IdleBackoff(0.1, 10.0, 1.0))
+    superexec_executor.back_off_task_polls(waits)
     assert run_superexec.time is waits  # what the SuperExec's loop sleeps with
     clock, slept, running = [50.0], [], []
 
@@ -541,11 +732,6 @@ def test_fedx_superexec_backs_off_its_task_polls_and_asks_for_none_while_a_task_
     assert sum(slept) == pytest.approx(1.0)
     waits.sleep(2.0)  # any other sleep is the time module's
     assert slept[-1] == 2.0
-    monkeypatch.setattr(
-        superexec_executor.inspect, "getsource", lambda module: ""
-    )  # another Flower
-    with pytest.raises(RuntimeError, match="no time.sleep"):
-        superexec_executor.back_off_task_polls(IdleBackoff(0.1, 10.0, 1.0))
 
 
 def test_a_fab_is_unpacked_once_then_found_where_flower_installed_it(tmp_path, monkeypatch):
@@ -609,11 +795,44 @@ def test_a_warm_task_says_while_it_waits_for_its_input(monkeypatch, caplog):
     with pytest.raises(ConnectionError):
         run_clientapp.pull_task_input(SilentSuperNode(again))
     assert again == [True, False] and reported == [True, False]
-    # Another Flower's function: left as it is, with a warning.
+    # A changed Flower: none of the task's changes is made, one warning says so.
     monkeypatch.setattr(run_clientapp, "pull_task_input", lambda client: None)
+    monkeypatch.setattr(run_clientapp, "install_from_fab", run_clientapp.install_from_fab)
+    monkeypatch.setattr(flower._installer, "_WARNED", set())
     with caplog.at_level(logging.WARNING, logger="flwr"):
-        assert not task_input.report_input_waits(reported.append)
-    assert "holds its slot" in caplog.text
+        assert not flower.install(
+            "clientapp-task", {"clientapp_task": {}, "task_input": {"waiting": reported.append}}
+        )
+    assert "task_input relies on flwr.supernode.runtime.run_clientapp:pull_task_input" in (
+        caplog.text
+    )
+    assert run_clientapp.install_from_fab is flower.flowers_own(run_clientapp, "install_from_fab")
+
+
+def test_a_warm_task_makes_its_changes_all_at_once(monkeypatch):
+    from flwr.supercore import heartbeat  # pylint: disable=import-outside-toplevel
+    from flwr.supernode.runtime import run_clientapp  # pylint: disable=import-outside-toplevel
+
+    for name in ("pull_task_input", "install_from_fab"):
+        monkeypatch.setattr(run_clientapp, name, getattr(run_clientapp, name))
+    monkeypatch.setattr(
+        heartbeat, "HEARTBEAT_DEFAULT_INTERVAL", heartbeat.HEARTBEAT_DEFAULT_INTERVAL
+    )
+    made = flower.install(
+        "clientapp-task",
+        {
+            "object_pulls": {"first": 0.02, "longest": 0.1},
+            "clientapp_task": {},
+            "task_input": {"waiting": print},
+            "task_heartbeat": {},
+        },
+    )
+    assert made.made == ("object_pulls", "clientapp_task", "task_input", "task_heartbeat")
+    assert run_clientapp.install_from_fab is clientapp_task.install_fab_once
+    assert run_clientapp.pull_task_input.flowers is flower.flowers_own(
+        run_clientapp, "pull_task_input"
+    )
+    assert heartbeat.HEARTBEAT_DEFAULT_INTERVAL == task_heartbeat.TASK_HEARTBEAT_INTERVAL
 
 
 # ----------------------------------------------------------------------
@@ -743,7 +962,7 @@ def test_a_message_of_a_run_stopped_while_it_is_received_is_dropped(supernode_lo
     assert message.metadata.message_id in flower.store
     assert flower.status(task_id)[0] == "running"
 
-    assert stopped_runs.install()
+    assert stopped_runs.apply()
     fedx = OneRunSuperNode(supernode_loop)
     fedx.stopped = True
     with caplog.at_level(logging.INFO, logger="flwr"):
@@ -764,7 +983,7 @@ def test_the_reply_to_the_message_received_goes_out_not_an_older_ones(supernode_
     pushed = {}
     for name in ("flower", "fedx"):
         if name == "fedx":
-            assert stopped_runs.install()
+            assert stopped_runs.apply()
         node = OneRunSuperNode(supernode_loop)
         node.stopped = True  # a stopped run's message, left behind by Flower's receive...
         orphan, _ = node.receive(flowers_receive, 0)
@@ -789,7 +1008,7 @@ def test_a_clientapp_whose_run_stops_is_ended_and_its_message_dropped(
 ):
     monkeypatch.setattr(stopped_runs, "RUN_CHECK", 0.05)
     monkeypatch.setattr(stopped_runs, "REPLY_WAIT", 0.01)
-    assert stopped_runs.install()
+    assert stopped_runs.apply()
     node = OneRunSuperNode(supernode_loop)
     message, _ = node.receive(supernode_loop._pull_and_store_message, 1)
     task_id, _ = node.take()  # trains, and would reply much later
@@ -826,25 +1045,32 @@ def test_a_warm_task_hears_within_seconds_that_its_supernode_ended_it(monkeypatc
         return waits[-1]
 
     assert 17.5 <= one_heartbeat_wait() <= 22.5  # Flower's
-    assert stopped_runs.hear_of_an_end_sooner()
+    undo = task_heartbeat.apply()
     assert 3.5 <= one_heartbeat_wait() <= 4.5
+    undo()
+    assert heartbeat.HEARTBEAT_DEFAULT_INTERVAL == 30
 
 
 def test_another_flowers_supernode_keeps_its_own_loop(supernode_loop, monkeypatch, caplog):
+    from fedx.deploy import supernode  # pylint: disable=import-outside-toplevel
+
     flowers = supernode_loop._pull_and_store_message
 
     def pull_and_store_message(state, object_store, fetch):  # another signature
         del state, object_store, fetch
 
     monkeypatch.setattr(supernode_loop, "_pull_and_store_message", pull_and_store_message)
+    monkeypatch.setattr(flower._installer, "_WARNED", set())
+    monkeypatch.setattr(supernode, "run_flower_supernode", lambda arguments: None)
     with caplog.at_level(logging.WARNING, logger="flwr"):
-        assert not stopped_runs.install()
+        supernode.main(["--insecure"])  # starts: Flower's loop, one warning
     assert supernode_loop._pull_and_store_message is pull_and_store_message
-    assert "stopped runs are left as Flower leaves them" in caplog.text
-    # Flower 1.41's loop, and FEDX_STOPPED_RUNS=flower: kept as it is, on purpose.
+    assert "_pull_and_store_message. None of this process's changes (stopped_runs" in caplog.text
+    # Flower's loop, and FEDX_STOPPED_RUNS=flower: kept as it is, on purpose.
     monkeypatch.setattr(supernode_loop, "_pull_and_store_message", flowers)
     monkeypatch.setenv(stopped_runs.VARIABLE, "flower")
-    assert not stopped_runs.install()
+    assert supernode.changes() == {}
+    supernode.main(["--insecure"])
     assert supernode_loop._pull_and_store_message is flowers
 
 
@@ -856,7 +1082,9 @@ def test_fedx_supernode_installs_the_change(supernode_loop, monkeypatch):
     supernode.main(["--insecure", "--superlink", "127.0.0.1:1"])
     assert ran == [["--insecure", "--superlink", "127.0.0.1:1"]]
     assert isinstance(supernode_loop._push_messages.__self__, stopped_runs._Loop)
-    assert stopped_runs.install()  # again: the loop is changed once
+    changed = supernode_loop._push_messages
+    assert stopped_runs.apply()  # again: the loop is changed once
+    assert supernode_loop._push_messages is changed
 
 
 def test_fedx_supernodes_idle_clock_restarts_after_a_dropped_message_too(
@@ -942,17 +1170,20 @@ def test_the_scoped_superlink_answers_every_kind_of_request_as_flowers_does(monk
     ]
     monkeypatch.setattr(superlink_app, "_get_middleware", superlink_app._get_middleware)
     flowers = _superlink_answers(requests)
-    assert superlink_middleware.scope_superlink_middleware()
-    assert superlink_middleware.scope_superlink_middleware()  # twice: scoped once
+    assert flower.install("fedx-superlink", {"superlink_middleware": {}})
+    assert flower.install("fedx-superlink", {"superlink_middleware": {}})  # twice: scoped once
     scoped = _superlink_answers(requests)
     assert [status for status, _, _ in flowers] == [200, 401, 400, 415, 401, 404, 200, 404]
     assert scoped == flowers
-    # Seven of Flower's nine are scoped; the errors' and protobuf translations run on all.
+    # Seven of Flower 1.41's nine are scoped (six of 1.42's eight: it has no tracing
+    # middleware); the errors' and protobuf translations run on all.
     stack = superlink_app._get_middleware()
-    assert (
-        len(stack) == 9
-        and [entry.cls for entry in stack].count(superlink_middleware.ScopedMiddleware) == 7
-    )
+    listed = superlink_middleware.FLOWER_MIDDLEWARE[INSTALLED]
+    scoped_count = sum(name in superlink_middleware.SCOPES for name in listed)
+    assert (INSTALLED, len(stack), scoped_count) in (("1.41.0", 9, 7), ("1.42.0", 8, 6))
+    assert [entry.cls for entry in stack].count(
+        superlink_middleware.ScopedMiddleware
+    ) == scoped_count
     assert {entry.cls.__name__ for entry in stack} == {
         "ScopedMiddleware", "BaseHTTPMiddleware", "ProtobufTranslationMiddleware"
     }  # fmt: skip
@@ -983,9 +1214,11 @@ def test_another_flowers_superlink_middleware_runs_as_shipped(monkeypatch, caplo
 
     flowers = superlink_app._get_middleware
     monkeypatch.setattr(superlink_app, "_get_middleware", lambda: flowers()[:-1])
+    monkeypatch.setattr(flower._installer, "_WARNED", set())
     with caplog.at_level(logging.WARNING, logger="flwr"):
-        assert not superlink_middleware.scope_superlink_middleware()
-    assert "running it as shipped" in caplog.text
+        assert not flower.install("fedx-superlink", {"superlink_middleware": {}})
+    assert "superlink_middleware relies on flwr.superlink.main:_get_middleware" in caplog.text
+    assert "Flower's own code runs" in caplog.text
     assert superlink_middleware.scoped(flowers()[1:]) is None
 
 
@@ -1000,8 +1233,9 @@ def flowers_engine(monkeypatch):
     monkeypatch.setattr(raybackend, "RayBackend", ray_backend.FlowerRayBackend)
     monkeypatch.setattr(vce_api, "ThreadPoolExecutor", ThreadPoolExecutor)
     monkeypatch.setattr(
-        vce_api, "add_messages_to_queue", message_feeder.flower_add_messages_to_queue
+        vce_api, "add_messages_to_queue", flower.flowers_own(vce_api, "add_messages_to_queue")
     )
+    monkeypatch.setattr(flower._installer, "_WARNED", set())
 
 
 def test_install_puts_fedxs_backend_threads_and_feeder_into_flowers_engine(flowers_engine):
@@ -1024,26 +1258,22 @@ def test_another_flowers_engine_keeps_its_own_parts(flowers_engine, monkeypatch,
     # pylint: disable=import-outside-toplevel
     from fedx.simulation import install
 
-    class SomeoneElsesBackend(ray_backend.FlowerRayBackend):
-        pass
-
-    def add_messages_to_queue(state, queue, nodes_mapping):  # another signature
-        del state, queue, nodes_mapping
-
-    monkeypatch.setattr(raybackend, "RayBackend", SomeoneElsesBackend)
-    monkeypatch.setattr(vce_api, "add_messages_to_queue", add_messages_to_queue)
-    monkeypatch.delattr(vce_api, "ThreadPoolExecutor")
+    # One part differs (the feeder: a changed copy of Flower's): none of the parts is made,
+    # not the backend nor the threads either, and one warning names the change.
+    copy = changed_copy(vce_api.add_messages_to_queue, "    nodes_mapping = dict(nodes_mapping)")
+    monkeypatch.setattr(vce_api, "add_messages_to_queue", copy)
     with caplog.at_level(logging.WARNING, logger="flwr"):
         assert not install()
-    assert raybackend.RayBackend is SomeoneElsesBackend
-    assert vce_api.add_messages_to_queue is add_messages_to_queue
-    assert not hasattr(vce_api, "ThreadPoolExecutor")
-    for replaced in (
-        "raybackend.RayBackend",
-        "vce_api.ThreadPoolExecutor",
-        "add_messages_to_queue",
-    ):
-        assert f"{replaced} is not the one fedx's replacement was written for" in caplog.text
+        assert not install()
+    assert raybackend.RayBackend is ray_backend.FlowerRayBackend
+    assert vce_api.add_messages_to_queue is copy
+    assert vce_api.ThreadPoolExecutor is ThreadPoolExecutor
+    assert caplog.text.count("fedx: Flower's code is not the code") == 1
+    assert (
+        "message_feeder relies on flwr.server.superlink.fleet.vce.vce_api:add_messages_to_queue. "
+        "None of this process's changes (clientapp_actor, linkstate_stores, ray_backend, "
+        "engine_threads, message_feeder; simulation) is made: Flower's own code runs"
+    ) in caplog.text
 
 
 def test_the_engine_runs_every_worker_loop_at_once():

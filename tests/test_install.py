@@ -1,4 +1,4 @@
-"""``pip install fedx``: the strategies, the ops and the registry, nothing that needs torch.
+"""fedx's distribution, ``fedx-flower``, without extras: the strategies, the ops and the registry, nothing that needs torch.
 
 The light install's dependencies are ``[project].dependencies`` of
 ``pyproject.toml``; the app, deployment, ``fedx-compare`` and the plots come
@@ -28,7 +28,8 @@ from packaging.requirements import Requirement
 
 import fedx.extras
 from fedx.deploy.local import FederationSpec, LocalFederation, free_port
-from tests.helpers import REPO, flwr_run
+from fedx.flower import CHECKED_FLWR
+from tests.helpers import REPO, flwr_run, modules_imported_by
 
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
 #: What a Flower project imports of fedx without the app extra, and the console scripts' entry.
@@ -36,6 +37,7 @@ LIGHT_MODULES = (
     "fedx.strategies",
     "fedx.ops",
     "fedx.registry",
+    "fedx.messaging",
     "fedx.secure.client",
     "fedx.client.packing",
     "fedx.protocol",
@@ -112,10 +114,19 @@ def test_the_light_modules_import_exactly_the_light_dependencies():
     assert imported == declared, (sorted(imported), sorted(declared))
 
 
+def test_what_a_flower_project_imports_of_fedx_changes_nothing_of_flowers():
+    """Only fedx's own processes change Flower's internals (fedx.flower, through its installer):
+    nothing a Flower project imports of fedx, lazy imports included, reaches it."""
+    modules, _ = light_closure()
+    assert "fedx.messaging" in modules
+    assert not [m for m in modules if m.startswith("fedx.flower")], sorted(modules)
+    assert modules_imported_by(LIGHT_MODULES, "fedx.flower") == []
+
+
 def test_the_app_extra_holds_what_the_light_install_leaves_out():
     app = {_name(text) for text in PROJECT["optional-dependencies"]["app"]}
     assert set(HEAVY) | {"flwr", "psutil"} <= app
-    assert "fedx[app]" in PROJECT["optional-dependencies"]["dev"]
+    assert "fedx-flower[app]" in PROJECT["optional-dependencies"]["dev"]
     # The console scripts all start at fedx.extras, which checks the extra first.
     for tool, target in PROJECT["scripts"].items():
         module, function = target.split(":")
@@ -127,8 +138,8 @@ def test_a_console_script_names_the_missing_extra(monkeypatch, capsys):
         fedx.extras,
         "requires",
         lambda name: (
-            ['torch>=2.5; extra == "app"', 'flwr[simulation]<1.42,>=1.41; extra == "app"', "numpy"]
-            if name == "fedx"
+            ['torch>=2.5; extra == "app"', 'flwr[simulation]<1.43,>=1.41; extra == "app"', "numpy"]
+            if name == "fedx-flower"
             else []
         ),
     )
@@ -143,16 +154,16 @@ def test_a_console_script_names_the_missing_extra(monkeypatch, capsys):
     assert fedx.extras.fedx_compare() == 1
     message = capsys.readouterr().err
     assert message.startswith("fedx-compare needs fedx's 'app' extra")
-    assert "torch (not installed)" in message and "flwr 1.36.0 (needs <1.42,>=1.41)" in message
-    assert 'pip install "fedx[app]"' in message and "numpy" not in message
+    assert "torch (not installed)" in message and "flwr 1.36.0 (needs <1.43,>=1.41)" in message
+    assert 'pip install "fedx-flower[app]"' in message and "numpy" not in message
 
 
 def test_flowers_processes_with_fedxs_changes_need_only_flower_of_the_extra(monkeypatch, capsys):
-    """The SuperNode image has Flower 1.41 and fedx without torch: fedx-supernode must start."""
+    """The SuperNode image has Flower and fedx without torch: fedx-supernode must start."""
     monkeypatch.setattr(
         fedx.extras,
         "requires",
-        lambda name: ['torch>=2.5; extra == "app"', 'flwr[simulation]<1.42,>=1.41; extra == "app"'],
+        lambda name: ['torch>=2.5; extra == "app"', 'flwr[simulation]<1.43,>=1.41; extra == "app"'],
     )
     installed = {"flwr": "1.41.0"}
     monkeypatch.setattr(
@@ -171,7 +182,7 @@ def test_flowers_processes_with_fedxs_changes_need_only_flower_of_the_extra(monk
     # ...but not on a Flower they do not take, and the other tools still need all of it.
     installed["flwr"] = "1.36.0"
     assert fedx.extras.fedx_supernode() == 1
-    assert "flwr 1.36.0 (needs <1.42,>=1.41)" in capsys.readouterr().err
+    assert "flwr 1.36.0 (needs <1.43,>=1.41)" in capsys.readouterr().err
     installed["flwr"] = "1.41.0"
     assert fedx.extras.fedx_superexec() == 1
     assert "torch (not installed)" in capsys.readouterr().err
@@ -196,14 +207,23 @@ def _size(path: Path) -> int:
 
 
 @pytest.mark.system
-def test_a_flower_project_that_lists_fedx_gets_no_torch_and_runs_fedmr(tmp_path, monkeypatch):
-    """A fresh environment, ``pip install`` of the user's project and this checkout (no extras)."""
+def test_a_flower_project_that_lists_fedx_gets_no_torch_keeps_its_flower_and_runs_fedmr(
+    tmp_path, monkeypatch
+):
+    """A fresh environment on the newest Flower fedx was checked with, then ``pip install`` of the
+    user's project and this checkout (no extras): the project's Flower stays."""
     monkeypatch.delenv("PYTHONPATH", raising=False)  # fedx from the environment, not the checkout
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     python = venv / "bin" / "python"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    # The user's project lists fedx among its dependencies; pip takes it from the checkout.
+    flower = CHECKED_FLWR[-1]
+    done = subprocess.run(
+        [python, "-m", "pip", "install", "--quiet", f"flwr[simulation]=={flower}"],
+        capture_output=True, text=True, timeout=1200, check=False, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # The user's project lists fedx-flower among its dependencies; pip takes it from the checkout.
     done = subprocess.run(
         [python, "-m", "pip", "install", "--quiet", str(PLUGIN), str(REPO)],
         capture_output=True,
@@ -221,8 +241,12 @@ def test_a_flower_project_that_lists_fedx_gets_no_torch_and_runs_fedmr(tmp_path,
         check=True,
         env=env,
     )
-    names = {package["name"].lower() for package in json.loads(listed.stdout)}
-    assert {"fedx", "flwr", "ray", "scikit-learn", "numpy-plugin"} <= names
+    packages = {
+        package["name"].lower(): package["version"] for package in json.loads(listed.stdout)
+    }
+    names = set(packages)
+    assert {"fedx-flower", "flwr", "ray", "scikit-learn", "numpy-plugin"} <= names
+    assert packages["flwr"] == flower  # kept: fedx allows the project's Flower
     assert not names & set(HEAVY), sorted(names & set(HEAVY))
     print(f"environment: {_size(_site_packages(venv)) / 2**20:.0f} MiB of site-packages")
 
@@ -236,7 +260,7 @@ def test_a_flower_project_that_lists_fedx_gets_no_torch_and_runs_fedmr(tmp_path,
         env=env,
     )
     assert tool.returncode == 1 and "torch (not installed)" in tool.stderr, tool.stderr
-    assert 'pip install "fedx[app]"' in tool.stderr
+    assert 'pip install "fedx-flower[app]"' in tool.stderr
 
     located = subprocess.run(
         [python, "-c", "import fedx.strategies; print(fedx.strategies.__file__)"],

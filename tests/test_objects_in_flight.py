@@ -1,16 +1,13 @@
 """fedx.flower.objects_in_flight: how many objects of a message Flower's pulls and pushes move at once.
 
-The Flower code it changes is the code it was checked against (each
-fingerprint, as tests/test_flower_changes.py checks every module of
-fedx.flower), and on the installed Flower the pulls and pushes then keep N
-objects in flight, more than the machine's cores. fedx-supernode's option
+The Flower code it changes is the code it was checked against
+(tests/test_flower_changes.py checks every module of fedx.flower), and on
+the installed Flower the pulls and pushes then keep N objects in flight,
+more than the machine's cores. fedx-supernode's option
 on real processes: tests/test_link_faults.py runs the slow-link federation;
 benchmarks/links.py measures what it pays.
 """
 
-import hashlib
-import importlib
-import inspect
 import os
 import sys
 import threading
@@ -19,6 +16,7 @@ import time
 import pytest
 from flwr.supercore.inflatable import inflatable_utils
 
+from fedx import flower
 from fedx.deploy.local import FederationSpec
 from fedx.flower import objects_in_flight
 from fedx.flower.objects_in_flight import (
@@ -27,7 +25,6 @@ from fedx.flower.objects_in_flight import (
     restore_objects_in_flight,
     set_objects_in_flight,
 )
-from tests.helpers import OneMessageGrid, PushedMessage
 
 
 @pytest.fixture(autouse=True)
@@ -36,20 +33,7 @@ def flowers_count(monkeypatch):
     for name, keyword in KEYWORDS.items():
         monkeypatch.setitem(getattr(inflatable_utils, name).__kwdefaults__, keyword, 2)
     monkeypatch.setattr(
-        inflatable_utils, "get_num_workers", objects_in_flight._FLOWER_GET_NUM_WORKERS
-    )
-    monkeypatch.setattr(objects_in_flight, "_environment_refused", False)
-
-
-@pytest.mark.parametrize("name", sorted(objects_in_flight.FLOWER_CODE))
-def test_the_flower_code_it_changes_is_the_code_it_was_checked_against(name):
-    module_name, _, qualname = name.partition(":")
-    code = importlib.import_module(module_name)
-    for part in qualname.split("."):
-        code = getattr(code, part)
-    fingerprint = hashlib.sha256(inspect.getsource(code).encode()).hexdigest()[:16]
-    assert fingerprint == objects_in_flight.FLOWER_CODE[name], (
-        f"Flower's {name} changed: re-check {objects_in_flight.RECHECK}"
+        inflatable_utils, "get_num_workers", flower.flowers_own(inflatable_utils, "get_num_workers")
     )
 
 
@@ -102,24 +86,37 @@ def test_bad_counts_and_another_flower_are_refused(monkeypatch, caplog):
         del object_ids, pull_object_fn, backoff
 
     monkeypatch.setattr(inflatable_utils, "pull_objects", pull_objects)
-    with pytest.raises(RuntimeError, match="flwr 1.41"):
+    with pytest.raises(RuntimeError, match="flwr 1.36"):
         set_objects_in_flight(8)
-    # The ServerApp's exchanges read the environment: kept Flower's, said so once.
-    monkeypatch.setenv(VARIABLE, "8")
+    # fedx's ServerApp reads the environment: a bad value keeps Flower's, and says so.
+    from fedx import server_app, simulation  # pylint: disable=import-outside-toplevel
+
+    monkeypatch.undo()
+    monkeypatch.setattr(simulation, "in_simulation_engine", lambda: False)
+    for function in (
+        inflatable_utils.pull_objects,
+        inflatable_utils.pull_and_inflate_object_from_tree,
+    ):
+        monkeypatch.setattr(function, "__kwdefaults__", dict(function.__kwdefaults__))
+    monkeypatch.setenv(VARIABLE, "lots")
     with caplog.at_level("WARNING", logger="flwr"):
-        objects_in_flight.apply_environment()
-        objects_in_flight.apply_environment()
-    assert caplog.text.count("objects in flight kept") == 1
+        server_app.change_flower()
+    assert "objects in flight kept: FEDX_OBJECTS_IN_FLIGHT='lots'" in caplog.text
+    assert inflatable_utils.get_num_workers(8) == min(8, os.cpu_count() or 1)
 
 
-def test_the_serverapps_exchange_and_fedx_supernode_take_the_count(monkeypatch):
+def test_the_serverapp_and_fedx_supernode_take_the_count(monkeypatch):
+    from fedx import server_app, simulation  # pylint: disable=import-outside-toplevel
     from fedx.deploy import supernode  # pylint: disable=import-outside-toplevel
-    from fedx.messaging import send_and_collect  # pylint: disable=import-outside-toplevel
 
-    monkeypatch.setenv(VARIABLE, "6")  # no reply ever: one push, pulls until the timeout
-    send_and_collect(
-        OneMessageGrid(), [PushedMessage()], timeout=0.05, first_interval=0.01, max_interval=0.2
-    )
+    monkeypatch.setattr(simulation, "in_simulation_engine", lambda: False)  # a deployment's
+    for function in (
+        inflatable_utils.pull_objects,
+        inflatable_utils.pull_and_inflate_object_from_tree,
+    ):
+        monkeypatch.setattr(function, "__kwdefaults__", dict(function.__kwdefaults__))
+    monkeypatch.setenv(VARIABLE, "6")
+    server_app.change_flower()  # as fedx's ServerApp's main does first
     assert objects_in_flight.objects_in_flight() == {"pulls": 6, "pushes": 6}
 
     started = []

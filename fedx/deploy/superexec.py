@@ -139,6 +139,7 @@ from pathlib import Path
 from flwr.common import log
 from flwr.common.constant import HEARTBEAT_DEFAULT_INTERVAL
 
+from fedx import flower
 from fedx.deploy.cores import (
     MAX_TASKS_VARIABLE,
     SUPERNODES_VARIABLE,
@@ -146,9 +147,9 @@ from fedx.deploy.cores import (
     ClientAppCores,
     thread_environment,
 )
-from fedx.flower import IDLE_AFTER, IdleBackoff, clientapp_task, stopped_runs
+from fedx.flower import IDLE_AFTER, IdleBackoff, clientapp_task
 from fedx.flower.clientapp_task import installed_fab_dir, run_clientapp_task
-from fedx.flower.object_pulls import FIRST_WAIT, FLOWER_INITIAL_BACKOFF, retry_object_pulls_after
+from fedx.flower.object_pulls import FIRST_WAIT, FLOWER_INITIAL_BACKOFF
 from fedx.flower.superexec_executor import (
     FLOWER_TASK_POLL_INTERVAL,
     ExecutionSpec,
@@ -156,14 +157,12 @@ from fedx.flower.superexec_executor import (
     ExecutorType,
     LaunchResult,
     SubprocessExecutor,
+    TaskPollWaits,
     TaskType,
-    back_off_task_polls,
     get_executor,
     run_flower_superexec,
     task_poll_interval,
-    use_executor_factory,
 )
-from fedx.flower.task_input import report_input_waits
 
 DEFAULT_PRELOAD_APP = "fedx.client_app"
 #: torch, what fedx's ClientApp imports on its first training or evaluation
@@ -178,9 +177,10 @@ WARM_ENVIRONMENT = {
     "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
 }
 #: What every task's process runs besides the app: this module (whose
-#: functions the task's process is given), and Flower's ``run_clientapp`` with
-#: fedx's change to it.
-TASK_MODULES = (__name__, "fedx.flower.task_input", *clientapp_task.TASK_MODULES)
+#: functions the task's process is given), Flower's ``run_clientapp`` with
+#: fedx's change to it, and the Flower code the task's changes rely on, checked
+#: once here (``fedx.flower._warm``).
+TASK_MODULES = (__name__, "fedx.flower._warm", *clientapp_task.TASK_MODULES)
 #: Seconds a running task gets to stop on SIGTERM when the SuperExec stops.
 STOP_GRACE = 10.0
 #: Seconds a claimed task may take to report to its SuperNode before the
@@ -244,10 +244,22 @@ def _task_child(
     ``waiting``, a shared byte, is 1 while the task waits for its input from its SuperNode.
     """
     _fresh_start(app_package, threads)
-    # Asking its own SuperNode costs little: soon, then doubling up to the poll interval.
-    retry_object_pulls_after(min(object_pull_wait, FIRST_WAIT), object_pull_wait)
-    report_input_waits(lambda now: setattr(waiting, "value", int(now)))
-    stopped_runs.hear_of_an_end_sooner()
+    # The task's changes to Flower, all or none (fedx.flower): asking its own SuperNode costs
+    # little, so it asks again for an object soon, then doubling up to the poll interval; it
+    # finds an installed FAB without unpacking it; it says while it waits for its input; its
+    # heartbeat tells it of its end within seconds.
+    flower.install(
+        "clientapp-task",
+        {
+            "object_pulls": {
+                "first": min(object_pull_wait, FIRST_WAIT),
+                "longest": object_pull_wait,
+            },
+            "clientapp_task": {},
+            "task_input": {"waiting": lambda now: setattr(waiting, "value", int(now))},
+            "task_heartbeat": {},
+        },
+    )
     task(spec)
 
 
@@ -648,10 +660,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         cores = ClientAppCores.resolve(threads=ours.clientapp_threads, max_tasks=ours.max_tasks)
         interval = task_poll_interval()
         # Between two task polls: the interval after a task, up to the ceiling once idle.
-        waits = back_off_task_polls(
+        waits = TaskPollWaits(
             IdleBackoff(interval, ours.idle_after, max(interval, ours.max_poll_interval))
         )
-    except (ValueError, RuntimeError) as err:
+    except ValueError as err:
         raise SystemExit(f"fedx-superexec: {err}") from None
 
     def executor_factory(
@@ -679,11 +691,16 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     # Flower's SuperExec builds its executor with this factory, called once at
     # start: everything else (polling, TLS, authentication, plugins, signals)
-    # stays Flower's own.
+    # stays Flower's own. Without it fedx-superexec has no purpose: on a Flower
+    # whose code is not the code checked, it refuses to start.
     try:
-        use_executor_factory(executor_factory)
-    except RuntimeError as err:
-        raise SystemExit(f"fedx-superexec: {err}") from None
+        flower.install(
+            "fedx-superexec",
+            {"superexec_executor": {"factory": executor_factory, "waits": waits}},
+            refuse=True,
+        )
+    except flower.FlowerCodeMismatch as err:
+        raise SystemExit(f"fedx-superexec: {err}; use flower-superexec") from None
     run_flower_superexec(flower_args)
 
 

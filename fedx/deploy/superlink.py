@@ -2,26 +2,29 @@
 
 ``fedx-superlink [flower-superlink options]`` runs ``flower-superlink``
 with the same options and the same APIs, routes, checks and answers; only
-seven of the nine middleware layers Flower wraps around every request are
+seven of the nine middleware layers Flower 1.41 wraps around every request
+(six of Flower 1.42's eight, which has dropped the tracing layer) are
 skipped on the requests they do nothing for (the Control API's on Fleet and
 Runtime requests, SuperNode authentication on everything but the Fleet API,
-event logs and tracing unless turned on). Over slow links a request cost the
+event logs, and on 1.41 tracing, unless turned on). Over slow links a request cost the
 SuperLink about half the CPU time it costs Flower's (``benchmarks/links.py``);
 :mod:`fedx.flower.superlink_middleware` says how, why, and what happens under
-another Flower.
+another Flower (all of it, through :func:`fedx.flower.install`: where Flower's
+code is not the code checked, the SuperLink runs as shipped, with one warning).
 """
 
 import sys
 from collections.abc import Sequence
 
-from fedx.flower.superlink_middleware import run_flower_superlink, scope_superlink_middleware
+from fedx import flower
+from fedx.flower.superlink_middleware import run_flower_superlink
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of ``fedx-superlink``."""
     arguments = list(sys.argv[1:] if argv is None else argv)
     if not {"-h", "--help"} & set(arguments):
-        scope_superlink_middleware()
+        flower.install("fedx-superlink", {"superlink_middleware": {}})
     run_flower_superlink(arguments)
 
 

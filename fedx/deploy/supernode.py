@@ -19,37 +19,65 @@ at once (:mod:`fedx.flower.objects_in_flight`; Flower: 2).
 With or without options, a run stopped while the SuperNode works for it
 leaves nothing behind: its messages are dropped, their ClientApp tasks
 ended, and each reply goes to its own message
-(:mod:`fedx.flower.stopped_runs`; Flower 1.41's SuperNode keeps such a
-message, and pushes every reply one message late once its task is lost).
+(:mod:`fedx.flower.stopped_runs`; Flower's SuperNode, 1.41 and 1.42, keeps
+such a message, and pushes every reply one message late once its task is
+lost).
+
+The changes are made by :func:`fedx.flower.install`, all or none, once
+their Flower code is found to be the code they were checked against. Where
+it is not, the SuperNode runs as ``flower-supernode`` with one warning; with
+``--poll-interval`` or ``--objects-in-flight``, which it cannot honour then,
+it refuses to start and says why.
 """
 
 import argparse
 import sys
 from collections.abc import Sequence
 
+from fedx import flower
 from fedx.flower import objects_in_flight, stopped_runs
-from fedx.flower.object_pulls import FIRST_WAIT, LONGEST_WAIT, retry_object_pulls_after
-from fedx.flower.supernode_waits import (
-    IDLE_AFTER,
-    IDLE_WAIT,
-    run_flower_supernode,
-    shorten_loop_waits,
-)
+from fedx.flower.object_pulls import FIRST_WAIT, LONGEST_WAIT
+from fedx.flower.supernode_waits import IDLE_AFTER, IDLE_WAIT, check_waits, run_flower_supernode
 
 
-def shorten_waits(
-    interval: float, idle_after: float = IDLE_AFTER, ceiling: float = IDLE_WAIT
-) -> None:
-    """Make this process's Flower SuperNode loop wait ``interval`` seconds when idle after a message.
+def changes(
+    poll_interval: float | None = None,
+    idle_after: float = IDLE_AFTER,
+    ceiling: float = IDLE_WAIT,
+    in_flight: int | None = None,
+) -> dict[str, dict]:
+    """The changes to Flower ``fedx-supernode`` makes with these options, for :func:`fedx.flower.install`.
 
-    After ``idle_after`` seconds without one its idle waits grow up to
-    ``ceiling``. It asks again for an object of a message that is not there
-    yet after :data:`~fedx.flower.object_pulls.FIRST_WAIT`, then doubling up
-    to ``interval`` or 0.25 s, whichever is longer. Raises as
-    :func:`~fedx.flower.supernode_waits.shorten_loop_waits` does.
+    The stopped runs always (unless ``FEDX_STOPPED_RUNS=flower``); with a
+    ``poll_interval``, the loop's waits (its idle waits growing up to
+    ``ceiling`` after ``idle_after`` seconds without a message) and the
+    object pulls: an object of a message not there yet is asked for again
+    after :data:`~fedx.flower.object_pulls.FIRST_WAIT`, then doubling up to
+    the interval or 0.25 s, whichever is longer; with ``in_flight``, the
+    objects moved at once.
+
+    Raises
+    ------
+    ValueError
+        When a value is not one the change takes.
     """
-    shorten_loop_waits(interval, idle_after, ceiling)
-    retry_object_pulls_after(min(interval, FIRST_WAIT), max(interval, LONGEST_WAIT))
+    made: dict[str, dict] = {}
+    if stopped_runs.wanted():
+        made["stopped_runs"] = {}
+    if poll_interval is not None:
+        check_waits(poll_interval, idle_after, ceiling)
+        made["supernode_waits"] = {
+            "interval": poll_interval,
+            "idle_after": idle_after,
+            "ceiling": ceiling,
+        }
+        made["object_pulls"] = {
+            "first": min(poll_interval, FIRST_WAIT),
+            "longest": max(poll_interval, LONGEST_WAIT),
+        }
+    if in_flight is not None:
+        made["objects_in_flight"] = {"count": objects_in_flight.check_count(in_flight)}
+    return made
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -96,18 +124,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.print_help()
         print()
     else:
-        # First: the idle clock of shorten_waits then wraps the stopped-runs push, which returns
-        # once per message received, replied to or dropped (the clock restarts either way).
-        stopped_runs.install()
         try:
-            if ours.poll_interval is not None:
-                shorten_waits(ours.poll_interval, ours.idle_after, ours.max_poll_interval)
             in_flight = ours.objects_in_flight
             if in_flight is None:
                 in_flight = objects_in_flight.from_environment()
-            if in_flight is not None:
-                objects_in_flight.set_objects_in_flight(in_flight)
-        except (ValueError, RuntimeError) as err:
+            made = changes(ours.poll_interval, ours.idle_after, ours.max_poll_interval, in_flight)
+            # Options the SuperNode cannot honour under another Flower: it refuses to start.
+            asked = ours.poll_interval is not None or in_flight is not None
+            flower.install("fedx-supernode", made, refuse=asked)
+        except flower.FlowerCodeMismatch as err:
+            raise SystemExit(f"fedx-supernode: {err}; use flower-supernode") from None
+        except ValueError as err:
             raise SystemExit(f"fedx-supernode: {err}") from None
     run_flower_supernode(flower_args)
 

@@ -1,19 +1,25 @@
-"""Every change fedx makes to Flower's internals, one module each.
+"""Every change fedx makes to Flower's internals, one module each, made by one installer.
 
-fedx is faster and sturdier than Flower 1.41 in places only by changing code
-of Flower's that Flower offers no setting for. Each change is made at run
-time, in fedx's own processes (Flower's installed files are not touched), by
-one module of this package, and only by it: the rest of fedx calls these
-modules and imports Flower's public API alone (``flwr.app``,
-``flwr.clientapp``, ``flwr.serverapp`` with its strategies, ``flwr.common``'s
-records, logger and constants).
+fedx is faster and sturdier than Flower 1.41 and 1.42 in places only by
+changing code of Flower's that Flower offers no setting, flag or extension
+point for (docs/flower-changes.md says which seams were looked for). Each
+change is made at run time, in fedx's own processes (Flower's installed files
+are not touched), by one module of this package, and only by it: the rest of
+fedx calls these modules and imports Flower's public API alone
+(``flwr.app``, ``flwr.clientapp``, ``flwr.serverapp`` with its strategies,
+``flwr.common``'s records, logger and constants).
 
 Each module says what it changes, why (the cost it removes, as measured),
-the Flower version it was checked against (:data:`CHECKED_FLWR`) and what
+the Flower releases it was checked against (:data:`CHECKED_FLWR`) and what
 fedx does under another Flower; its ``FLOWER_CODE`` names the Flower code it
-relies on, with a fingerprint of that code's source, and
-``tests/test_flower_changes.py`` fails when that code is not the code the
-change was checked against.
+relies on, with the fingerprint of that code's source in each checked
+release (one table for all: :mod:`fedx.flower._fingerprints`), and its
+``apply`` makes the change. A process makes its changes with
+one call of :func:`install`, which checks every fingerprint against the code
+the process runs first, then makes all of the changes in one order
+(:data:`ORDER`), or, where any differs (another Flower, a patch release,
+another package's replacement), none, with one warning that names the change
+and the releases it was checked against: Flower's own code then runs.
 
 The changes:
 
@@ -38,10 +44,12 @@ The changes:
   node has nothing to do (:class:`IdleBackoff`).
 - :mod:`~fedx.flower.stopped_runs`: ``fedx-supernode``'s loop drops a
   stopped run's messages and ends their tasks, and pushes each reply for
-  its own message; a warm task's heartbeat tells it of its end sooner.
+  its own message.
+- :mod:`~fedx.flower.task_heartbeat`: a warm ClientApp task's heartbeat
+  tells it of its end sooner.
 - :mod:`~fedx.flower.superlink_middleware`: the SuperLink app's
-  ``_get_middleware`` scopes seven of its nine middleware to the requests
-  they act on (``fedx-superlink``).
+  ``_get_middleware`` scopes Flower's middleware to the requests they act
+  on (``fedx-superlink``).
 - :mod:`~fedx.flower.superexec_executor`: the SuperExec's ``get_executor``
   returns fedx's warm executor (``fedx-superexec``), and its task polls back
   off while it has nothing to do (:class:`IdleBackoff`).
@@ -57,19 +65,40 @@ And one use of Flower's internals that changes nothing:
 - :mod:`~fedx.flower.wire`: Flower's serialization of a ``RecordDict``, for
   the in-process loopback grid (:mod:`fedx.secure.loopback`).
 
-Importing this package imports no module of Flower's: the ClientApp module
-asks :func:`in_simulation_engine` in every process that loads it.
+Importing this package, or any module of it, imports none of Flower's
+internals (``tests/test_flower_changes.py`` checks it): a change imports the
+Flower code it changes when it is checked and made.
 """
 
 import math
 import sys
 from dataclasses import dataclass
-from logging import WARNING
-from types import ModuleType
-from typing import Any
 
-#: The Flower release every change here was checked against.
-CHECKED_FLWR = "1.41.0"
+from fedx.flower._installer import (
+    CHECKED_FLWR,
+    ORDER,
+    PROCESSES,
+    FlowerCodeMismatch,
+    Installation,
+    fingerprint,
+    flowers_own,
+    install,
+    replace,
+)
+
+__all__ = [
+    "CHECKED_FLWR",
+    "ORDER",
+    "PROCESSES",
+    "FlowerCodeMismatch",
+    "IdleBackoff",
+    "Installation",
+    "fingerprint",
+    "flowers_own",
+    "in_simulation_engine",
+    "install",
+    "replace",
+]
 
 #: How long polls stay short after the last work (seconds), unless told:
 #: :class:`IdleBackoff`.
@@ -86,40 +115,18 @@ SIMULATION_ENGINE = "flwr.server.superlink.fleet.vce.vce_api"
 
 
 def in_simulation_engine() -> bool:
-    """Whether Flower's simulation engine is loaded in this process."""
-    return SIMULATION_ENGINE in sys.modules
+    """Whether Flower's simulation engine is loaded in this process (not in a Ray actor).
 
-
-def replace(
-    module: ModuleType, name: str, replacement: Any, flowers: Any, *, fits: bool = True
-) -> bool:
-    """Set ``module.name`` to ``replacement`` where it is still Flower's own ``flowers``.
-
-    Where it is something else (another Flower, or another package replaced
-    it), or ``fits`` is false (Flower's has changed), nothing is replaced and
-    a warning says so. Idempotent.
-
-    Returns
-    -------
-    bool
-        Whether ``module.name`` is ``replacement`` now.
+    Flower's own ClientApp actors, which run where fedx's engine parts are
+    not made (:func:`install` found another Flower), import the engine's
+    package too; they run no engine.
     """
-    current = getattr(module, name, None)
-    if current is replacement:
-        return True
-    if current is not flowers or not fits:
-        from flwr.common import log  # pylint: disable=import-outside-toplevel
-
-        log(
-            WARNING,
-            "fedx: %s.%s is not the one fedx's replacement was written for (flwr %s); kept it",
-            module.__name__,
-            name,
-            CHECKED_FLWR,
-        )
+    if SIMULATION_ENGINE not in sys.modules:
         return False
-    setattr(module, name, replacement)
-    return True
+    ray = sys.modules.get("ray")
+    return not (
+        ray is not None and ray.is_initialized() and ray.get_runtime_context().get_actor_id()
+    )
 
 
 @dataclass(frozen=True)

@@ -17,26 +17,40 @@ Why
     Flower's ClientApp and what the app imports, nothing else.
 
 Checked against
-    flwr 1.41.0 (:data:`fedx.flower.CHECKED_FLWR`).
+    flwr 1.41.0 and 1.42.0 (:data:`fedx.flower.CHECKED_FLWR`): the same code.
+    Flower's backend takes no actor class: fedx's backend
+    (:mod:`~fedx.flower.ray_backend`) is what creates these actors.
 
 Under another Flower
-    fedx's actors run only under fedx's backend, which is used only where
-    Flower's ``RayBackend`` is the class it extends
-    (:func:`fedx.flower.ray_backend.use_backend`); elsewhere Flower's actors
-    run. This module has no check of its own at run time: its test catches
-    a Flower whose actor or error handling changed.
+    fedx's actors run only under fedx's backend, and this change is checked
+    with the simulation's other changes, all or none
+    (:mod:`~fedx.flower.ray_backend` says how): where the actor or the
+    engine's error handling differs, Flower's backend and actors run, with
+    one warning.
 """
 
-from flwr.clientapp.client_app import ClientAppException, LoadClientAppError
+from typing import Any
 
-__all__ = ["ClientAppException", "LoadClientAppError"]
+from fedx.flower._fingerprints import flower_code
 
-#: The Flower code this change relies on, with the fingerprint of its source
-#: (SHA-256, first 16 hex digits) as checked: tests/test_flower_changes.py.
-FLOWER_CODE = {
-    "flwr.simulation.ray_transport.ray_actor:VirtualClientEngineActor": "a64283908b1ec170",
-    "flwr.server.superlink.fleet.vce.vce_api:worker": "60f308688ba34fb5",
-}
+#: Flower's ClientApp errors, which this module hands fedx's actor (imported when asked for).
+FLOWER_ERRORS = ("ClientAppException", "LoadClientAppError")
+
+
+def __getattr__(name: str) -> Any:
+    # Flower's ClientApp errors, imported when first asked for (by the actor's module).
+    if name in FLOWER_ERRORS:
+        from flwr.clientapp import client_app  # pylint: disable=import-outside-toplevel
+
+        return getattr(client_app, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+#: The Flower code this change relies on (its fingerprints: fedx.flower._fingerprints).
+FLOWER_CODE = flower_code(
+    "flwr.simulation.ray_transport.ray_actor:VirtualClientEngineActor",
+    "flwr.server.superlink.fleet.vce.vce_api:worker",
+)
 #: What to re-check in that code when it changes.
 RECHECK = (
     "that fedx.simulation.actor.ClientAppActor still takes Flower's actor arguments, "

@@ -4,8 +4,9 @@ What it changes
     In the process of a ClientApp task that fedx's warm executor forks
     (:mod:`fedx.deploy.superexec`), the module global ``install_from_fab``
     of ``flwr.supernode.runtime.run_clientapp`` is replaced by
-    :func:`install_fab_once`, and Flower's ``run_clientapp`` is called as
-    the ``flwr-clientapp`` command calls it (:func:`run_clientapp_task`).
+    :func:`install_fab_once` (:func:`apply`, through
+    :func:`fedx.flower.install`), and Flower's ``run_clientapp`` is called
+    as the ``flwr-clientapp`` command calls it (:func:`run_clientapp_task`).
     Other processes, Flower's own ``flwr-clientapp`` included, keep Flower's
     function.
 
@@ -21,23 +22,30 @@ Why
     (docs/results.md, Run 4).
 
 Checked against
-    flwr 1.41.0 (:data:`fedx.flower.CHECKED_FLWR`).
+    flwr 1.41.0 and 1.42.0 (:data:`fedx.flower.CHECKED_FLWR`): the same code.
+    Flower installs a FAB only through ``install_from_fab``, with no setting
+    to skip the unpacking of one it has installed.
 
 Under another Flower
-    A FAB not found where :func:`installed_fab_path` looks (Flower installs
-    elsewhere, or not yet) goes through Flower's ``install_from_fab``, which
-    unpacks it as Flower always does; a ``run_clientapp`` that no longer
-    calls ``install_from_fab`` is not affected at all. ``fedx-superexec``
-    itself starts only on a Flower whose SuperExec it can change
-    (:mod:`fedx.flower.superexec_executor`).
+    Where this code is not the code checked, :func:`fedx.flower.install`
+    makes none of the task's changes, with one warning in the task's log:
+    Flower's ``install_from_fab`` unpacks every task's FAB, as always. A FAB
+    not found where :func:`installed_fab_path` looks (Flower installs
+    elsewhere, or not yet) goes through Flower's function too.
+    ``fedx-superexec`` itself starts only on a Flower whose SuperExec it can
+    change (:mod:`fedx.flower.superexec_executor`).
 """
 
 import hashlib
+import importlib
 import io
 import tomllib
 import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from fedx.flower import replace
+from fedx.flower._fingerprints import flower_code
 
 if TYPE_CHECKING:
     from flwr.supercore.superexec.executor import ExecutionSpec
@@ -48,15 +56,16 @@ if TYPE_CHECKING:
 #: of every task on an idle 2-core machine, 0.7 s under load, when not imported
 #: ahead (the warm interpreter imports them all ahead).
 TASK_MODULES = (__name__, "flwr.supernode.runtime.run_clientapp", "httpcore")
+#: Flower's ClientApp task, whose ``install_from_fab`` this replaces.
+RUN_CLIENTAPP = "flwr.supernode.runtime.run_clientapp"
 
-#: The Flower code this change relies on, with the fingerprint of its source
-#: (SHA-256, first 16 hex digits) as checked: tests/test_flower_changes.py.
-FLOWER_CODE = {
-    "flwr.supernode.runtime.run_clientapp:run_clientapp": "6ce09559f3a2f5dc",
-    "flwr.supernode.cli.flwr_clientapp:flwr_clientapp": "9e02b412fb895b05",
-    "flwr.cli.install:install_from_fab": "481bd04cde582322",
-    "flwr.cli.install:validate_and_install": "628b69fb852ae858",
-}
+#: The Flower code this change relies on (its fingerprints: fedx.flower._fingerprints).
+FLOWER_CODE = flower_code(
+    "flwr.supernode.runtime.run_clientapp:run_clientapp",
+    "flwr.supernode.cli.flwr_clientapp:flwr_clientapp",
+    "flwr.cli.install:install_from_fab",
+    "flwr.cli.install:validate_and_install",
+)
 #: What to re-check in that code when it changes.
 RECHECK = (
     "that run_clientapp still installs the task's FAB through the module global "
@@ -121,13 +130,20 @@ def install_fab_once(fab_file: Path | bytes, install_dir: Path | None = None, sk
     return install_from_fab(fab_file, install_dir, skip_prompt)
 
 
+def apply():
+    """In this task's process, make Flower's ``run_clientapp`` install FABs with :func:`install_fab_once`.
+
+    Made by :func:`fedx.flower.install`; returns what undoes it.
+    """
+    return replace(importlib.import_module(RUN_CLIENTAPP), "install_from_fab", install_fab_once)
+
+
 def run_clientapp_task(spec: "ExecutionSpec") -> None:
     """Flower's ``run_clientapp`` for one task, as ``flwr-clientapp`` calls it."""
     # pylint: disable=import-outside-toplevel
     from flwr.supercore.tls import validate_and_resolve_root_certificates
     from flwr.supernode.runtime import run_clientapp as flower_task
 
-    flower_task.install_from_fab = install_fab_once  # in this task's process only
     flower_task.run_clientapp(
         runtime_api_address=spec.runtime_api_address,
         token=spec.token,

@@ -4,8 +4,8 @@ What it changes
     The name ``ThreadPoolExecutor`` in
     ``flwr.server.superlink.fleet.vce.vce_api``, which the engine's
     ``run_api`` looks up when it starts its worker loops, is replaced by
-    :class:`ThreadPerWorker`, in the process that calls
-    :func:`run_every_worker` only.
+    :class:`ThreadPerWorker`, in the simulation's process only
+    (:func:`apply`, through :func:`fedx.flower.install`).
 
 Why
     ``run_api`` submits one endless worker loop per ``backend.num_workers``
@@ -17,26 +17,29 @@ Why
     (:data:`fedx.simulation.backend.JOIN_HEADROOM`).
 
 Checked against
-    flwr 1.41.0 (:data:`fedx.flower.CHECKED_FLWR`).
+    flwr 1.41.0 and 1.42.0 (:data:`fedx.flower.CHECKED_FLWR`): the same code.
+    The pool's size is no setting of Flower's.
 
 Under another Flower
-    :func:`run_every_worker` replaces nothing when ``vce_api`` has no
-    ``ThreadPoolExecutor`` of the standard library's: it logs a warning and
-    the engine keeps its own threads.
+    Made with the simulation's other changes, all or none
+    (:mod:`~fedx.flower.ray_backend` says how): the engine keeps its own
+    threads, with one warning.
 """
 
+import importlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from flwr.server.superlink.fleet.vce import vce_api
-
 from fedx.flower import replace
+from fedx.flower._fingerprints import flower_code
 
-#: The Flower code this change relies on, with the fingerprint of its source
-#: (SHA-256, first 16 hex digits) as checked: tests/test_flower_changes.py.
-FLOWER_CODE = {
-    "flwr.server.superlink.fleet.vce.vce_api:run_api": "f85c0cd6e902752f",
-}
+#: Flower's simulation engine.
+VCE_API = "flwr.server.superlink.fleet.vce.vce_api"
+
+#: The Flower code this change relies on (its fingerprints: fedx.flower._fingerprints).
+FLOWER_CODE = flower_code(
+    "flwr.server.superlink.fleet.vce.vce_api:run_api",
+)
 #: What to re-check in that code when it changes.
 RECHECK = (
     "that run_api still runs backend.num_workers endless worker loops in the module "
@@ -56,12 +59,9 @@ class ThreadPerWorker(ThreadPoolExecutor):
         super().__init__(max_workers or 1_000_000, *args, **kwargs)
 
 
-def run_every_worker() -> bool:
+def apply():
     """Make this process's Flower simulation engine run every worker loop in a thread of its own.
 
-    Returns
-    -------
-    bool
-        Whether the engine uses :class:`ThreadPerWorker` now.
+    Made by :func:`fedx.flower.install`; returns what undoes it.
     """
-    return replace(vce_api, "ThreadPoolExecutor", ThreadPerWorker, ThreadPoolExecutor)
+    return replace(importlib.import_module(VCE_API), "ThreadPoolExecutor", ThreadPerWorker)

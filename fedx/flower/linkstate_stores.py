@@ -17,17 +17,21 @@ Why
     it at once instead of at their next 20-250 ms pull.
 
 Checked against
-    flwr 1.41.0 (:data:`fedx.flower.CHECKED_FLWR`).
+    flwr 1.41.0 and 1.42.0 (:data:`fedx.flower.CHECKED_FLWR`): the same code.
 
 Under another Flower
-    A state without those two methods is not hooked (:func:`hooked` yields
-    ``False``): fedx's feeder then hands it to Flower's feeder, and the
-    exchanges pull at their own pace.
+    Checked with the simulation's other changes, all or none
+    (:mod:`~fedx.flower.ray_backend` says how): fedx's feeder, the one user
+    of these hooks, does not run then. A state without those two methods is
+    not hooked (:func:`hooked` yields ``False``): fedx's feeder then hands
+    it to Flower's feeder, and the exchanges pull at their own pace.
 """
 
 import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from fedx.flower._fingerprints import flower_code
 
 #: ``callback(message, message_id)``, after Flower's method stored ``message``
 #: (``message_id`` as it returned it: ``None`` or empty when it did not store it).
@@ -36,14 +40,13 @@ StoreCallback = Callable[[Any, Any], None]
 #: The state's methods wrapped: storing a message, storing a reply.
 HOOKED = ("store_message_ins", "store_message_res")
 
-#: The Flower code this change relies on, with the fingerprint of its source
-#: (SHA-256, first 16 hex digits) as checked: tests/test_flower_changes.py.
-FLOWER_CODE = {
-    "flwr.server.superlink.linkstate.in_memory_linkstate:InMemoryLinkState.store_message_ins": "a2b78afac51dc4a2",
-    "flwr.server.superlink.linkstate.in_memory_linkstate:InMemoryLinkState.store_message_res": "52a4f7ccc70e8908",
-    "flwr.server.superlink.linkstate.in_memory_linkstate:InMemoryLinkState.get_message_ins": "6547c8dcbc62e12f",
-    "flwr.server.superlink.fleet.vce.vce_api:put_message_into_state": "3622eb5bfcd9cd1a",
-}
+#: The Flower code this change relies on (its fingerprints: fedx.flower._fingerprints).
+FLOWER_CODE = flower_code(
+    "flwr.server.superlink.linkstate.in_memory_linkstate:InMemoryLinkState.store_message_ins",
+    "flwr.server.superlink.linkstate.in_memory_linkstate:InMemoryLinkState.store_message_res",
+    "flwr.server.superlink.linkstate.in_memory_linkstate:InMemoryLinkState.get_message_ins",
+    "flwr.server.superlink.fleet.vce.vce_api:put_message_into_state",
+)
 #: What to re-check in that code when it changes.
 RECHECK = (
     "that the ServerApp's grid stores every message through state.store_message_ins and "

@@ -4,9 +4,9 @@ What it changes
     The function ``add_messages_to_queue`` of
     ``flwr.server.superlink.fleet.vce.vce_api``, which the engine's
     ``run_api`` starts in a thread to hand the stored messages to its
-    workers, is replaced by the feeder given to :func:`use_feeder`
+    workers, is replaced by the feeder given to :func:`apply`
     (:func:`fedx.simulation.feeder.feed_messages`, which takes the same
-    arguments), in the process that calls it only.
+    arguments), in the simulation's process only.
 
 Why
     Flower's feeder looks for new messages every 0.1 s, asking the run's
@@ -20,32 +20,38 @@ Why
     over every node remains as a safety net.
 
 Checked against
-    flwr 1.41.0 (:data:`fedx.flower.CHECKED_FLWR`).
+    flwr 1.41.0 and 1.42.0 (:data:`fedx.flower.CHECKED_FLWR`): the same code.
+    The feeder's 0.1 s is no setting of Flower's.
 
 Under another Flower
-    :func:`use_feeder` replaces nothing when ``vce_api``'s
-    ``add_messages_to_queue`` is not the function this module imported, or
-    takes other parameters than the feeder: it logs a warning and Flower's
-    feeder runs. fedx's feeder itself hands a state it cannot hook to
-    Flower's (:data:`flower_add_messages_to_queue`).
+    Made with the simulation's other changes, all or none
+    (:mod:`~fedx.flower.ray_backend` says how): Flower's feeder runs, with
+    one warning. fedx's feeder itself hands a state it cannot hook to
+    Flower's (:func:`flower_add_messages_to_queue`).
 """
 
+import importlib
 import inspect
 from collections.abc import Callable
+from typing import Any
 
-from flwr.server.superlink.fleet.vce import vce_api
+from fedx.flower import flowers_own, replace
+from fedx.flower._fingerprints import flower_code
 
-from fedx.flower import replace
+#: Flower's simulation engine.
+VCE_API = "flwr.server.superlink.fleet.vce.vce_api"
 
-#: Flower's message feeder, which :func:`use_feeder` replaces.
-flower_add_messages_to_queue = vce_api.add_messages_to_queue
 
-#: The Flower code this change relies on, with the fingerprint of its source
-#: (SHA-256, first 16 hex digits) as checked: tests/test_flower_changes.py.
-FLOWER_CODE = {
-    "flwr.server.superlink.fleet.vce.vce_api:add_messages_to_queue": "953f4bd41a931a77",
-    "flwr.server.superlink.fleet.vce.vce_api:run_api": "f85c0cd6e902752f",
-}
+def flower_add_messages_to_queue(*args: Any, **kwargs: Any) -> None:
+    """Flower's own message feeder (the one :func:`apply` replaces)."""
+    flowers_own(importlib.import_module(VCE_API), "add_messages_to_queue")(*args, **kwargs)
+
+
+#: The Flower code this change relies on (its fingerprints: fedx.flower._fingerprints).
+FLOWER_CODE = flower_code(
+    "flwr.server.superlink.fleet.vce.vce_api:add_messages_to_queue",
+    "flwr.server.superlink.fleet.vce.vce_api:run_api",
+)
 #: What to re-check in that code when it changes.
 RECHECK = (
     "that run_api still starts the module global add_messages_to_queue(state, queue, "
@@ -55,17 +61,18 @@ RECHECK = (
 )
 
 
-def use_feeder(feeder: Callable[..., None]) -> bool:
+def apply(feeder: Callable[..., None]):
     """Make this process's Flower simulation engine feed its workers with ``feeder``.
 
-    Returns
-    -------
-    bool
-        Whether the engine runs ``feeder`` now.
+    Made by :func:`fedx.flower.install`; returns what undoes it.
+
+    Raises
+    ------
+    TypeError
+        When ``feeder`` does not take Flower's feeder's parameters.
     """
-    same_parameters = list(inspect.signature(flower_add_messages_to_queue).parameters) == list(
-        inspect.signature(feeder).parameters
-    )
-    return replace(
-        vce_api, "add_messages_to_queue", feeder, flower_add_messages_to_queue, fits=same_parameters
-    )
+    vce_api = importlib.import_module(VCE_API)
+    flowers = flowers_own(vce_api, "add_messages_to_queue")
+    if list(inspect.signature(flowers).parameters) != list(inspect.signature(feeder).parameters):
+        raise TypeError(f"{feeder} does not take the parameters of Flower's feeder")
+    return replace(vce_api, "add_messages_to_queue", feeder)

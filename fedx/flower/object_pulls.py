@@ -40,8 +40,9 @@ Why
     ``longest`` seconds: with 0.25 s, 8 requests a second per waiting
     process instead of one every 10 s. A ``first`` of 1 s or more leaves
     Flower's waits as they are. fedx's processes call it with their own
-    poll interval: the ServerApp (:func:`fedx.messaging.send_and_collect`,
-    its reply pulls' 20 ms to 250 ms), ``fedx-supernode --poll-interval``
+    poll interval: fedx's ServerApp in a deployment (:mod:`fedx.server_app`,
+    the pace of its reply pulls, 20 ms to 250 ms:
+    :func:`fedx.messaging.pull_intervals`), ``fedx-supernode --poll-interval``
     (:data:`FIRST_WAIT`, up to 0.25 s) and the ClientApp processes of
     ``fedx-superexec`` (:data:`FIRST_WAIT`, up to its task poll interval:
     they ask their own SuperNode, a cheap request). A SuperNode sees a
@@ -51,40 +52,65 @@ Why
     most of it in most exchanges.
 
 Checked against
-    flwr 1.41.0 (:data:`fedx.flower.CHECKED_FLWR`).
+    flwr 1.41.0 and 1.42.0 (:data:`fedx.flower.CHECKED_FLWR`): the same code.
+    Flower reads no setting for these waits (``PULL_INITIAL_BACKOFF`` and
+    the rest are constants of ``flwr.supercore.constant``).
 
 Under another Flower
-    :func:`retry_object_pulls_after` raises ``RuntimeError`` when the pull
-    functions lack those keywords (Flower 1.36 has no ``initial_backoff``):
-    the ServerApp's exchange keeps Flower's waits and logs it once,
-    ``fedx-supernode --poll-interval`` refuses to start.
+    Where the pull functions are not the code checked (Flower 1.36 has no
+    ``initial_backoff``), :func:`fedx.flower.install` makes none of the
+    process's changes: fedx's ServerApp keeps Flower's waits, with one
+    warning; ``fedx-supernode --poll-interval`` refuses to start.
 """
 
-from flwr.supercore.inflatable import inflatable_utils
+import importlib
+from collections.abc import Callable
+from typing import Any
 
-#: Flower's functions that pull objects, each with the keywords set here.
-PULL_FUNCTIONS = (inflatable_utils.pull_objects, inflatable_utils.pull_and_inflate_object_from_tree)
+from fedx.flower._fingerprints import flower_code
+
+#: Flower's module of object pulls and pushes.
+INFLATABLE_UTILS = "flwr.supercore.inflatable.inflatable_utils"
+#: Flower's functions that pull objects (of :data:`INFLATABLE_UTILS`), each with the keywords
+#: set here.
+PULL_FUNCTIONS = ("pull_objects", "pull_and_inflate_object_from_tree")
 RETRY_KEYWORDS = ("initial_backoff", "backoff_cap", "max_tries_per_object")
-#: Flower's first wait (seconds) before asking again for an object.
-FLOWER_INITIAL_BACKOFF = float(inflatable_utils.PULL_INITIAL_BACKOFF)
+#: Flower's first wait (seconds) before asking again for an object (``PULL_INITIAL_BACKOFF``
+#: of flwr 1.41 and 1.42).
+FLOWER_INITIAL_BACKOFF = 1.0
 #: The longest wait between two requests for an object, by default.
 LONGEST_WAIT = 0.25
 #: The first wait of fedx's SuperNodes and ClientApp tasks, whatever their poll interval: the
 #: object's sender is pushing it that moment, and most arrive within tens of milliseconds.
 FIRST_WAIT = 0.02
 
-#: The Flower code this change relies on, with the fingerprint of its source
-#: (SHA-256, first 16 hex digits) as checked: tests/test_flower_changes.py.
-FLOWER_CODE = {
-    "flwr.supercore.inflatable.inflatable_utils:pull_objects": "31bb2de46b450e6a",
-    "flwr.supercore.inflatable.inflatable_utils:pull_and_inflate_object_from_tree": "139811483a15e4a6",
-}
+#: The Flower code this change relies on (its fingerprints: fedx.flower._fingerprints).
+FLOWER_CODE = flower_code(
+    "flwr.supercore.inflatable.inflatable_utils:pull_objects",
+    "flwr.supercore.inflatable.inflatable_utils:pull_and_inflate_object_from_tree",
+)
 #: What to re-check in that code when it changes.
 RECHECK = (
     "that both functions still take initial_backoff, backoff_cap and max_tries_per_object as "
     "keywords, wait initial_backoff doubling up to backoff_cap between two asks for an object "
     "not there yet, and stop at max_time alone when max_tries_per_object is None"
 )
+
+
+def pull_functions() -> list[Callable[..., Any]]:
+    """Flower's functions that pull objects (:data:`PULL_FUNCTIONS`)."""
+    module = importlib.import_module(INFLATABLE_UTILS)
+    return [getattr(module, name) for name in PULL_FUNCTIONS]
+
+
+def apply(first: float, longest: float = LONGEST_WAIT):
+    """Make this process's Flower object pulls ask again after ``first`` s, then at most ``longest``.
+
+    Made by :func:`fedx.flower.install` (:func:`retry_object_pulls_after`);
+    returns what undoes it.
+    """
+    before = retry_object_pulls_after(first, longest)
+    return lambda: restore_object_pulls(before)
 
 
 def retry_object_pulls_after(first: float, longest: float = LONGEST_WAIT) -> dict[str, object]:
@@ -103,15 +129,13 @@ def retry_object_pulls_after(first: float, longest: float = LONGEST_WAIT) -> dic
     ValueError
         When ``first`` is not positive.
     RuntimeError
-        When Flower's pull functions lack those keywords (another Flower than 1.41).
+        When Flower's pull functions lack those keywords (Flower 1.36).
     """
     if not first > 0:
         raise ValueError(f"the first wait must be positive, got {first}")
-    defaults = [function.__kwdefaults__ or {} for function in PULL_FUNCTIONS]
+    defaults = [function.__kwdefaults__ or {} for function in pull_functions()]
     if any(keyword not in d for d in defaults for keyword in RETRY_KEYWORDS):
-        raise RuntimeError(
-            "this Flower's pull_objects lacks initial_backoff (fedx needs flwr 1.41)"
-        )
+        raise RuntimeError("this Flower's pull_objects lacks initial_backoff (flwr 1.36)")
     before = {keyword: defaults[0][keyword] for keyword in RETRY_KEYWORDS}
     if first < FLOWER_INITIAL_BACKOFF:
         for default in defaults:
@@ -123,5 +147,5 @@ def retry_object_pulls_after(first: float, longest: float = LONGEST_WAIT) -> dic
 
 def restore_object_pulls(keywords: dict[str, object]) -> None:
     """Put back the retry keywords :func:`retry_object_pulls_after` returned."""
-    for function in PULL_FUNCTIONS:
+    for function in pull_functions():
         (function.__kwdefaults__ or {}).update(keywords)

@@ -1,7 +1,8 @@
 """Change: how many objects of a message a process moves at once (Flower: 2, and no more than its cores).
 
 What it changes
-    In the process that calls :func:`set_objects_in_flight` only: the
+    In the process that makes the change only (:func:`apply`, through
+    :func:`fedx.flower.install`): the
     keyword defaults (``__kwdefaults__``) ``max_concurrent_pulls`` of
     Flower's ``pull_objects`` and ``pull_and_inflate_object_from_tree`` and
     ``max_concurrent_pushes`` of ``push_objects`` and
@@ -24,21 +25,28 @@ Why
     pays (``benchmarks/links.py``; docs/results.md, slow links).
 
 Checked against
-    flwr 1.41.0 (:data:`fedx.flower.CHECKED_FLWR`).
+    flwr 1.41.0 and 1.42.0 (:data:`fedx.flower.CHECKED_FLWR`): the same code.
+    Flower's own settings, ``FLWR_PRIVATE_MAX_CONCURRENT_OBJ_PULLS`` and
+    ``..._PUSHES``, are read once when Flower is imported (before fedx's
+    code runs in a ServerApp's process) and capped at the cores like the
+    keywords: on 2 cores they cannot raise the count at all.
 
 Under another Flower
-    :func:`set_objects_in_flight` raises ``RuntimeError`` when the four
-    functions lack those keywords or the module its ``get_num_workers``
-    (Flower 1.36 moves messages whole): ``fedx-supernode
-    --objects-in-flight`` refuses to start, and the ServerApp and the warm
-    executor's tasks keep Flower's and log it once.
+    Where the four functions or ``get_num_workers`` are not the code checked
+    (Flower 1.36 moves messages whole), :func:`fedx.flower.install` makes
+    none of the process's changes: ``fedx-supernode --objects-in-flight``
+    refuses to start, fedx's ServerApp keeps Flower's, with one warning.
 """
 
+import importlib
 import os
-from logging import WARNING
+from typing import Any
 
-from flwr.common import log
-from flwr.supercore.inflatable import inflatable_utils
+from fedx.flower import flowers_own, replace
+from fedx.flower._fingerprints import flower_code
+
+#: Flower's module of object pulls and pushes.
+INFLATABLE_UTILS = "flwr.supercore.inflatable.inflatable_utils"
 
 #: The environment variable fedx's processes read: objects in flight per pull or push.
 VARIABLE = "FEDX_OBJECTS_IN_FLIGHT"
@@ -52,15 +60,14 @@ KEYWORDS = {
 #: The most objects in flight fedx sets (each is a thread while it waits).
 MOST = 256
 
-#: The Flower code this change relies on, with the fingerprint of its source
-#: (SHA-256, first 16 hex digits) as checked: tests/test_flower_changes.py.
-FLOWER_CODE = {
-    "flwr.supercore.inflatable.inflatable_utils:get_num_workers": "d738f7dba5bff74b",
-    "flwr.supercore.inflatable.inflatable_utils:pull_objects": "31bb2de46b450e6a",
-    "flwr.supercore.inflatable.inflatable_utils:pull_and_inflate_object_from_tree": "139811483a15e4a6",
-    "flwr.supercore.inflatable.inflatable_utils:push_objects": "5893dafc584a46c8",
-    "flwr.supercore.inflatable.inflatable_utils:push_object_contents_from_iterable": "89d2efe1cf720c91",
-}
+#: The Flower code this change relies on (its fingerprints: fedx.flower._fingerprints).
+FLOWER_CODE = flower_code(
+    "flwr.supercore.inflatable.inflatable_utils:get_num_workers",
+    "flwr.supercore.inflatable.inflatable_utils:pull_objects",
+    "flwr.supercore.inflatable.inflatable_utils:pull_and_inflate_object_from_tree",
+    "flwr.supercore.inflatable.inflatable_utils:push_objects",
+    "flwr.supercore.inflatable.inflatable_utils:push_object_contents_from_iterable",
+)
 #: What to re-check in that code when it changes.
 RECHECK = (
     "that the pulls and pushes still run get_num_workers(max_concurrent_...) threads, each "
@@ -69,7 +76,9 @@ RECHECK = (
     "a pull or a push starts"
 )
 
-_FLOWER_GET_NUM_WORKERS = getattr(inflatable_utils, "get_num_workers", None)
+
+def _inflatable_utils() -> Any:
+    return importlib.import_module(INFLATABLE_UTILS)
 
 
 def requested_workers(max_concurrent: int) -> int:
@@ -113,8 +122,9 @@ def _keyword_defaults() -> dict[str, dict]:
     Raises
     ------
     RuntimeError
-        When a function or its keyword is missing (another Flower than 1.41).
+        When a function or its keyword is missing (Flower 1.36).
     """
+    inflatable_utils = _inflatable_utils()
     defaults = {
         name: getattr(getattr(inflatable_utils, name, None), "__kwdefaults__", None) or {}
         for name in KEYWORDS
@@ -123,8 +133,7 @@ def _keyword_defaults() -> dict[str, dict]:
         keyword not in defaults[name] for name, keyword in KEYWORDS.items()
     ):
         raise RuntimeError(
-            "this Flower's object pulls and pushes take no max_concurrent_pulls/pushes "
-            "(fedx needs flwr 1.41)"
+            "this Flower's object pulls and pushes take no max_concurrent_pulls/pushes (flwr 1.36)"
         )
     return defaults
 
@@ -143,39 +152,31 @@ def set_objects_in_flight(count: int) -> dict[str, int]:
     ValueError
         When ``count`` is not in [1, :data:`MOST`].
     RuntimeError
-        When Flower's functions lack the keywords (another Flower than 1.41).
+        When Flower's functions lack the keywords (Flower 1.36).
     """
     check_count(count)
     defaults = _keyword_defaults()
     before = {keyword: defaults[name][keyword] for name, keyword in KEYWORDS.items()}
     for name, keyword in KEYWORDS.items():
         defaults[name][keyword] = count
-    inflatable_utils.get_num_workers = requested_workers
+    replace(_inflatable_utils(), "get_num_workers", requested_workers)
     return before
 
 
-def apply_environment() -> None:
-    """Move :data:`VARIABLE` objects at once when it is set; a bad value, or a Flower that
-    cannot be set so, keeps Flower's and is logged once per process."""
-    global _environment_refused  # pylint: disable=global-statement
-    try:
-        count = from_environment()
-        if count is not None:
-            set_objects_in_flight(count)
-    except (ValueError, RuntimeError) as error:
-        if not _environment_refused:
-            log(WARNING, "fedx: Flower's objects in flight kept: %s", error)
-        _environment_refused = True
+def apply(count: int):
+    """Make this process's Flower pulls and pushes move ``count`` objects at once.
 
-
-#: Whether this process refused :data:`VARIABLE` (logged once).
-_environment_refused = False
+    Made by :func:`fedx.flower.install` (:func:`set_objects_in_flight`);
+    returns what undoes it.
+    """
+    before = set_objects_in_flight(count)
+    return lambda: restore_objects_in_flight(before)
 
 
 def objects_in_flight() -> dict[str, int]:
     """The objects this process's pulls and pushes move at once now (threads, after any cap)."""
     defaults = _keyword_defaults()
-    workers = inflatable_utils.get_num_workers
+    workers = _inflatable_utils().get_num_workers
     return {
         "pulls": workers(defaults["pull_objects"]["max_concurrent_pulls"]),
         "pushes": workers(defaults["push_objects"]["max_concurrent_pushes"]),
@@ -187,4 +188,5 @@ def restore_objects_in_flight(before: dict[str, int]) -> None:
     defaults = _keyword_defaults()
     for name, keyword in KEYWORDS.items():
         defaults[name][keyword] = before[keyword]
-    inflatable_utils.get_num_workers = _FLOWER_GET_NUM_WORKERS
+    inflatable_utils = _inflatable_utils()
+    inflatable_utils.get_num_workers = flowers_own(inflatable_utils, "get_num_workers")

@@ -30,33 +30,33 @@ Why
     1.5-1.6 s (docs/results.md, time to round 1).
 
 Checked against
-    flwr 1.41.0 (:data:`fedx.flower.CHECKED_FLWR`).
+    flwr 1.41.0 and 1.42.0 (:data:`fedx.flower.CHECKED_FLWR`): the same code.
+    Neither release has a backend registry or a setting that names the
+    backend's class: ``start_vce`` imports ``RayBackend`` from its module.
 
 Under another Flower
-    :func:`use_backend` replaces nothing when the module's ``RayBackend`` is
-    not Flower's class this module imported (another package replaced it):
-    it logs a warning and Flower's (or that) backend runs the simulation.
-    Importing this module fails where Flower has no such module.
+    The simulation's changes (this one, :mod:`~fedx.flower.clientapp_actor`,
+    :mod:`~fedx.flower.linkstate_stores`, :mod:`~fedx.flower.engine_threads`,
+    :mod:`~fedx.flower.message_feeder`) are made all or none
+    (:func:`fedx.flower.install`): where any code they rely on differs,
+    Flower's backend, threads and feeder run the simulation, with one warning.
 """
 
-from flwr.server.superlink.fleet.vce.backend import raybackend
-from flwr.server.superlink.fleet.vce.backend.backend import BackendConfig
+from typing import Any
 
-from fedx.flower import replace
+from fedx.flower import flowers_own, replace
+from fedx.flower._fingerprints import flower_code
 
-__all__ = ["BackendConfig", "FlowerRayBackend", "use_backend"]
+#: Where Flower's engine finds its backend class.
+MODULE = "flwr.server.superlink.fleet.vce.backend.raybackend"
 
-#: Flower's backend, which fedx's extends and :func:`use_backend` replaces.
-FlowerRayBackend = raybackend.RayBackend
-
-#: The Flower code this change relies on, with the fingerprint of its source
-#: (SHA-256, first 16 hex digits) as checked: tests/test_flower_changes.py.
-FLOWER_CODE = {
-    "flwr.server.superlink.fleet.vce.backend.raybackend:RayBackend": "2ad67054433feddf",
-    "flwr.server.superlink.fleet.vce.backend.backend:Backend": "b12e9f514dd36767",
-    "flwr.server.superlink.fleet.vce.vce_api:start_vce": "2d5e267f893950a7",
-    "flwr.simulation.ray_transport.ray_actor:pool_size_from_resources": "dec698571d396dc8",
-}
+#: The Flower code this change relies on (its fingerprints: fedx.flower._fingerprints).
+FLOWER_CODE = flower_code(
+    "flwr.server.superlink.fleet.vce.backend.raybackend:RayBackend",
+    "flwr.server.superlink.fleet.vce.backend.backend:Backend",
+    "flwr.server.superlink.fleet.vce.vce_api:start_vce",
+    "flwr.simulation.ray_transport.ray_actor:pool_size_from_resources",
+)
 #: What to re-check in that code when it changes.
 RECHECK = (
     "that start_vce still imports RayBackend from its module when it builds the backend, "
@@ -66,12 +66,30 @@ RECHECK = (
 )
 
 
-def use_backend(backend: type) -> bool:
+def raybackend() -> Any:
+    """Flower's module of its Ray backend (imported on first use)."""
+    import importlib  # pylint: disable=import-outside-toplevel
+
+    return importlib.import_module(MODULE)
+
+
+def __getattr__(name: str) -> Any:
+    # Flower's classes, imported when first asked for: FlowerRayBackend (which fedx's
+    # extends, the class this change replaces) and its BackendConfig.
+    if name == "FlowerRayBackend":
+        return flowers_own(raybackend(), "RayBackend")
+    if name == "BackendConfig":
+        from flwr.server.superlink.fleet.vce.backend.backend import (  # pylint: disable=C0415
+            BackendConfig,
+        )
+
+        return BackendConfig
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def apply(backend: type):
     """Make this process's Flower simulation engine build ``backend`` (a subclass of Flower's).
 
-    Returns
-    -------
-    bool
-        Whether the engine builds ``backend`` now.
+    Made by :func:`fedx.flower.install`; returns what undoes it.
     """
-    return replace(raybackend, "RayBackend", backend, FlowerRayBackend)
+    return replace(raybackend(), "RayBackend", backend)

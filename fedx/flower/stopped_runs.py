@@ -1,7 +1,8 @@
 """Change: a stopped run leaves nothing on a SuperNode, and each reply goes to its own message.
 
 What it changes
-    In the process of ``fedx-supernode`` (:func:`install`): two module
+    In the process of ``fedx-supernode`` (:func:`apply`, through
+    :func:`fedx.flower.install`): two module
     globals of ``flwr.supernode.start_client_internal``, the SuperNode's
     loop, which receives one message from the SuperLink
     (``_pull_and_store_message``), then pushes replies
@@ -16,10 +17,8 @@ What it changes
     :data:`RUN_CHECK` seconds whether the message's run still runs, and when
     it does not, drops the message and finishes its task as stopped. A task
     that ends without a reply ends the wait too (the message is dropped,
-    with a warning). In the process of a ClientApp task that fedx's warm
-    executor forks (:func:`hear_of_an_end_sooner`): Flower's task
-    heartbeat, the request by which a running task learns that its
-    SuperNode has ended it, goes out every 3.5-4.5 s instead of 17.5-22.5 s.
+    with a warning). A warm task hears of its end sooner through its own
+    change (:mod:`~fedx.flower.task_heartbeat`).
 
 Why
     Flower 1.41's SuperNode pairs replies with messages by count, not by
@@ -72,7 +71,8 @@ Why
     after ``flwr stop`` returned; with Flower's SuperNode both still ran 30 s
     later. With the
     warm executor that is within 15 s (up to :data:`RUN_CHECK` until the
-    SuperNode sees the stop, 4.5 s to the heartbeat, 5 s to exit); with
+    SuperNode sees the stop, 4.5 s to the heartbeat
+    (:mod:`~fedx.flower.task_heartbeat`), 5 s to exit); with
     Flower's ``flwr-clientapp`` processes, whose heartbeat this does not
     change, up to about 33 s. The cost: while a ClientApp runs longer than
     :data:`RUN_CHECK`, one ``GetRun`` request to the SuperLink every
@@ -80,24 +80,30 @@ Why
     INFO); a warm task's heartbeat every 4 s to its own SuperNode.
 
 Checked against
-    flwr 1.41.0 (:data:`fedx.flower.CHECKED_FLWR`).
+    flwr 1.41.0 and 1.42.0 (:data:`fedx.flower.CHECKED_FLWR`): the same code;
+    1.42 still has both bugs. The fix, as a patch against Flower's
+    repository with its reproduction tests: ``patches/flower/``.
 
 Under another Flower
-    :func:`install` and :func:`hear_of_an_end_sooner` change nothing, with
-    one warning in the process's log, where the Flower code they rely on
-    has other parameters or is missing: the SuperNode then leaves stopped
-    runs and pairs replies as that Flower does. ``FEDX_STOPPED_RUNS=flower``
-    keeps Flower's behaviour on purpose (for comparisons), with one line.
+    Where the Flower code this relies on is not the code checked,
+    :func:`fedx.flower.install` makes none of ``fedx-supernode``'s changes,
+    with one warning in the process's log: the SuperNode then leaves
+    stopped runs and pairs replies as that Flower does (with
+    ``--poll-interval`` or ``--objects-in-flight``, ``fedx-supernode``
+    refuses to start). ``FEDX_STOPPED_RUNS=flower`` keeps Flower's
+    behaviour on purpose (for comparisons), with one line (:func:`wanted`).
 """
 
 import importlib
-import inspect
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import Any
+
+from fedx.flower import replace
+from fedx.flower._fingerprints import flower_code
 
 #: The SuperNode's loop (the module whose globals :func:`install` changes).
 LOOP = "flwr.supernode.start_client_internal"
@@ -107,25 +113,20 @@ RUN_CHECK = 5.0
 #: Flower's wait between two looks for a reply (through the loop's ``time``,
 #: which ``fedx-supernode --poll-interval`` shortens: fedx.flower.supernode_waits).
 REPLY_WAIT = 0.5
-#: ``HEARTBEAT_DEFAULT_INTERVAL`` of a warm task's heartbeat: Flower sends it
-#: every (interval - 5 s) x 0.7-0.9, 3.5-4.5 s with 10 (Flower's 30: 17.5-22.5 s).
-TASK_HEARTBEAT_INTERVAL = 10
 #: ``FEDX_STOPPED_RUNS=flower``: Flower's behaviour (for comparisons).
 VARIABLE = "FEDX_STOPPED_RUNS"
 
-#: The Flower code this change relies on, with the fingerprint of its source
-#: (SHA-256, first 16 hex digits) as checked: tests/test_flower_changes.py.
-FLOWER_CODE = {
-    "flwr.supernode.start_client_internal:start_client_internal": "9e89a6eb68fbec68",
-    "flwr.supernode.start_client_internal:_pull_and_store_message": "eaf5d0e36dc34e4c",
-    "flwr.supernode.start_client_internal:_push_messages": "00bb86faffdec114",
-    "flwr.supernode.nodestate.in_memory_nodestate:InMemoryNodeState._store_error_replies": "3af03090bfae3ea7",
-    "flwr.supernode.servicer.runtime.runtime_handlers:pull_messages": "49089949d9fd1246",
-    "flwr.supercore.corestate.in_memory_corestate:InMemoryCoreState.finish_task": "74802c12902fb68b",
-    "flwr.supercore.retry.http_retry:make_simple_http_retry_invoker": "49e12326a4b17e26",
-    "flwr.superlink.servicer.fleet.fleet_handlers:get_run": "004ad390c8b38c0e",
-    "flwr.supercore.heartbeat:HeartbeatSender._run": "b176ff96c68dbee2",
-}
+#: The Flower code this change relies on (its fingerprints: fedx.flower._fingerprints).
+FLOWER_CODE = flower_code(
+    "flwr.supernode.start_client_internal:start_client_internal",
+    "flwr.supernode.start_client_internal:_pull_and_store_message",
+    "flwr.supernode.start_client_internal:_push_messages",
+    "flwr.supernode.nodestate.in_memory_nodestate:InMemoryNodeState._store_error_replies",
+    "flwr.supernode.servicer.runtime.runtime_handlers:pull_messages",
+    "flwr.supercore.corestate.in_memory_corestate:InMemoryCoreState.finish_task",
+    "flwr.supercore.retry.http_retry:make_simple_http_retry_invoker",
+    "flwr.superlink.servicer.fleet.fleet_handlers:get_run",
+)
 #: What to re-check in that code when it changes.
 RECHECK = (
     "that start_client_internal still calls _pull_and_store_message(state=, object_store=, "
@@ -136,32 +137,9 @@ RECHECK = (
     "that part of this change only does it again); that _push_messages still pushes the "
     "replies state.get_messages_legacy(is_reply=True) returns and deletes them; that a "
     "finished task's token is revoked (finish_task) and a Runtime API client answered 401 "
-    "stops its process; that the SuperLink's GetRun refuses a stopped run (HTTP 403, "
-    "RunNotRunningException on the SuperNode); and that HeartbeatSender._run still waits "
-    "(HEARTBEAT_DEFAULT_INTERVAL - HEARTBEAT_CALL_TIMEOUT) x (0.8 +- 0.1) between heartbeats"
+    "stops its process; and that the SuperLink's GetRun refuses a stopped run (HTTP 403, "
+    "RunNotRunningException on the SuperNode)"
 )
-
-#: Parameters the change passes on to, or reads of, Flower's loop functions.
-_PULL_PARAMETERS = {"state", "object_store", "receive", "get_run"}
-_PUSH_PARAMETERS = {"state", "object_store", "send", "push_object"}
-
-
-def _warn(what: str) -> None:
-    from flwr.common import log  # pylint: disable=import-outside-toplevel
-
-    log(
-        WARNING,
-        "fedx: %s (fedx's change is for flwr 1.41): stopped runs are left as Flower leaves them",
-        what,
-    )
-
-
-def _takes(function: Any, parameters: set[str]) -> bool:
-    """Whether ``function`` is a callable that takes every one of ``parameters`` by keyword."""
-    try:
-        return parameters <= set(inspect.signature(function).parameters)
-    except (TypeError, ValueError):
-        return False
 
 
 @dataclass
@@ -335,55 +313,32 @@ class _Loop:
         )
 
 
-def install() -> bool:
-    """In this process, make Flower's SuperNode loop drop stopped runs' messages and pair replies.
-
-    Idempotent. Returns whether the loop is changed now: False, with a
-    warning, under a Flower whose loop functions take other parameters, and
-    when ``FEDX_STOPPED_RUNS=flower`` asks for Flower's behaviour.
-    """
+def wanted() -> bool:
+    """Whether ``fedx-supernode`` should make this change: not with ``FEDX_STOPPED_RUNS=flower``
+    (Flower's behaviour on purpose, said in one line)."""
     if os.environ.get(VARIABLE, "").strip().lower() == "flower":
         from flwr.common import log  # pylint: disable=import-outside-toplevel
 
         log(INFO, "fedx: %s=flower: stopped runs are left as Flower leaves them", VARIABLE)
         return False
-    loop = importlib.import_module(LOOP)
-    pull = getattr(loop, "_pull_and_store_message", None)
-    push = getattr(loop, "_push_messages", None)
-    if isinstance(getattr(pull, "__self__", None), _Loop):
-        return True
-    if not (_takes(pull, _PULL_PARAMETERS) and _takes(push, _PUSH_PARAMETERS)):
-        _warn(f"{LOOP} has no _pull_and_store_message / _push_messages with the parameters used")
-        return False
-    try:
-        from flwr.supercore.run import RunNotRunningException  # noqa: F401
-    except ImportError:
-        _warn("flwr.supercore.run has no RunNotRunningException")
-        return False
-    changed = _Loop(loop)
-    loop._pull_and_store_message = changed.receive  # pylint: disable=protected-access
-    loop._push_messages = changed.push  # pylint: disable=protected-access
     return True
 
 
-def hear_of_an_end_sooner() -> bool:
-    """In this ClientApp task's process, send Flower's task heartbeat every 3.5-4.5 s.
+def apply():
+    """In this process, make Flower's SuperNode loop drop stopped runs' messages and pair replies.
 
-    A task's heartbeat is how its process learns that its SuperNode has
-    ended the task (the SuperNode refuses the token, and Flower's client
-    stops the process). Returns whether it is changed: False, with a
-    warning, under a Flower whose heartbeat sender does not wait
-    ``HEARTBEAT_DEFAULT_INTERVAL`` of its own module.
+    Made by :func:`fedx.flower.install`; idempotent. Returns what undoes it.
     """
-    from flwr.supercore import heartbeat  # pylint: disable=import-outside-toplevel
+    loop = importlib.import_module(LOOP)
+    before = {name: getattr(loop, name) for name in ("_pull_and_store_message", "_push_messages")}
+    if isinstance(getattr(before["_pull_and_store_message"], "__self__", None), _Loop):
+        return lambda: None
+    changed = _Loop(loop)
+    replace(loop, "_pull_and_store_message", changed.receive)
+    replace(loop, "_push_messages", changed.push)
 
-    sender = getattr(heartbeat, "HeartbeatSender", None)
-    try:
-        waits = "HEARTBEAT_DEFAULT_INTERVAL" in inspect.getsource(sender._run)  # type: ignore[union-attr]
-    except (AttributeError, OSError, TypeError):
-        waits = False
-    if not waits or not isinstance(getattr(heartbeat, "HEARTBEAT_DEFAULT_INTERVAL", None), int):
-        _warn("flwr.supercore.heartbeat's task heartbeat waits otherwise")
-        return False
-    heartbeat.HEARTBEAT_DEFAULT_INTERVAL = TASK_HEARTBEAT_INTERVAL  # type: ignore[attr-defined]
-    return True
+    def undo() -> None:
+        for name, value in before.items():
+            setattr(loop, name, value)
+
+    return undo

@@ -4,8 +4,8 @@ What it changes
     The module global ``get_executor`` of
     ``flwr.supercore.superexec.run_superexec``, which ``run_superexec``
     calls once as it starts to build the executor of its tasks, is replaced
-    by the factory given to :func:`use_executor_factory`, in the process
-    that calls it only. ``fedx-superexec``'s factory returns the warm
+    by the factory given to :func:`apply`, in ``fedx-superexec``'s process
+    only (through :func:`fedx.flower.install`). ``fedx-superexec``'s factory returns the warm
     executor (:class:`fedx.deploy.superexec.WarmExecutor`) for Flower's
     default executor type, ``subprocess``, and Flower's ``get_executor``'s
     executor otherwise. Everything else of the SuperExec (polling, TLS,
@@ -14,8 +14,8 @@ What it changes
     (``flwr.supercore.superexec.executor.Executor``); this module hands it
     the protocol's types.
 
-    With :func:`back_off_task_polls`, the module global ``time`` of
-    ``run_superexec`` is replaced too, by :class:`TaskPollWaits`: the
+    The module global ``time`` of ``run_superexec`` is replaced too, by
+    :class:`TaskPollWaits`: the
     ``time`` module whose ``sleep`` makes the loop's wait between two task
     polls (``time.sleep(task_poll_interval)``) follow an
     :class:`~fedx.flower.supernode_waits.IdleBackoff`: the task poll
@@ -41,64 +41,64 @@ Why
     poll a second.
 
 Checked against
-    flwr 1.41.0 (:data:`fedx.flower.CHECKED_FLWR`).
+    flwr 1.41.0 and 1.42.0 (:data:`fedx.flower.CHECKED_FLWR`). 1.42's
+    ``run_superexec`` no longer passes a trace parent to the dispatch's
+    span; the executor's construction, the loop and its wait are the same.
+    Flower's seams were looked for: ``flower-superexec --executor`` takes
+    ``subprocess`` or ``kubernetes`` only, and ``run_superexec`` builds its
+    executor from that name (no executor class or object can be passed);
+    its task poll interval is Flower's setting
+    ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, which fedx uses as it is.
 
 Under another Flower
-    :func:`use_executor_factory` raises ``RuntimeError`` when
-    ``run_superexec`` has no ``get_executor`` to replace: ``fedx-superexec``
-    refuses to start and says it needs flwr 1.41. :func:`task_poll_interval`
-    reads Flower's task poll interval through a private function of
-    ``run_superexec``; without it, Flower's default of 1 s.
-    :func:`back_off_task_polls` raises ``RuntimeError`` when
-    ``run_superexec``'s source has no ``time.sleep(task_poll_interval)``.
+    Where ``run_superexec`` or the executor's types are not the code
+    checked, :func:`fedx.flower.install` makes no change and
+    ``fedx-superexec`` refuses to start, naming the code that differs (use
+    ``flower-superexec``).
 """
 
-import inspect
+import importlib
 import sys
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
-import flwr.supercore.superexec.run_superexec as flower_run_superexec
-from flwr.supercore.constant import ExecutorType, TaskType
-from flwr.supercore.superexec.executor import (
-    ExecutionSpec,
-    Executor,
-    LaunchResult,
-    SubprocessExecutor,
-    get_executor,
-)
-from flwr.supercore.superexec.executor.config import ExecutorConfig
-
-from fedx.flower import SUPEREXEC_TASK_POLL, IdleBackoff
+from fedx.flower import SUPEREXEC_TASK_POLL, IdleBackoff, replace
+from fedx.flower._fingerprints import flower_code
 
 __all__ = [
-    "ExecutionSpec",
-    "Executor",
-    "ExecutorConfig",
-    "ExecutorType",
-    "LaunchResult",
     "TaskPollWaits",
-    "SubprocessExecutor",
-    "TaskType",
+    "apply",
     "back_off_task_polls",
-    "get_executor",
     "run_flower_superexec",
     "task_poll_interval",
     "use_executor_factory",
-]
+]  # and, when asked for, Flower's types of FLOWER_TYPES
 
 #: Flower's task poll interval when it cannot be read (seconds).
 FLOWER_TASK_POLL_INTERVAL = SUPEREXEC_TASK_POLL
-
-#: The Flower code this change relies on, with the fingerprint of its source
-#: (SHA-256, first 16 hex digits) as checked: tests/test_flower_changes.py.
-FLOWER_CODE = {
-    "flwr.supercore.superexec.run_superexec:run_superexec": "d11f4e7fbc8f0b12",
-    "flwr.supercore.superexec.run_superexec:_get_task_poll_interval": "032c4beb47964e73",
-    "flwr.supercore.superexec.executor.factory:get_executor": "891abfc53747803d",
-    "flwr.supercore.superexec.executor.types:Executor": "c6d3173df690f03e",
-    "flwr.supercore.superexec.executor.types:ExecutionSpec": "a52aad6399c9a5ec",
+#: Flower's SuperExec loop, whose globals this changes.
+RUN_SUPEREXEC = "flwr.supercore.superexec.run_superexec"
+#: Flower's executor types this module hands fedx's executor, and where they live.
+FLOWER_TYPES = {
+    "ExecutionSpec": "flwr.supercore.superexec.executor",
+    "Executor": "flwr.supercore.superexec.executor",
+    "LaunchResult": "flwr.supercore.superexec.executor",
+    "SubprocessExecutor": "flwr.supercore.superexec.executor",
+    "get_executor": "flwr.supercore.superexec.executor",
+    "ExecutorConfig": "flwr.supercore.superexec.executor.config",
+    "ExecutorType": "flwr.supercore.constant",
+    "TaskType": "flwr.supercore.constant",
 }
+
+#: The Flower code this change relies on (its fingerprints: fedx.flower._fingerprints).
+FLOWER_CODE = flower_code(
+    "flwr.supercore.superexec.run_superexec:run_superexec",
+    "flwr.supercore.superexec.run_superexec:_get_task_poll_interval",
+    "flwr.supercore.superexec.executor.factory:get_executor",
+    "flwr.supercore.superexec.executor.types:Executor",
+    "flwr.supercore.superexec.executor.types:ExecutionSpec",
+)
 #: What to re-check in that code when it changes.
 RECHECK = (
     "that run_superexec still builds its executor once, at its start, through the module "
@@ -111,22 +111,24 @@ RECHECK = (
 
 #: ``factory(executor_type, executor_config=None, *, insecure, root_certificates_path)``:
 #: an executor, as Flower's ``get_executor`` builds one.
-ExecutorFactory = Callable[..., Executor]
+ExecutorFactory = Callable[..., Any]
 
 
-def use_executor_factory(factory: ExecutorFactory) -> None:
-    """Make this process's Flower SuperExec build its executor with ``factory``.
+def __getattr__(name: str) -> Any:
+    # Flower's executor types (FLOWER_TYPES), imported when first asked for.
+    if name in FLOWER_TYPES:
+        return getattr(importlib.import_module(FLOWER_TYPES[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-    Raises
-    ------
-    RuntimeError
-        When Flower's SuperExec has no ``get_executor`` to replace.
-    """
-    if not callable(getattr(flower_run_superexec, "get_executor", None)):
-        raise RuntimeError(
-            "this Flower's SuperExec has no get_executor to replace (fedx needs flwr 1.41)"
-        )
-    flower_run_superexec.get_executor = factory
+
+def flower_run_superexec() -> Any:
+    """Flower's SuperExec loop module (imported on first use)."""
+    return importlib.import_module(RUN_SUPEREXEC)
+
+
+def use_executor_factory(factory: ExecutorFactory):
+    """Make this process's Flower SuperExec build its executor with ``factory``; returns the undo."""
+    return replace(flower_run_superexec(), "get_executor", factory)
 
 
 class TaskPollWaits:
@@ -165,31 +167,41 @@ class TaskPollWaits:
         return getattr(time, name)
 
 
-def back_off_task_polls(backoff: IdleBackoff) -> TaskPollWaits:
-    """Make this process's Flower SuperExec wait between its task polls as ``backoff`` says.
+def back_off_task_polls(waits: TaskPollWaits):
+    """Make this process's Flower SuperExec wait between its task polls as ``waits`` says.
 
-    ``backoff.interval`` must be the SuperExec's task poll interval
-    (:func:`task_poll_interval`). Returns the loop's new ``time``; set its
-    ``busy`` once the executor is built.
-
-    Raises
-    ------
-    RuntimeError
-        When Flower's SuperExec loop has no ``time.sleep(task_poll_interval)``.
+    ``waits.backoff.interval`` must be the SuperExec's task poll interval
+    (:func:`task_poll_interval`); set its ``busy`` once the executor is
+    built. Returns the undo.
     """
-    if "time.sleep(task_poll_interval)" not in inspect.getsource(flower_run_superexec):
-        raise RuntimeError(
-            "this Flower's SuperExec has no time.sleep(task_poll_interval) to back off "
-            "(fedx needs flwr 1.41)"
-        )
-    waits = TaskPollWaits(backoff)
-    flower_run_superexec.time = waits  # type: ignore[assignment]
-    return waits
+    return replace(flower_run_superexec(), "time", waits)
+
+
+def apply(factory: ExecutorFactory, waits: TaskPollWaits):
+    """The change, as :func:`fedx.flower.install` makes it: the SuperExec builds its executor
+    with ``factory`` and waits between task polls as ``waits`` says. Returns the undo."""
+    undo_factory = use_executor_factory(factory)
+    undo_waits = back_off_task_polls(waits)
+
+    def undo() -> None:
+        undo_waits()
+        undo_factory()
+
+    return undo
 
 
 def task_poll_interval() -> float:
-    """How often Flower's SuperExec asks for tasks (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, 1 s)."""
-    read = getattr(flower_run_superexec, "_get_task_poll_interval", None)
+    """How often Flower's SuperExec asks for tasks (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, 1 s).
+
+    Read through Flower's own ``_get_task_poll_interval`` (which checks the
+    setting), when that is there.
+
+    Raises
+    ------
+    ValueError
+        When the setting is not a number of seconds Flower takes.
+    """
+    read = getattr(flower_run_superexec(), "_get_task_poll_interval", None)
     return float(read()) if callable(read) else FLOWER_TASK_POLL_INTERVAL
 
 

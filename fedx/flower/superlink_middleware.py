@@ -1,25 +1,28 @@
 """Change: the SuperLink's HTTP middleware runs only on the requests it acts on (``fedx-superlink``).
 
 What it changes
-    In the process that calls :func:`scope_superlink_middleware` only
-    (``fedx-superlink``): ``flwr.superlink.main._get_middleware``, which
-    lists the nine middleware Flower's SuperLink app wraps around every
-    request, is replaced by a function that returns Flower's list with seven
-    of them scoped (:class:`ScopedMiddleware`): each runs, as Flower wrote
-    it, on the requests it acts on, and the others go straight to the next
-    layer. The Control API's four (sensitive responses, authentication,
-    licence, event log) act on ``/v1/control/`` only; SuperNode
-    authentication on ``/v1/fleet/`` only; the Fleet API's event log on
-    ``/v1/fleet/`` when the SuperLink was started with an event-log plugin;
-    task tracing when ``FLWR_TRACING_ENABLED=1``. The error translation and
-    the protobuf translation, which every API route needs, run on every
-    request as before. Flower's installed files are not touched.
+    In ``fedx-superlink``'s process only (:func:`apply`, through
+    :func:`fedx.flower.install`): ``flwr.superlink.main._get_middleware``,
+    which lists the middleware Flower's SuperLink app wraps around every
+    request (nine in 1.41, eight in 1.42), is replaced by a function that
+    returns Flower's list with seven of them (six in 1.42) scoped
+    (:class:`ScopedMiddleware`): each runs, as Flower wrote it, on the
+    requests it acts on, and the others go straight to the next layer. The
+    Control API's four (sensitive responses, authentication, licence, event
+    log) act on ``/v1/control/`` only; SuperNode authentication on
+    ``/v1/fleet/`` only; the Fleet API's event log on ``/v1/fleet/`` when the
+    SuperLink was started with an event-log plugin; in 1.41, task tracing
+    when ``FLWR_TRACING_ENABLED=1`` (1.42 has dropped that middleware). The
+    error translation and the protobuf translation, which every API route
+    needs, run on every request as before. Flower's installed files are not
+    touched.
 
 Why
-    Each of the nine is a Starlette ``BaseHTTPMiddleware``: even when its
-    ``dispatch`` only passes the request on, it wraps the request and
-    streams the response through a task group and memory streams of its
-    own, on the SuperLink's single event-loop thread. A model is one
+    Each of them (nine on 1.41, where this was measured) is a Starlette
+    ``BaseHTTPMiddleware``: even when its ``dispatch`` only passes the
+    request on, it wraps the request and streams the response through a
+    task group and memory streams of its own, on the SuperLink's single
+    event-loop thread. A model is one
     request per object (a trained ResNet-20: about 260 a message, an array
     and its chunk each), and every request of every SuperNode and of the
     ServerApp passes all nine: on the 2-core machine the SuperLink spent
@@ -31,40 +34,48 @@ Why
     through the scoped one (``/health``; docs/results.md, issue 27).
 
 Checked against
-    flwr 1.41.0 (:data:`fedx.flower.CHECKED_FLWR`).
+    flwr 1.41.0 and 1.42.0 (:data:`fedx.flower.CHECKED_FLWR`). Ported to
+    1.42, whose list has lost ``RuntimeTracingMiddleware`` (its scoping is
+    dropped there: nothing left to scope); the other seven are the same
+    code. Flower's seams were looked for: the SuperLink's extension hooks
+    (``flwr.superlink.extensions``) add middleware of Flower's enterprise
+    package in front of the list, and can neither scope nor remove one.
 
 Under another Flower
-    When ``_get_middleware`` is not Flower 1.41's, or its list holds other
-    middleware than the nine this was written for, nothing is scoped: a
-    warning says so and the SuperLink runs Flower's stack as shipped.
+    When ``_get_middleware`` or a scoped middleware is not the code checked,
+    :func:`fedx.flower.install` scopes nothing: one warning says so and the
+    SuperLink runs Flower's stack as shipped. A list that holds other
+    middleware than a checked release's (an extension inserted among them)
+    is served as shipped too.
 """
 
+import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
-from logging import WARNING
 from typing import Any
 
-from fedx.flower import CHECKED_FLWR
+from fedx.flower import replace
+from fedx.flower._fingerprints import flower_code
 
-#: The Flower code this change relies on, with the fingerprint of its source
-#: (SHA-256, first 16 hex digits) as checked: tests/test_flower_changes.py.
+#: The Flower code this change relies on (its fingerprints: fedx.flower._fingerprints).
 #: Each scoped middleware's ``dispatch`` only passes the request on outside
 #: its scope (:data:`SCOPES`).
-FLOWER_CODE = {
-    "flwr.superlink.main:_get_middleware": "acdbc2dce1520f8f",
-    "flwr.superlink.routers.control.middlewares:ControlSensitiveResponseMiddleware": "25cca938600324c2",
-    "flwr.superlink.routers.control.middlewares:ControlAuthenticationMiddleware": "1495e41d9bbbd25d",
-    "flwr.superlink.routers.control.middlewares:ControlLicenseMiddleware": "0f57194171e921a3",
-    "flwr.superlink.routers.control.middlewares:ControlEventLogMiddleware": "d8db2d506ca7d0c5",
-    "flwr.superlink.routers.control.middlewares:_is_control_path": "bfb5469e9013b256",
-    "flwr.superlink.routers.fleet.node_auth:NodeAuthMiddleware": "36b9ef8b482a1722",
-    "flwr.superlink.routers.fleet.middlewares:FleetEventLogMiddleware": "4466ecde96fb2315",
-    "flwr.supercore.routers.runtime.tracing:RuntimeTracingMiddleware": "4f574b47f7f33cd8",
-}
+FLOWER_CODE = flower_code(
+    "flwr.superlink.main:_get_middleware",
+    "flwr.superlink.routers.control.middlewares:ControlSensitiveResponseMiddleware",
+    "flwr.superlink.routers.control.middlewares:ControlAuthenticationMiddleware",
+    "flwr.superlink.routers.control.middlewares:ControlLicenseMiddleware",
+    "flwr.superlink.routers.control.middlewares:ControlEventLogMiddleware",
+    "flwr.superlink.routers.control.middlewares:_is_control_path",
+    "flwr.superlink.routers.fleet.node_auth:NodeAuthMiddleware",
+    "flwr.superlink.routers.fleet.middlewares:FleetEventLogMiddleware",
+    "flwr.supercore.routers.runtime.tracing:RuntimeTracingMiddleware",
+)
 #: What to re-check in that code when it changes.
 RECHECK = (
-    "that _get_middleware still lists these nine middleware, and that each scoped one's "
+    "that _get_middleware still lists the middleware FLOWER_MIDDLEWARE names for its release "
+    "(a new release: add its list), and that each scoped one's "
     "dispatch does nothing but `return await call_next(request)` on the requests outside "
     "its scope in SCOPES (a path prefix, the app's fleet_event_log_plugin, "
     "FLWR_TRACING_ENABLED)"
@@ -104,18 +115,33 @@ SCOPES: dict[str, ActsOn] = {
     "FleetEventLogMiddleware": _logged_fleet,
     "RuntimeTracingMiddleware": _traced,
 }
-#: Flower 1.41's nine, in its order (outermost first); the two not in SCOPES run on every request.
-FLOWER_MIDDLEWARE = (
-    "ControlSensitiveResponseMiddleware",
-    "BaseHTTPMiddleware",  # with dispatch=http_error_translator
-    "ControlAuthenticationMiddleware",
-    "ControlLicenseMiddleware",
-    "ProtobufTranslationMiddleware",
-    "RuntimeTracingMiddleware",
-    "ControlEventLogMiddleware",
-    "NodeAuthMiddleware",
-    "FleetEventLogMiddleware",
-)
+#: Flower's middleware in each checked release, in its order (outermost first); the two not
+#: in SCOPES run on every request.
+FLOWER_MIDDLEWARE = {
+    "1.41.0": (
+        "ControlSensitiveResponseMiddleware",
+        "BaseHTTPMiddleware",  # with dispatch=http_error_translator
+        "ControlAuthenticationMiddleware",
+        "ControlLicenseMiddleware",
+        "ProtobufTranslationMiddleware",
+        "RuntimeTracingMiddleware",
+        "ControlEventLogMiddleware",
+        "NodeAuthMiddleware",
+        "FleetEventLogMiddleware",
+    ),
+    "1.42.0": (
+        "ControlSensitiveResponseMiddleware",
+        "BaseHTTPMiddleware",
+        "ControlAuthenticationMiddleware",
+        "ControlLicenseMiddleware",
+        "ProtobufTranslationMiddleware",
+        "ControlEventLogMiddleware",
+        "NodeAuthMiddleware",
+        "FleetEventLogMiddleware",
+    ),
+}
+#: Flower's SuperLink app, whose ``_get_middleware`` this replaces.
+SUPERLINK_APP = "flwr.superlink.main"
 
 
 class ScopedMiddleware:
@@ -140,13 +166,16 @@ class ScopedMiddleware:
 
 
 def scoped(middleware: Sequence[Any]) -> list[Any] | None:
-    """Flower's middleware list with the middleware in :data:`SCOPES` scoped; None if it is not Flower 1.41's."""
+    """Flower's middleware list with the middleware in :data:`SCOPES` scoped; None if it is not a checked release's."""
     from starlette.middleware import Middleware  # pylint: disable=import-outside-toplevel
 
     names = tuple(getattr(entry.cls, "__name__", None) for entry in middleware)
-    # Extensions (Flower's enterprise hooks) come first; fedx scopes none of them.
-    extensions = len(names) - len(FLOWER_MIDDLEWARE)
-    if extensions < 0 or names[extensions:] != FLOWER_MIDDLEWARE:
+    for flowers in FLOWER_MIDDLEWARE.values():
+        # Extensions (Flower's enterprise hooks) come first; fedx scopes none of them.
+        extensions = len(names) - len(flowers)
+        if extensions >= 0 and names[extensions:] == flowers:
+            break
+    else:
         return None
     return [
         Middleware(ScopedMiddleware, entry.cls, SCOPES[name], *entry.args, **entry.kwargs)
@@ -156,36 +185,23 @@ def scoped(middleware: Sequence[Any]) -> list[Any] | None:
     ]
 
 
-def scope_superlink_middleware() -> bool:
+def apply():
     """In this process, make Flower's SuperLink app scope its middleware (:func:`scoped`).
 
-    Returns
-    -------
-    bool
-        Whether it is scoped; False (with a warning) under a Flower whose
-        SuperLink lists other middleware than 1.41's.
+    Made by :func:`fedx.flower.install`; returns what undoes it. A list
+    that is not a checked release's (:func:`scoped` is None) is served as
+    Flower builds it.
     """
-    # pylint: disable=import-outside-toplevel
-    from flwr.common import log
-    from flwr.superlink import main as superlink_app
-
+    superlink_app = importlib.import_module(SUPERLINK_APP)
     current = superlink_app._get_middleware  # pylint: disable=protected-access
     flowers = getattr(current, "flowers", current)
-    if scoped(flowers()) is None:
-        log(
-            WARNING,
-            "fedx: this Flower's SuperLink middleware is not flwr %s's; running it as shipped",
-            CHECKED_FLWR,
-        )
-        return False
 
     def get_middleware() -> list[Any]:
         return scoped(flowers()) or flowers()
 
     get_middleware.flowers = flowers  # type: ignore[attr-defined]
     get_middleware.__doc__ = flowers.__doc__
-    superlink_app._get_middleware = get_middleware  # pylint: disable=protected-access
-    return True
+    return replace(superlink_app, "_get_middleware", get_middleware)
 
 
 def run_flower_superlink(arguments: Sequence[str]) -> None:

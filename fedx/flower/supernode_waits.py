@@ -2,7 +2,8 @@
 
 What it changes
     The module global ``time`` of ``flwr.supernode.start_client_internal``
-    is replaced, in the process that calls :func:`shorten_loop_waits` only, by
+    is replaced, in ``fedx-supernode``'s process only (:func:`apply`, through
+    :func:`fedx.flower.install`), by
     :class:`ShortWaits`: the ``time`` module, whose ``sleep`` changes two
     waits of the loop. ``start_client_internal`` waits ``time.sleep(3)``
     when the SuperLink had no message for the node; ``_push_messages`` checks
@@ -44,44 +45,44 @@ Why
     (0.05 s of every exchange at 0.1 s); woken, it goes on at once.
 
 Checked against
-    flwr 1.41.0 (:data:`fedx.flower.CHECKED_FLWR`).
+    flwr 1.41.0 and 1.42.0 (:data:`fedx.flower.CHECKED_FLWR`): the same code.
+    ``flower-supernode`` has no flag or setting for either wait.
 
 Under another Flower
-    :func:`shorten_loop_waits` reads the loop module's source and raises
-    ``RuntimeError`` when it has no ``time.sleep(3)`` or
-    ``time.sleep(0.5)`` to shorten, or no ``_push_messages`` to wrap:
-    ``fedx-supernode --poll-interval`` refuses to start and says to use
-    ``flower-supernode``.
+    Where the loop, its push or the node state's stores are not the code
+    checked, :func:`fedx.flower.install` makes none of ``fedx-supernode``'s
+    changes, and ``fedx-supernode --poll-interval`` refuses to start, naming
+    the code that differs (use ``flower-supernode``).
 """
 
 import functools
-import inspect
+import importlib
 import sys
 import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
-import flwr.supernode.start_client_internal as supernode_loop
+from fedx.flower import IDLE_AFTER, SUPERNODE_IDLE_WAIT, IdleBackoff, replace
+from fedx.flower._fingerprints import flower_code
 
-from fedx.flower import IDLE_AFTER, SUPERNODE_IDLE_WAIT, IdleBackoff
-
-#: The waits of Flower 1.41's SuperNode loop that the interval replaces.
+#: Flower's SuperNode loop (the module whose globals this changes).
+LOOP = "flwr.supernode.start_client_internal"
+#: The waits of Flower's SuperNode loop (1.41, 1.42) that the interval replaces.
 IDLE_WAIT = SUPERNODE_IDLE_WAIT
 REPLY_WAIT = 0.5
 #: The node state's methods through which the Runtime API stores what a ClientApp pushes.
 STORES = ("store_message_and_object_tree", "store_object")
 
-#: The Flower code this change relies on, with the fingerprint of its source
-#: (SHA-256, first 16 hex digits) as checked: tests/test_flower_changes.py.
-FLOWER_CODE = {
-    "flwr.supernode.start_client_internal:start_client_internal": "9e89a6eb68fbec68",
-    "flwr.supernode.start_client_internal:_push_messages": "00bb86faffdec114",
-    "flwr.supernode.nodestate.in_memory_nodestate:InMemoryNodeState.store_message_and_object_tree": "6712f3c6442a9092",
-    "flwr.supercore.corestate.in_memory_corestate:InMemoryCoreState.store_object": "2f952e079f4dadd4",
-    "flwr.supernode.servicer.runtime.runtime_handlers:push_messages": "f0b01d8d3c43d44a",
-    "flwr.supernode.servicer.runtime.runtime_handlers:push_object": "c6dad970cb51b02b",
-}
+#: The Flower code this change relies on (its fingerprints: fedx.flower._fingerprints).
+FLOWER_CODE = flower_code(
+    "flwr.supernode.start_client_internal:start_client_internal",
+    "flwr.supernode.start_client_internal:_push_messages",
+    "flwr.supernode.nodestate.in_memory_nodestate:InMemoryNodeState.store_message_and_object_tree",
+    "flwr.supercore.corestate.in_memory_corestate:InMemoryCoreState.store_object",
+    "flwr.supernode.servicer.runtime.runtime_handlers:push_messages",
+    "flwr.supernode.servicer.runtime.runtime_handlers:push_object",
+)
 #: What to re-check in that code when it changes.
 RECHECK = (
     "that the loop still sleeps time.sleep(3) when the SuperLink has no message and "
@@ -153,22 +154,15 @@ class ShortWaits:
         return getattr(time, name)
 
 
-def shorten_loop_waits(
+def supernode_loop() -> Any:
+    """Flower's SuperNode loop module (imported on first use)."""
+    return importlib.import_module(LOOP)
+
+
+def check_waits(
     interval: float, idle_after: float = IDLE_AFTER, ceiling: float = IDLE_WAIT
-) -> ShortWaits:
-    """Make this process's Flower SuperNode loop wait ``interval`` seconds when idle after a message.
-
-    Once the node has had no message for ``idle_after`` seconds its idle
-    waits grow to ``ceiling`` (:class:`IdleBackoff`). Returns the loop's new ``time``.
-
-    Raises
-    ------
-    ValueError
-        When ``interval`` is not in (0, 3] seconds, ``ceiling`` not in
-        [``interval``, 3] or ``idle_after`` negative.
-    RuntimeError
-        When Flower's SuperNode loop does not have the waits this replaces.
-    """
+) -> None:
+    """Raise ``ValueError`` unless the waits are ones :func:`shorten_loop_waits` takes."""
     if not 0 < interval <= IDLE_WAIT:
         raise ValueError(f"the poll interval must be in (0, {IDLE_WAIT}] s, got {interval}")
     if not interval <= ceiling <= IDLE_WAIT:
@@ -176,20 +170,28 @@ def shorten_loop_waits(
             f"the longest idle wait must be in [{interval}, {IDLE_WAIT}] s (from the poll "
             f"interval to Flower's), got {ceiling}"
         )
-    backoff = IdleBackoff(interval, idle_after, ceiling)
-    source = inspect.getsource(supernode_loop)
-    if f"time.sleep({IDLE_WAIT})" not in source or f"time.sleep({REPLY_WAIT})" not in source:
-        raise RuntimeError(
-            "this Flower's SuperNode loop has no time.sleep(3) / time.sleep(0.5) to shorten "
-            "(fedx-supernode is written for flwr 1.41); use flower-supernode"
-        )
-    push_messages = getattr(supernode_loop, "_push_messages", None)
-    if not callable(push_messages):
-        raise RuntimeError(
-            "this Flower's SuperNode loop has no _push_messages (fedx-supernode is written for "
-            "flwr 1.41); use flower-supernode"
-        )
-    waits = ShortWaits(backoff)
+    IdleBackoff(interval, idle_after, ceiling)
+
+
+def shorten_loop_waits(
+    interval: float, idle_after: float = IDLE_AFTER, ceiling: float = IDLE_WAIT
+) -> ShortWaits:
+    """Make this process's Flower SuperNode loop wait ``interval`` seconds when idle after a message.
+
+    Once the node has had no message for ``idle_after`` seconds its idle
+    waits grow to ``ceiling`` (:class:`IdleBackoff`). Returns the loop's new
+    ``time``. :func:`apply` is the change as :func:`fedx.flower.install` makes it.
+
+    Raises
+    ------
+    ValueError
+        When ``interval`` is not in (0, 3] seconds, ``ceiling`` not in
+        [``interval``, 3] or ``idle_after`` negative.
+    """
+    check_waits(interval, idle_after, ceiling)
+    loop = supernode_loop()
+    waits = ShortWaits(IdleBackoff(interval, idle_after, ceiling))
+    push_messages = loop._push_messages  # pylint: disable=protected-access
     if getattr(push_messages, "__fedx_idle_clock__", False):  # ours, from an earlier call
         push_messages = push_messages.__wrapped__
 
@@ -202,9 +204,25 @@ def shorten_loop_waits(
             waits.message_done()
 
     push_then_poll_often.__fedx_idle_clock__ = True  # type: ignore[attr-defined]
-    supernode_loop._push_messages = push_then_poll_often  # pylint: disable=protected-access
-    supernode_loop.time = waits  # type: ignore[assignment]
+    replace(loop, "_push_messages", push_then_poll_often)
+    replace(loop, "time", waits)
     return waits
+
+
+def apply(interval: float, idle_after: float = IDLE_AFTER, ceiling: float = IDLE_WAIT):
+    """The change (:func:`shorten_loop_waits`), as :func:`fedx.flower.install` makes it.
+
+    Returns what undoes it.
+    """
+    loop = supernode_loop()
+    before = {name: getattr(loop, name) for name in ("_push_messages", "time")}
+    shorten_loop_waits(interval, idle_after, ceiling)
+
+    def undo() -> None:
+        for name, value in before.items():
+            setattr(loop, name, value)
+
+    return undo
 
 
 def run_flower_supernode(arguments: Sequence[str]) -> None:

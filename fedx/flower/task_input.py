@@ -6,7 +6,8 @@ What it changes
     ``pull_task_input`` of ``flwr.supernode.runtime.run_clientapp``, which
     Flower's ``run_clientapp`` calls first to get the task's message,
     context, run and FAB from its SuperNode, is wrapped
-    (:func:`report_input_waits`). Flower's function runs as before; a
+    (:func:`report_input_waits`; :func:`apply`, through
+    :func:`fedx.flower.install`). Flower's function runs as before; a
     callback is told when the task starts waiting for that input and when
     the wait is over (the input arrived, or the pull failed).
 
@@ -37,30 +38,31 @@ Why
     once: :mod:`fedx.flower.stopped_runs`).
 
 Checked against
-    flwr 1.41.0 (:data:`fedx.flower.CHECKED_FLWR`).
+    flwr 1.41.0 and 1.42.0 (:data:`fedx.flower.CHECKED_FLWR`): the same code.
 
 Under another Flower
-    A ``run_clientapp`` module without Flower 1.41's ``pull_task_input``
-    (another function under that name, or none) is not wrapped, with a
+    Where ``pull_task_input`` or ``run_clientapp`` is not the code checked,
+    :func:`fedx.flower.install` makes none of the task's changes, with one
     warning in the task's log: its tasks hold their slot from their start
     to their end, so one whose input never comes holds it until Flower
     gives up, as before this change.
 """
 
+import importlib
 from collections.abc import Callable
-from logging import WARNING
-from typing import Any
+
+from fedx.flower import flowers_own, replace
+from fedx.flower._fingerprints import flower_code
 
 #: Where Flower's ClientApp task pulls its input (the module global ``pull_task_input``).
 RUN_CLIENTAPP = "flwr.supernode.runtime.run_clientapp"
 
-#: The Flower code this change relies on, with the fingerprint of its source
-#: (SHA-256, first 16 hex digits) as checked: tests/test_flower_changes.py.
-FLOWER_CODE = {
-    "flwr.supernode.runtime.run_clientapp:pull_task_input": "5607a23e1673ee87",
-    "flwr.supernode.runtime.run_clientapp:run_clientapp": "6ce09559f3a2f5dc",
-    "flwr.supernode.start_client_internal:_pull_and_store_message": "eaf5d0e36dc34e4c",
-}
+#: The Flower code this change relies on (its fingerprints: fedx.flower._fingerprints).
+FLOWER_CODE = flower_code(
+    "flwr.supernode.runtime.run_clientapp:pull_task_input",
+    "flwr.supernode.runtime.run_clientapp:run_clientapp",
+    "flwr.supernode.start_client_internal:_pull_and_store_message",
+)
 #: What to re-check in that code when it changes.
 RECHECK = (
     "that run_clientapp still gets the task's input first, through the module global "
@@ -72,41 +74,14 @@ RECHECK = (
 )
 
 
-def _flowers(function: Any) -> bool:
-    """Whether ``function`` is Flower's own ``pull_task_input``."""
-    return (
-        callable(function)
-        and getattr(function, "__module__", None) == RUN_CLIENTAPP
-        and getattr(function, "__name__", None) == "pull_task_input"
-    )
-
-
-def report_input_waits(waiting: Callable[[bool], None]) -> bool:
+def report_input_waits(waiting: Callable[[bool], None]):
     """In this process, call ``waiting(True)`` when Flower's ClientApp task starts pulling its input, ``waiting(False)`` when it stops.
 
-    Calling it again replaces the callback (Flower's function is wrapped once).
-
-    Returns
-    -------
-    bool
-        Whether Flower's ``pull_task_input`` is wrapped now; False (with a
-        warning) under a Flower whose ``run_clientapp`` module has not got
-        1.41's.
+    Calling it again replaces the callback (Flower's function is wrapped
+    once). Returns what undoes it.
     """
-    # pylint: disable=import-outside-toplevel
-    from flwr.common import log
-    from flwr.supernode.runtime import run_clientapp as flower_task
-
-    current = getattr(flower_task, "pull_task_input", None)
-    flowers = getattr(current, "flowers", current)
-    if not _flowers(flowers):
-        log(
-            WARNING,
-            "fedx: %s.pull_task_input is not the one fedx wraps (flwr 1.41); a task waiting "
-            "for its input holds its slot",
-            RUN_CLIENTAPP,
-        )
-        return False
+    flower_task = importlib.import_module(RUN_CLIENTAPP)
+    flowers = flowers_own(flower_task, "pull_task_input")
 
     def pull_task_input(client):
         waiting(True)
@@ -117,5 +92,9 @@ def report_input_waits(waiting: Callable[[bool], None]) -> bool:
 
     pull_task_input.flowers = flowers  # type: ignore[attr-defined]
     pull_task_input.__doc__ = flowers.__doc__
-    flower_task.pull_task_input = pull_task_input
-    return True
+    return replace(flower_task, "pull_task_input", pull_task_input)
+
+
+def apply(waiting: Callable[[bool], None]):
+    """The change (:func:`report_input_waits`), as :func:`fedx.flower.install` makes it."""
+    return report_input_waits(waiting)

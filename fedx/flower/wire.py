@@ -14,22 +14,22 @@ Why
     cross it.
 
 Checked against
-    flwr 1.41.0 (:data:`fedx.flower.CHECKED_FLWR`).
+    flwr 1.41.0 and 1.42.0 (:data:`fedx.flower.CHECKED_FLWR`): the same code.
 
 Under another Flower
-    Importing this module fails where Flower has no such functions; the
-    loopback grid is not part of a run.
+    :func:`over_the_wire` fails where Flower has no such functions; the
+    loopback grid is not part of a run, and nothing is installed.
 """
 
 from flwr.app import RecordDict
-from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 
-#: The Flower code this module relies on, with the fingerprint of its source
-#: (SHA-256, first 16 hex digits) as checked: tests/test_flower_changes.py.
-FLOWER_CODE = {
-    "flwr.common.serde:recorddict_to_proto": "f1fcf5e8709af8a7",
-    "flwr.common.serde:recorddict_from_proto": "e77ea2318c034a71",
-}
+from fedx.flower._fingerprints import flower_code
+
+#: The Flower code this module relies on (its fingerprints: fedx.flower._fingerprints).
+FLOWER_CODE = flower_code(
+    "flwr.common.serde:recorddict_to_proto",
+    "flwr.common.serde:recorddict_from_proto",
+)
 #: What to re-check in that code when it changes.
 RECHECK = (
     "that the two functions still convert a RecordDict to and from the protobuf message "
@@ -39,5 +39,8 @@ RECHECK = (
 
 def over_the_wire(content: RecordDict) -> tuple[RecordDict, int]:
     """A copy of ``content`` that went through Flower's serialization, and its size in bytes."""
+    # pylint: disable=import-outside-toplevel
+    from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
+
     proto = recorddict_to_proto(content)
     return recorddict_from_proto(proto), proto.ByteSize()

@@ -1,8 +1,9 @@
 """fedx's parts of Flower's simulation engine: a Ray backend whose actor pool follows the cluster, and a message feeder.
 
-Flower 1.41 runs a simulation's ClientApps on Ray through its simulation
-engine; :func:`install` puts fedx's parts into that engine, in the process
-that runs it (each through the change of :mod:`fedx.flower` named here):
+Flower (1.41, 1.42) runs a simulation's ClientApps on Ray through its
+simulation engine; :func:`install` puts fedx's parts into that engine, in the
+process that runs it, all or none (each through the change of
+:mod:`fedx.flower` named here):
 
 - :mod:`fedx.simulation.backend`: Flower's ``RayBackend`` with fedx's actor
   pool (:mod:`fedx.flower.ray_backend`);
@@ -36,7 +37,7 @@ __all__ = ["in_simulation_engine", "install"]
 
 
 def install(actor_preload: Sequence[str] = (), group_handler: str = "") -> bool:
-    """Make Flower's simulation engine in this process use fedx's backend and feeder.
+    """Make Flower's simulation engine in this process use fedx's backend, threads and feeder.
 
     Call it where the engine is loaded (``flwr-simulation``, or Flower's
     ``run_simulation`` in process: :func:`in_simulation_engine`), before the
@@ -46,22 +47,39 @@ def install(actor_preload: Sequence[str] = (), group_handler: str = "") -> bool:
     only on its first message. ``group_handler`` (``"module:function"``)
     answers a client group's training messages in an actor
     (:mod:`fedx.simulation.groups`); without one, every message runs alone.
-    Idempotent (the last arguments hold). Each of the three changes is made where Flower is the one it
-    was written for, and logs a warning where it is not.
+    Idempotent (the last arguments hold). The changes are made by
+    :func:`fedx.flower.install`, all or none: where Flower's engine is not
+    the code they were checked against, it runs as Flower ships it, with
+    one warning.
 
     Returns
     -------
     bool
         Whether the engine builds fedx's backend now.
     """
-    # pylint: disable=import-outside-toplevel
-    from fedx.flower import engine_threads, message_feeder, ray_backend
-    from fedx.simulation.backend import ClusterRayBackend
-    from fedx.simulation.feeder import feed_messages
+    from fedx import flower  # pylint: disable=import-outside-toplevel
 
-    ClusterRayBackend.actor_preload = tuple(actor_preload)
-    ClusterRayBackend.group_handler = group_handler
-    installed = ray_backend.use_backend(ClusterRayBackend)
-    engine_threads.run_every_worker()
-    message_feeder.use_feeder(feed_messages)
-    return installed
+    def backend() -> dict:
+        from fedx.simulation.backend import ClusterRayBackend  # pylint: disable=C0415
+
+        ClusterRayBackend.actor_preload = tuple(actor_preload)
+        ClusterRayBackend.group_handler = group_handler
+        return {"backend": ClusterRayBackend}
+
+    def feeder() -> dict:
+        from fedx.simulation.feeder import feed_messages  # pylint: disable=C0415
+
+        return {"feeder": feed_messages}
+
+    return bool(
+        flower.install(
+            "simulation",
+            {
+                "clientapp_actor": {},
+                "linkstate_stores": {},
+                "ray_backend": backend,
+                "engine_threads": {},
+                "message_feeder": feeder,
+            },
+        )
+    )
