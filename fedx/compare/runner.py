@@ -96,6 +96,7 @@ def app_commit(app_dir: Path) -> str:
     code made each of its cells (untracked files, such as outputs, do not
     count as changes).
     """
+
     def git(*args: str) -> str:
         return subprocess.run(
             ["git", "-C", str(app_dir), *args], capture_output=True, text=True, check=True
