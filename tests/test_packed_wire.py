@@ -80,13 +80,20 @@ MODEL = {
 }
 
 
+def native(array: np.ndarray) -> np.ndarray:
+    """``array`` in this machine's byte order, as the packed form is read (C order)."""
+    return np.require(array.astype(array.dtype.newbyteorder("="), copy=False), requirements="C")
+
+
 def assert_same_model(got: dict, expected: dict) -> None:
-    """Same names in the same order, and every array the same dtype, shape and bits."""
+    """Same names in the same order, and every array the same dtype (in this machine's byte
+    order), shape and bits."""
     assert list(got) == list(expected)
     for name, array in expected.items():
-        assert got[name].dtype == array.dtype, name
+        assert got[name].dtype == array.dtype.newbyteorder("="), name
+        assert got[name].dtype.isnative, name
         assert got[name].shape == array.shape, name
-        assert got[name].tobytes() == np.ascontiguousarray(array).tobytes(), name
+        assert got[name].tobytes() == native(array).tobytes(), name
 
 
 def through_flowers_objects(message: Message) -> tuple[Message, int]:
@@ -156,7 +163,7 @@ def test_a_standard_record_and_its_packed_form_hold_the_same_model():
     for name, array in standard.items():
         # The same .npy bytes as Flower's own Array of the array.
         assert array.stype == SType.NUMPY
-        assert array.data == Array(np.require(MODEL[name], requirements="C")).data, name
+        assert array.data == Array(native(MODEL[name])).data, name
     assert standard_record(record) is record
 
 
@@ -471,7 +478,7 @@ def test_a_malformed_packed_reply_is_dropped_with_a_log_line(initial, caplog, da
     lines = [r.getMessage() for r in caplog.records if f"node {victim}" in r.getMessage()]
     assert len(lines) == 1, caplog.text
     assert lines[0].startswith(f"Round 1: dropped the reply of node {victim} (slot {slot}): ")
-    reason = "packed model" if damage is truncate else "fc1.weight: shape (16, 8)"
+    reason = "packed model" if damage is truncate else "'fc1.weight': shape (16, 8)"
     assert reason in lines[0]
 
 
