@@ -3,6 +3,7 @@
 import argparse
 import csv
 import json
+import logging
 import signal
 import statistics
 import subprocess
@@ -97,6 +98,19 @@ def test_plan_sets_strategy_seed_and_folders_on_top_of_the_setting(tmp_path):
     )
     differing = {k for k in fedavg.keys() | fedmr.keys() if fedavg.get(k) != fedmr.get(k)}
     assert differing == {"strategy", "first-stage-rounds", "output-dir"}
+
+
+def test_planning_a_grid_prints_no_warning_per_run(tmp_path, caplog):
+    """Checking each run's config builds its strategy: Flower's construction warnings
+    (fraction_evaluate = 0.0 for every fedx method) are not repeated once per run."""
+    setting = write_setting(tmp_path / "digits-x.toml")
+    with caplog.at_level(logging.WARNING):
+        runs = plan_runs(
+            [setting], ["fedavg", "fedmr", "fedmut"], [0, 1, 2], {}, DEFAULTS, tmp_path
+        )
+    assert len(runs) == 9
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert logging.getLogger("flwr").level != logging.ERROR  # the level is given back
 
 
 @pytest.mark.parametrize(

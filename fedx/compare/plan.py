@@ -9,8 +9,11 @@ setting's keys and the seed, so for one seed they start from the same
 initial model and train on the same partitions.
 """
 
+import contextlib
+import logging
 import shutil
 import tomllib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -133,6 +136,24 @@ class PlannedRun:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def _flower_warnings_held() -> Iterator[None]:
+    """Flower's logger at ERROR while a strategy is built only to check its run config.
+
+    Flower's strategies warn when they are built with some settings (fedx's
+    methods set ``fraction_evaluate = 0.0``: they evaluate on the server), and
+    the check builds one strategy per planned run: a grid would print the same
+    warning for each of its runs. Each run's own log still has it, once.
+    """
+    flower = logging.getLogger("flwr")
+    level = flower.level
+    flower.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        flower.setLevel(level)
+
+
 def plan_runs(
     settings: list[Setting],
     methods: list[str],
@@ -175,7 +196,8 @@ def plan_runs(
                         **{"output-dir": str(directory.parent), "run-name": directory.name},
                     )
                     config = RunConfig.from_mapping({**defaults, **keys})
-                    build_strategy(config)  # the method's own checks, before anything runs
+                    with _flower_warnings_held():
+                        build_strategy(config)  # the method's own checks, before anything runs
                 except ConfigError as error:
                     raise ConfigError(f"setting {setting.name}, method {method}: {error}") from None
                 runs.append(
