@@ -19,7 +19,8 @@ characters; a dtype that lies (``<i4`` for a ``<f4`` array: the same bytes);
 a shape that lies (the first matrix transposed: the same size); a size that
 lies (one element more); every array in the other byte order (a valid
 reply, read converted); the bytes cut short by 8; the bytes extended by
-1 MiB. The standard form has the same cases where it can say them.
+1 MiB. The standard form has the same cases where it can say them (one
+matrix's bytes cut short or extended).
 
 Usage::
 
@@ -157,6 +158,10 @@ def standard_cases(model: Model, extra: int) -> dict[str, ArrayRecord]:
     truncated[matrix] = Array(
         dtype=array.dtype, shape=array.shape, stype=array.stype, data=array.data[:-8]
     )
+    extended = standard(model)
+    extended[matrix] = Array(
+        dtype=array.dtype, shape=array.shape, stype=array.stype, data=array.data + bytes(1 << 20)
+    )
     return {
         "valid": record,
         f"{extra:,} extra arrays": with_extra,
@@ -165,6 +170,7 @@ def standard_cases(model: Model, extra: int) -> dict[str, ArrayRecord]:
         "shape lies (transposed)": lying_shape,
         "other byte order (valid)": standard(other_order(model)),
         "truncated by 8 bytes": truncated,
+        "extended by 1 MiB": extended,
     }
 
 
