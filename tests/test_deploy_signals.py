@@ -4,10 +4,12 @@ Real processes on 127.0.0.1: ``fedx-deploy up --insecure --supernodes 2``
 started as a user would, then SIGINT, SIGTERM or SIGHUP at start-up (while
 it waits for its SuperNodes to connect), mid-run (``--run`` of the numpy
 test app, while a round trains) and under ``nohup ... &`` (started by a
-shell in the background: SIGINT and SIGHUP arrive ignored). After each, no
+shell in the background: SIGINT and SIGHUP arrive ignored; SIGHUP stays
+ignored, as nohup asks, and SIGINT or SIGTERM stops it). After each, no
 process of the federation is left, and a shell that exported the same
 ``FLWR_HOME`` (a user's, beside it) is still running. Each case prints the
-seconds from the signal to ``fedx-deploy``'s exit (``pytest -s``).
+seconds from the signal to ``fedx-deploy``'s exit (``pytest -s``): the table
+of docs/results-record.md ("``fedx-deploy up``, signalled") is their output.
 
 The teardown itself, on sleeping processes: a second signal while it runs
 waits until it is done; a process that cannot be waited for does not cut it
@@ -199,7 +201,9 @@ def test_a_signal_mid_run_stops_the_run_and_the_federation(tmp_path, name):
         deployment.clean_up()
 
 
-def test_under_nohup_sigint_stops_everything_and_a_hangup_does_not(tmp_path):
+@pytest.mark.parametrize("name", ["INT", "TERM"])
+def test_under_nohup_a_signal_stops_everything_and_a_hangup_does_not(tmp_path, name):
+    """SIGINT arrives ignored under ``nohup ... &``; it stops everything, as SIGTERM does."""
     deployment = start(tmp_path, nohup=True)
     try:
         wait_for(
@@ -211,8 +215,8 @@ def test_under_nohup_sigint_stops_everything_and_a_hangup_does_not(tmp_path):
         os.kill(deployment.pid, signal.SIGHUP)
         time.sleep(3.0)
         assert deployment.running() and len(deployment.federation()) >= 3
-        seconds = deployment.stop_by(signal.SIGINT)
-        assert_stopped_whole(deployment, seconds, "SIGINT under nohup ... & (idle)")
+        seconds = deployment.stop_by(SIGNALS[name])
+        assert_stopped_whole(deployment, seconds, f"SIG{name} under nohup ... & (idle)")
     finally:
         deployment.clean_up()
 
