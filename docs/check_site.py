@@ -14,7 +14,11 @@ line per problem) on:
 - a resource a page loads (style sheet, script, image, font) that is not
   served;
 - an error in the browser's console: an uncaught exception, a
-  ``console.error``, a resource that failed to load.
+  ``console.error``, a resource that failed to load;
+- a page that does not load within :data:`LOAD_TIMEOUT` seconds.
+
+A page is read once its document is the page's and has loaded
+(:func:`page_facts`), whenever ChromeDriver returns from ``get``.
 
 Links to other sites are not followed (the site must read the same offline,
 and the check runs where there is no network). A screenshot of the front
@@ -28,6 +32,7 @@ import socket
 import sys
 import tempfile
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections import deque
@@ -52,17 +57,21 @@ CHROMIUM_FLAGS = (
     "--disable-sync",
     "--window-size=1280,900",
 )
-# What a loaded page tells the check: its element ids, the targets of its
-# links (<a>, and <link> in the head: next, previous, style sheets), and the
-# resources it asked for.
+# What a loaded page tells the check: which document it is and whether it has
+# loaded, its element ids, the targets of its links (<a>, and <link> in the
+# head: next, previous, style sheets), and the resources it asked for.
 PAGE_FACTS = """
 return {
+  url: location.href,
+  state: document.readyState,
   ids: Array.from(document.querySelectorAll("[id]"), e => e.id).concat(
     Array.from(document.querySelectorAll("a[name]"), e => e.name)),
   links: Array.from(document.querySelectorAll("a[href], link[href]"), a => a.href),
   resources: Array.from(performance.getEntriesByType("resource"), r => r.name),
 };
 """
+#: Seconds a page may take to load, after ``driver.get`` returned, before it is a problem.
+LOAD_TIMEOUT = 120.0
 
 
 @dataclass
@@ -156,6 +165,26 @@ def _page_path(url: str) -> str:
     return path + "index.html" if path.endswith("/") else path
 
 
+def page_facts(driver: "object", url: str, timeout: float = LOAD_TIMEOUT) -> dict | None:
+    """Open ``url`` and return its :data:`PAGE_FACTS` once it has loaded; ``None`` if it never did.
+
+    ChromeDriver's ``get`` waits for the page's load, but on a busy machine
+    it was seen to return early: the facts then came from the page before
+    (another URL) or from a page still being parsed (``readyState``
+    "loading"), and every anchor past that point of it looked broken. So the
+    facts count only once they are the URL's and it is complete.
+    """
+    driver.get(url)  # type: ignore[attr-defined]
+    deadline = time.monotonic() + timeout
+    while True:
+        facts = driver.execute_script(PAGE_FACTS)  # type: ignore[attr-defined]
+        if facts["url"] == url and facts["state"] == "complete":
+            return facts
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.05)
+
+
 def check(root: Path, screenshot: Path | None = None) -> Report:
     """Open every page under ``root`` (a built HTML site) and report what is wrong."""
     report = Report()
@@ -192,9 +221,11 @@ def check(root: Path, screenshot: Path | None = None) -> Report:
         while queue:
             page = queue.popleft()
             statuses.clear()
-            driver.get(urljoin(base, page))
+            facts = page_facts(driver, urljoin(base, page))
             report.pages += 1
-            facts = driver.execute_script(PAGE_FACTS)
+            if facts is None:
+                report.problems.append(f"{page}: did not load in {LOAD_TIMEOUT:g} s")
+                continue
             ids[page] = set(facts["ids"])
             for entry in driver.get_log("browser"):
                 if entry["level"] == "SEVERE":

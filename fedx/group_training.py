@@ -21,8 +21,12 @@ stays its own, and equals what :func:`~fedx.training.train` gives it alone
   are done takes no more, and nothing of it changes;
 * **the same update**: cross-entropy (plus FedProx's proximal term), SGD with
   momentum and weight decay computed as ``torch.optim.SGD`` computes it, the
-  first step's momentum the gradient itself; BatchNorm's running statistics
-  updated from the client's own batches.
+  first step's momentum the gradient itself; a parameter the forward pass
+  does not use has no gradient in ``train()``, and SGD leaves it alone: so
+  does the batched step (found once per input shape, on the meta device);
+  BatchNorm's running statistics updated from the client's own batches, and
+  every buffer stacked, a non-persistent one (not in the state dict the
+  clients receive) from the model's own value.
 
 Dropout draws its masks outside the batched step: before each step every
 client draws, under its own generator, the masks its ``nn.Dropout`` layers
@@ -223,9 +227,15 @@ def train_group(
 
     state_names = list(model.state_dict())
     trainable = [name for name, p in model.named_parameters() if p.requires_grad]
+    # Every buffer the forward pass reads: a non-persistent one (not in the state dict, so
+    # not in what the members received) is the model's own, the same for every member.
+    own_buffers = {name: buffer.detach() for name, buffer in model.named_buffers()}
     constants = [name for name in state_names if name not in set(trainable)]
+    constants += [name for name in own_buffers if name not in set(state_names)]
 
     def stacked(name: str) -> torch.Tensor:
+        if name not in members[0].weights:
+            return torch.stack([own_buffers[name]] * len(members)).to(device)
         return torch.stack([torch.as_tensor(m.weights[name]) for m in members]).to(device)
 
     params = {name: stacked(name) for name in trainable}
@@ -234,6 +244,19 @@ def train_group(
     fixed = {name: stacked(name) for name in constants}
     start = {name: value.clone() for name, value in params.items()} if proximal_mu > 0 else {}
     velocity: dict[str, torch.Tensor] = {}
+    unused: dict[tuple[int, ...], set[str]] = {}
+
+    def unused_parameters(sample: tuple[int, ...]) -> set[str]:
+        """The parameters a forward pass of ``sample``-shaped inputs does not use (their
+        gradient is None in train(), whose SGD then leaves them alone); none with FedProx's
+        term, which uses them all."""
+        if sample not in unused:
+            unused[sample] = (
+                set()
+                if proximal_mu > 0
+                else _unused_parameters(base, dropouts, params, fixed, sample)
+            )
+        return unused[sample]
 
     def loss_of(p, b, s, inputs, labels, masks):
         for dropout, mask in zip(dropouts, masks, strict=True):
@@ -296,13 +319,16 @@ def train_group(
             # The members of one step have taken equally many steps before it.
             first = streams[rows[0]].steps == 0
             v = {} if first else _rows(velocity, index)
+            skipped = unused_parameters(tuple(inputs.shape[2:]))
             with torch.no_grad():
                 for name in trainable:  # torch.optim.SGD's update (no dampening, no Nesterov)
+                    if name in skipped:  # no gradient: SGD neither decays nor moves it
+                        continue
                     grad = grads[name]
                     if weight_decay != 0:
                         grad = grad.add(p[name], alpha=weight_decay)
                     if momentum != 0:
-                        if first:
+                        if name not in v:  # its first gradient (SGD's buffer starts with it)
                             v[name] = grad.detach().clone()
                         else:
                             v[name].mul_(momentum).add_(grad)
@@ -334,6 +360,46 @@ def train_group(
         loss = stream.loss_sum.item() / stream.num_samples if stream.num_samples else 0.0
         results.append(MemberResult(state, loss, stream.steps))
     return results
+
+
+def _unused_parameters(
+    base: nn.Module,
+    dropouts: list[_Dropout],
+    params: dict[str, torch.Tensor],
+    fixed: dict[str, torch.Tensor],
+    sample: tuple[int, ...],
+) -> set[str]:
+    """The parameters (of ``params``, stacked) whose gradient a forward pass of a
+    ``sample``-shaped batch leaves None: found by autograd on the meta device (no arithmetic)."""
+    from torch.func import functional_call  # pylint: disable=import-outside-toplevel
+
+    def meta(values: dict[str, torch.Tensor], grad: bool) -> dict[str, torch.Tensor]:
+        return {
+            name: torch.zeros(value.shape[1:], dtype=value.dtype, device="meta", requires_grad=grad)
+            for name, value in values.items()
+        }
+
+    p, b = meta(params, True), meta(fixed, False)
+    if not p:
+        return set()
+
+    def given(module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
+        module.mask = torch.ones(inputs[0].shape, device="meta")  # type: ignore[assignment]
+
+    hooks = [d.stand_in.register_forward_pre_hook(given) for d in dropouts]
+    try:
+        dtype = next(iter(p.values())).dtype
+        with torch.enable_grad():  # two examples: BatchNorm refuses one in training
+            out = functional_call(
+                base, (p, b), (torch.zeros((2, *sample), dtype=dtype, device="meta"),)
+            )
+            grads = torch.autograd.grad(out.sum(), list(p.values()), allow_unused=True)
+    finally:
+        for hook in hooks:
+            hook.remove()
+        for d in dropouts:
+            d.stand_in.mask = None
+    return {name for name, grad in zip(p, grads, strict=True) if grad is None}
 
 
 def _rows(values: dict[str, torch.Tensor], index: torch.Tensor | None) -> dict[str, torch.Tensor]:

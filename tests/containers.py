@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -57,6 +58,10 @@ SUPERNODES = ["supernode-1", "supernode-2", "supernode-3"]
 #: The hosts the certificates name: the SuperLink's and the SuperNodes' services.
 HOSTS = ["superlink", *SUPERNODES]
 APP_UID = 49999  # Flower's user "app" in every image
+#: Seconds a container has to stop on SIGTERM: compose's default stop_grace_period.
+STOP_GRACE = 10
+#: The exit code of a container killed after its grace period (128 + SIGKILL).
+KILLED = 137
 NODE_ID = re.compile(r"SuperNode ID: (\d+)")
 STAMP = (
     Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
@@ -267,33 +272,48 @@ def ensure_images(project: "ComposeProject", timeout: float = 3600) -> str:
     return f"built in {time.monotonic() - started:.0f} s"
 
 
-def remove_project(name: str) -> None:
-    """Remove the containers (dependents with them) and the network of compose project ``name``."""
-    for _ in range(3):
-        containers = subprocess.run(
-            ["podman", "ps", "-a", "-q", "--filter", f"label=io.podman.compose.project={name}"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        ).stdout.split()
-        if not containers:
-            break
+def project_containers(name: str) -> list[str]:
+    """The ids of compose project ``name``'s containers, running or not."""
+    return subprocess.run(
+        ["podman", "ps", "-a", "-q", "--filter", f"label=io.podman.compose.project={name}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    ).stdout.split()
+
+
+def remove_project(name: str, timeout: float = 240) -> list[str]:
+    """Remove the containers (dependents with them) and the network of compose project ``name``.
+
+    Again, after a pause, until none is left or ``timeout`` has passed: a
+    ``podman rm`` can fail for a moment (a container that its restart policy
+    or another test's podman holds), and a failure was once left there.
+    Returns what podman said when it failed (empty when all went at once).
+    """
+    said = []
+    deadline = time.monotonic() + timeout
+    while (containers := project_containers(name)) and time.monotonic() < deadline:
         # --depend: a SuperLink goes after the containers started with a dependency
         # on it; --ignore: a container listed here but already gone as another's
         # dependent is no error (without it podman stops there, leaving the rest).
-        subprocess.run(
+        done = subprocess.run(
             ["podman", "rm", "-f", "--depend", "--ignore", "-t", "0", *containers],
             capture_output=True,
+            text=True,
             timeout=300,
             check=False,
         )
+        if done.returncode != 0 or project_containers(name):
+            said.append(done.stderr.strip() or f"podman rm left {project_containers(name)}")
+            time.sleep(2.0)
     subprocess.run(
         ["podman", "network", "rm", "-f", f"{name}_default"],
         capture_output=True,
         timeout=60,
         check=False,
     )
+    return said
 
 
 # Project names of these tests: a prefix and the pid of the pytest that made them.
@@ -495,15 +515,47 @@ class ComposeProject:
         network = self.podman("network", "exists", self.network, check=False).returncode == 0
         return self.container_names() + ([self.network] if network else [])
 
-    def down(self) -> None:
-        """Stop and remove every container and the network of the project.
+    def down(self) -> list[str]:
+        """``down`` as docs/deployment/containers.md types it; what it left behind.
 
-        One ``podman rm -f`` for all the containers at once: ``compose down``
-        stops and removes service after service, each waiting out its stop
-        timeout, and asks about every service of the file, started or not
-        (20-30 s a project here, for the same end).
+        ``compose --profile tools down --remove-orphans`` stops every
+        container with SIGTERM (each its grace period), then removes it, a
+        ``compose run`` tool container that was left behind included, and the
+        network. Whatever it leaves is returned, and then removed, so that a
+        failing ``down`` fails the test and still leaves nothing running.
         """
-        remove_project(self.name)
+        self.compose("--profile", "tools", "down", "--remove-orphans", timeout=300, check=False)
+        left = self.leftovers()
+        if left:
+            remove_project(self.name)
+        return left
+
+    def stop_each(self, grace: int = STOP_GRACE) -> dict[str, tuple[float, int]]:
+        """Stop every running container of the project at once, as ``stop``/``down`` do (SIGTERM,
+        SIGKILL after ``grace`` s); per container, the seconds its stop took and its exit code."""
+        running = self.podman(
+            "ps",
+            "--format",
+            "{{.Names}}",
+            "--filter",
+            f"label=io.podman.compose.project={self.name}",
+            check=False,
+        ).stdout.split()
+        stopped: dict[str, tuple[float, int]] = {}
+
+        def stop(name: str) -> None:
+            started = time.monotonic()
+            self.podman("stop", "-t", str(grace), name, timeout=grace + 120, check=False)
+            seconds = time.monotonic() - started
+            code = self.podman("inspect", "--format", "{{.State.ExitCode}}", name, check=False)
+            stopped[name] = (seconds, int(code.stdout.strip() or -1))
+
+        threads = [threading.Thread(target=stop, args=(name,)) for name in running]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return stopped
 
 
 def certs_arguments(hosts=HOSTS) -> list[str]:

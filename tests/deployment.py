@@ -129,6 +129,9 @@ def deploy_up_faked(monkeypatch, workdir: Path, arguments: str) -> tuple[int, di
         def wait_for_warm_executor(self, index):
             seen.setdefault("warm", []).append(index)
 
+        def environment(self):
+            return seen["spec"].environment()
+
     def fake_run(command, env, check):
         seen["command"], seen["env"] = command, env
         return subprocess.CompletedProcess(command, 0)

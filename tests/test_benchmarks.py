@@ -82,6 +82,19 @@ def test_server_ops_refuses_a_case_that_does_not_fit(server_ops, capsys):
     assert "refused: needs about 11.5 GiB" in capsys.readouterr().out
 
 
+def test_hostile_replies_quick(capsys):
+    """Every case read once, its figures taken against the valid reply of its form, same run."""
+    readings = load_script("hostile_replies").main(["--quick", "--repeats", "1"])
+    forms = {r.form for r in readings}
+    assert forms == {"packed", "standard"}
+    for reading in readings:
+        assert reading.seconds > 0 and reading.peak_bytes >= 0, reading
+        valid = reading.case == "valid" or "byte order" in reading.case
+        assert (reading.outcome == "read") == valid, reading
+    out = capsys.readouterr().out
+    assert "x valid" in out and "refused: " in out
+
+
 def test_round_bytes_quick(server_task_identity, capsys):
     """Serialized bytes per round: one model per client, two for FedMe, more when secure."""
     round_bytes = load_script("round_bytes")

@@ -82,8 +82,8 @@ def test_auth_variant_lets_registered_supernode_containers_in_and_refuses_others
         assert "Failed to activate SuperNode" in output, output[-3000:]
         assert "SuperNode ID:" not in output
     finally:
-        project.down()
-    assert project.leftovers() == []
+        left = project.down()  # docs/deployment/containers.md's, with the auth file
+    assert left == [] and project.leftovers() == []
 
 
 # ----------------------------------------------------------------------
@@ -98,8 +98,8 @@ def unprepared(images, container_workdir):
     project = ComposeProject(container_workdir / "bad", f"fedxbad{os.getpid()}")
     project.prepare()
     yield project
-    project.down()
-    assert project.leftovers() == []
+    left = project.down()
+    assert left == [] and project.leftovers() == []
 
 
 def one_line_error(project: ComposeProject, service: str, *args: str) -> str:

@@ -34,6 +34,8 @@ import pytest
 from fedx.deploy.cores import usable_cores
 from tests.containers import (
     HOSTS,
+    KILLED,
+    STOP_GRACE,
     SUPERNODES,
     ComposeProject,
     certs_arguments,
@@ -83,8 +85,10 @@ def federation(images, container_workdir):
         )
         yield project
     finally:
-        project.down()
-    assert project.leftovers() == []
+        # docs/deployment/containers.md's `down`, after the tests below stopped, killed and
+        # restarted containers: it must leave nothing.
+        left = project.down()
+    assert left == [] and project.leftovers() == []
 
 
 def flwr_run(project: ComposeProject, *args: str, timeout: float = 900) -> str:
@@ -329,3 +333,19 @@ def test_a_killed_serverapp_container_resumes_with_resume_from_to_the_same_pool(
     assert sorted(final[0].files) == sorted(final[1].files) and len(final[0].files) > 8
     for name in final[0].files:  # the pool of 3 models and the global model, bit for bit
         np.testing.assert_array_equal(final[0][name], final[1][name], err_msg=name)
+
+
+# The last test of the module: it stops the federation. Flower's SuperLink and SuperNode
+# handle no SIGTERM, and as a container's PID 1 they never got it (the kernel drops a
+# signal PID 1 has no handler for): `stop` and `down` waited out the grace period and
+# killed them. Under the compose file's init every container ends on SIGTERM, the
+# ServerApp's too after the test above killed and restarted it.
+def test_every_container_stops_on_sigterm_within_its_grace_period(federation):
+    stopped = federation.stop_each()
+    assert len(stopped) >= 9, stopped  # the SuperLink, 3 SuperNodes, 4 SuperExecs ...
+    late = {
+        name: (round(seconds, 1), code)
+        for name, (seconds, code) in stopped.items()
+        if code == KILLED or seconds >= STOP_GRACE
+    }
+    assert late == {}, f"killed after the grace period (seconds, exit code): {late}"

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from fedx.deploy import cores
@@ -15,7 +16,7 @@ from fedx.deploy.local import (  # pylint: disable=protected-access
     FederationSpec,
     _alive,
     _descendants,
-    _stop_group,
+    stop_processes,
 )
 from tests.deployment import deploy_up_faked
 
@@ -149,7 +150,8 @@ def test_a_stopped_process_takes_its_children_along_even_in_sessions_of_their_ow
         children = _descendants(parent.pid)
         assert len(children) == 2 and all(_alive(pid) for pid in children)
     finally:
-        _stop_group(parent, signal.SIGTERM)
+        stop_processes([psutil.Process(parent.pid)], signal.SIGTERM, groups=True)
+        parent.wait(timeout=5)
         parent.stdout.close()
     assert parent.poll() is not None
     assert not any(_alive(pid) for pid in children)

@@ -275,6 +275,26 @@ def build_of(service: dict) -> dict:
     return service["build"]
 
 
+@pytest.mark.parametrize(
+    "variant",
+    [
+        (),
+        ("docker-compose.auth.yml",),
+        ("docker-compose.gpu.yml",),
+        ("docker-compose.insecure.yml",),
+    ],
+)
+def test_every_container_of_the_federation_runs_its_program_under_an_init(variant):
+    """Flower's SuperLink and SuperNode install no SIGTERM handler, and the kernel drops a
+    signal that a container's PID 1 has no handler for: `stop` and `down` then waited out the
+    grace period and killed them (exit 137). Under an init, SIGTERM ends them
+    (tests/test_containers.py stops every container and times it)."""
+    services = load_compose("docker-compose.yml", *variant)
+    for name in FEDERATION:
+        assert services[name].get("init") is True, name
+        assert services[name]["restart"] == "unless-stopped", name  # a crash is restarted
+
+
 def test_compose_builds_each_image_once_from_the_dockerfile_for_a_checked_flwr():
     services = load_compose("docker-compose.yml")
     builders = {name: s for name, s in services.items() if "build" in s}

@@ -10,9 +10,11 @@ broken anchor, a missing image and an error in the console. The front page's
 screenshot stays in the module's temporary folder (``front-page.png``).
 """
 
+import contextlib
 import doctest
 import html
 import importlib
+import importlib.util
 import re
 import shutil
 import subprocess
@@ -21,6 +23,7 @@ import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+from urllib.parse import urljoin, urlsplit
 
 import pytest
 
@@ -38,15 +41,13 @@ CODE_PAGES = ("README.md", "docs/own-project.md", "docs/own-method.md",
 BROWSER = ("/usr/bin/chromium", "/usr/bin/chromedriver")
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory) -> Path:
-    """The site, built from scratch (an incremental build would not repeat old warnings).
+def build_site(out: Path) -> Path:
+    """The site built from scratch into ``out`` (an incremental build would not repeat old
+    warnings); its HTML folder.
 
     One process: about 15 s of CPU; two (``-j 2``) cost more CPU and, beside
     the suite's other workers, more wall time too.
     """
-    skip_unless_importable("sphinx")
-    out = tmp_path_factory.mktemp("docs")
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html",
@@ -58,6 +59,13 @@ def site(tmp_path_factory) -> Path:
         f"{done.stderr[-6000:]}"
     )
     return out / "html"
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    """The site, built from scratch."""
+    skip_unless_importable("sphinx")
+    return build_site(tmp_path_factory.mktemp("docs"))
 
 
 def _cells(html: str) -> dict[str, list[str]]:
@@ -289,3 +297,89 @@ def test_the_check_fails_on_a_broken_link_a_broken_anchor_a_missing_image_and_a_
     # Nothing else is reported: the rest of the copy is the site that passed.
     pages = {line.split(":")[0] for line in lines[:-1]}
     assert pages == {"/index.html", "/methods.html", "/compare.html", "/results.html"}, lines
+
+
+# ----------------------------------------------------------------------
+# One commit, one site, one verdict
+# ----------------------------------------------------------------------
+
+
+@pytest.mark.system  # a second build: another 15 s of CPU
+def test_two_builds_of_one_commit_are_the_same(site, tmp_path):
+    """Byte for byte, every file: the site the module's tests check is the site of the commit.
+
+    (A browser check once found, in one build, anchors that another build of
+    the same commit had: the builds were the same; the check had read a page
+    before the browser had loaded it, see below.)
+    """
+    again = build_site(tmp_path)
+    ours = sorted(p.relative_to(site) for p in site.rglob("*") if p.is_file())
+    theirs = sorted(p.relative_to(again) for p in again.rglob("*") if p.is_file())
+    assert ours == theirs
+    differ = [str(p) for p in ours if (site / p).read_bytes() != (again / p).read_bytes()]
+    assert differ == []
+
+
+def _load_check_site() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("check_site", CHECK)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class EarlyBrowser:
+    """A browser whose ``get`` returns before the page has loaded, as ChromeDriver's did on a busy
+    machine: the first look at each page sees the page before it, the second the page half
+    parsed; only then the page. Facts are read from the served files (ids and links)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.url = self.previous = "data:,"
+        self.looks = 0
+
+    def get(self, url: str) -> None:
+        self.previous, self.url, self.looks = self.url, url, 0
+
+    def facts(self, url: str, fraction: float = 1.0, state: str = "complete") -> dict:
+        path = urlsplit(url).path
+        file = self.root / path.lstrip("/")
+        text = file.read_text() if url.startswith("http") and file.is_file() else ""
+        text = text[: int(len(text) * fraction)]
+        return {
+            "url": url,
+            "state": state,
+            "ids": re.findall(r'\bid="([^"]+)"', text),
+            "links": [
+                urljoin(url, html.unescape(href))
+                for href in re.findall(r'<(?:a|link)\b[^>]*\bhref="([^"]*)"', text)
+            ],
+            "resources": [],
+        }
+
+    def execute_script(self, script: str) -> dict:
+        self.looks += 1
+        if self.looks == 1:
+            return self.facts(self.previous)
+        if self.looks == 2:
+            return self.facts(self.url, 0.5, "interactive")
+        return self.facts(self.url)
+
+    def get_log(self, kind: str) -> list:
+        return []
+
+    def save_screenshot(self, path: str) -> None:
+        Path(path).write_bytes(b"")
+
+
+def test_the_check_reads_each_page_once_it_has_loaded(site, monkeypatch, tmp_path):
+    check_site = _load_check_site()
+
+    @contextlib.contextmanager
+    def early_browser():
+        yield EarlyBrowser(site)
+
+    monkeypatch.setattr(check_site, "chromium", early_browser)
+    report = check_site.check(site, tmp_path / "front-page.png")
+    assert report.problems == []
+    assert report.pages > 10 and report.anchors > 100

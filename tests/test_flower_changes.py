@@ -877,6 +877,7 @@ class OneRunSuperNode:
         self.state.store_run(self.run)  # a known run: the receive stage asks for no FAB
         self.stopped = False
         self.sent: list[str] = []
+        self.replies: list[Message] = []
 
     def refuse_a_stopped_run(self, *args) -> None:
         """What the SuperLink answers about a stopped run (HTTP 403, raised as this)."""
@@ -941,6 +942,7 @@ class OneRunSuperNode:
             del object_tree, runtime
             self.refuse_a_stopped_run()
             self.sent.append(message.metadata.reply_to_message_id)
+            self.replies.append(message)
             return set(), "session"
 
         stage(state=self.state, object_store=self.store, send=send, push_object=print)
@@ -1020,13 +1022,99 @@ def test_a_clientapp_whose_run_stops_is_ended_and_its_message_dropped(
     assert node.state.get_task_by_token(token) is None  # its next request is refused (HTTP 401)
     assert message.metadata.message_id not in node.store
     assert "dropped (the run was stopped); its ClientApp task" in caplog.text
-    # A task that ends without a reply (it could not push one) ends the wait too.
+    # A task that ends without a reply (it could not push one) ends the wait too: with the
+    # error reply of a task that stopped responding (below).
     node.stopped = False
     message, _ = node.receive(supernode_loop._pull_and_store_message, 2)
     task_id, _ = node.take()
     threading.Timer(0.2, node.state.finish_task, (task_id, "failed", "no reply")).start()
     node.push(supernode_loop._push_messages)
-    assert node.sent == [] and message.metadata.message_id not in node.store
+    assert node.sent == [message.metadata.message_id]
+    assert message.metadata.message_id not in node.store
+
+
+def test_a_message_whose_task_ends_without_a_reply_gets_flowers_error_reply(
+    supernode_loop, monkeypatch, caplog
+):
+    """A task finished before any reply was stored (its process could not push one, or Flower
+    had not stored its "stopped responding" reply yet): the message is answered with that error,
+    not dropped, and the ServerApp hears of it at once instead of at its round's timeout."""
+    from flwr.common.constant import ErrorCode  # pylint: disable=import-outside-toplevel
+
+    monkeypatch.setattr(stopped_runs, "REPLY_WAIT", 0.01)
+    assert stopped_runs.install()
+    node = OneRunSuperNode(supernode_loop)
+    message, _ = node.receive(supernode_loop._pull_and_store_message, 1)
+    task_id, _ = node.take()
+    threading.Timer(0.2, node.state.finish_task, (task_id, "failed", "no reply")).start()
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        node.push(supernode_loop._push_messages)
+    (reply,) = node.replies
+    assert reply.metadata.reply_to_message_id == message.metadata.message_id
+    assert reply.has_error() and reply.error.code == ErrorCode.CLIENT_APP_CRASHED
+    assert reply.metadata.run_id == RUN and reply.metadata.dst_node_id == 0  # to the ServerApp
+    assert "ended without a reply" in caplog.text
+    # Nothing of the message is left: no message, no object, no later reply.
+    assert node.state.get_messages_legacy(run_ids=[RUN]) == [] and len(node.store) == 0
+
+
+def test_asking_whether_the_run_runs_never_holds_a_ready_reply(supernode_loop, monkeypatch):
+    """Flower's get_run retries a SuperLink out of reach for as long as it takes: the reply that
+    comes meanwhile goes out at once."""
+    monkeypatch.setattr(stopped_runs, "RUN_CHECK", 0.05)
+    monkeypatch.setattr(stopped_runs, "REPLY_WAIT", 0.01)
+    assert stopped_runs.install()
+    node = OneRunSuperNode(supernode_loop)
+    message, _ = node.receive(supernode_loop._pull_and_store_message, 1)
+    back = threading.Event()
+    asked = threading.Event()
+
+    def out_of_reach(run_id):
+        asked.set()
+        back.wait(30)  # retrying
+
+    supernode_loop._push_messages.__self__.received.get_run = out_of_reach
+    _, taken = node.take()
+    threading.Timer(0.5, node.reply, (taken, RecordDict({"arrays": ArrayRecord()}))).start()
+    started = time.monotonic()
+    try:
+        node.push(supernode_loop._push_messages)
+        took = time.monotonic() - started
+    finally:
+        back.set()
+    assert asked.is_set() and node.sent == [message.metadata.message_id]
+    assert took < 10, took  # not the 30 s the question takes
+
+
+@pytest.mark.parametrize("error, logged", [("connection", False), ("other", True)])
+def test_an_error_asking_for_the_run_other_than_a_connection_error_is_logged_once(
+    supernode_loop, monkeypatch, caplog, error, logged
+):
+    import httpx  # pylint: disable=import-outside-toplevel
+
+    monkeypatch.setattr(stopped_runs, "RUN_CHECK", 0.02)
+    monkeypatch.setattr(stopped_runs, "REPLY_WAIT", 0.01)
+    assert stopped_runs.install()
+    node = OneRunSuperNode(supernode_loop)
+    message, _ = node.receive(supernode_loop._pull_and_store_message, 1)
+    asked = []
+
+    def failing(run_id):
+        asked.append(run_id)
+        if error == "connection":
+            raise httpx.ConnectError("connection refused")
+        raise KeyError("a bug")
+
+    supernode_loop._push_messages.__self__.received.get_run = failing
+    _, taken = node.take()
+    threading.Timer(0.6, node.reply, (taken, RecordDict({"arrays": ArrayRecord()}))).start()
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        node.push(supernode_loop._push_messages)
+    assert len(asked) >= 3 and node.sent == [message.metadata.message_id]  # asked on, replied
+    lines = [r for r in caplog.records if "whether run" in r.getMessage()]
+    assert len(lines) == (1 if logged else 0), caplog.text
+    if logged:
+        assert "KeyError" in lines[0].getMessage()
 
 
 def test_a_warm_task_hears_within_seconds_that_its_supernode_ended_it(monkeypatch):

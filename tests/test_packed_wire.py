@@ -20,6 +20,7 @@ from flwr.app import (
     ArrayRecord,
     ConfigRecord,
     Context,
+    Error,
     Message,
     MessageType,
     MetricRecord,
@@ -38,6 +39,7 @@ from fedx.arrays import (
     pack,
     pack_models,
     packed_record,
+    packs_models,
     standard_record,
     to_numpy_dict,
     unpack,
@@ -47,6 +49,7 @@ from fedx.strategies import FedMe, FedMR, to_arrayrecord, to_model
 from fedx.strategies.capabilities import reads_packed_models
 from fedx.strategies.client_identity import query_client_ids
 from fedx.strategies.packing import PackingGrid
+from tests.helpers import make_model
 from tests.standin_grid import NODE_IDS, StandInGrid, trained_reply
 
 pytestmark = pytest.mark.usefixtures("server_task_identity")
@@ -80,13 +83,20 @@ MODEL = {
 }
 
 
+def native(array: np.ndarray) -> np.ndarray:
+    """``array`` in this machine's byte order, as the packed form is read (C order)."""
+    return np.require(array.astype(array.dtype.newbyteorder("="), copy=False), requirements="C")
+
+
 def assert_same_model(got: dict, expected: dict) -> None:
-    """Same names in the same order, and every array the same dtype, shape and bits."""
+    """Same names in the same order, and every array the same dtype (in this machine's byte
+    order), shape and bits."""
     assert list(got) == list(expected)
     for name, array in expected.items():
-        assert got[name].dtype == array.dtype, name
+        assert got[name].dtype == array.dtype.newbyteorder("="), name
+        assert got[name].dtype.isnative, name
         assert got[name].shape == array.shape, name
-        assert got[name].tobytes() == np.ascontiguousarray(array).tobytes(), name
+        assert got[name].tobytes() == native(array).tobytes(), name
 
 
 def through_flowers_objects(message: Message) -> tuple[Message, int]:
@@ -156,7 +166,7 @@ def test_a_standard_record_and_its_packed_form_hold_the_same_model():
     for name, array in standard.items():
         # The same .npy bytes as Flower's own Array of the array.
         assert array.stype == SType.NUMPY
-        assert array.data == Array(np.require(MODEL[name], requirements="C")).data, name
+        assert array.data == Array(native(MODEL[name])).data, name
     assert standard_record(record) is record
 
 
@@ -471,8 +481,140 @@ def test_a_malformed_packed_reply_is_dropped_with_a_log_line(initial, caplog, da
     lines = [r.getMessage() for r in caplog.records if f"node {victim}" in r.getMessage()]
     assert len(lines) == 1, caplog.text
     assert lines[0].startswith(f"Round 1: dropped the reply of node {victim} (slot {slot}): ")
-    reason = "packed model" if damage is truncate else "fc1.weight: shape (16, 8)"
+    reason = "packed model" if damage is truncate else "'fc1.weight': shape (16, 8)"
     assert reason in lines[0]
+
+
+def plain_numpy_reply(message: Message) -> Message:
+    """A Flower-quickstart-like ClientApp: each Array read with ``numpy()``, the floats moved by one.
+
+    Sent a packed model, ``Array.numpy()`` refuses it, and Flower's ClientApp replies with the
+    error.
+    """
+    try:
+        arrays = {n: a.numpy() for n, a in message.content["arrays"].items()}
+    except TypeError as err:
+        return Message(Error(code=0, reason=str(err)), reply_to=message)
+    trained = {n: a + 1 if a.dtype.kind == "f" else a for n, a in arrays.items()}
+    content = RecordDict(
+        {"arrays": to_arrayrecord(trained), "metrics": MetricRecord({"num-examples": 10})}
+    )
+    return Message(content=content, reply_to=message)
+
+
+def own_model_reply(message: Message) -> Message:
+    """A ClientApp that replies with a model of its own (it never reads what it was sent)."""
+    model = {k: np.asarray(v + 1) for k, v in make_model(np.random.default_rng(0)).items()}
+    content = RecordDict(
+        {"arrays": to_arrayrecord(model), "metrics": MetricRecord({"num-examples": 10})}
+    )
+    return Message(content=content, reply_to=message)
+
+
+class RestartingGrid(WireGrid):
+    """A :class:`WireGrid` whose nodes can restart (keeping their node ids) as another ClientApp."""
+
+    def __init__(self, node_ids, packed):
+        super().__init__(node_ids, packed)
+        self.restarted: dict[int, object] = {}
+
+    def restart(self, node: int, reply=None) -> None:
+        """Node ``node`` restarts: with ``reply`` (a ClientApp without the mod), or as fedx's again."""
+        if reply is None:
+            self.restarted.pop(node, None)
+            self.packed.add(node)
+        else:
+            self.restarted[node] = reply
+            self.packed.discard(node)
+
+    def deliver(self, message: Message) -> Message:
+        node = message.metadata.dst_node_id
+        if node in self.restarted:
+            message, _ = through_flowers_objects(message)
+            return self.restarted[node](message)
+        return super().deliver(message)
+
+
+def fedmr_round(strategy, grid, server_round, initial) -> tuple[list[Message], dict]:
+    messages = list(
+        strategy.configure_train(server_round, to_arrayrecord(initial), ConfigRecord(), grid)
+    )
+    _, metrics = strategy.aggregate_train(server_round, grid.send_and_receive(messages, timeout=1))
+    return messages, metrics
+
+
+@pytest.mark.parametrize(
+    "restarted_as, trained_in_round_2", [(plain_numpy_reply, 2), (own_model_reply, 3)]
+)
+def test_a_node_restarted_without_the_packed_mod_is_trained_again_from_its_next_round(
+    initial, restarted_as, trained_in_round_2
+):
+    nodes = NODE_IDS[:3]
+    victim = nodes[1]
+    wire = RestartingGrid(nodes, nodes)
+    grid = PackingGrid(wire)
+    strategy = FedMR(seed=0, min_available_nodes=1)
+    query_client_ids(grid, nodes, timeout=1.0)
+    _, metrics = fedmr_round(strategy, grid, 1, initial)
+    assert metrics["trained-slots"] == 3 and grid.packed_nodes == set(nodes)
+    # It restarts with the same node id as a ClientApp that does not read the packed form:
+    # it cannot use the packed model it is sent now, and its reply says so (an error, or no
+    # word of the packed form).
+    wire.restart(victim, restarted_as)
+    _, metrics = fedmr_round(strategy, grid, 2, initial)
+    assert metrics["trained-slots"] == trained_in_round_2
+    assert grid.packed_nodes == set(nodes) - {victim}
+    # From its next message on it gets standard records, and trains.
+    messages, metrics = fedmr_round(strategy, grid, 3, initial)
+    assert metrics["trained-slots"] == 3
+    for message in messages:
+        assert is_packed(message.content["arrays"]) == (message.metadata.dst_node_id != victim)
+    # Back as fedx's ClientApp: its next reply (to a standard message) says it reads the
+    # packed form, and the message after that goes packed.
+    wire.restart(victim)
+    _, metrics = fedmr_round(strategy, grid, 4, initial)
+    assert metrics["trained-slots"] == 3 and grid.packed_nodes == set(nodes)
+    messages, _ = fedmr_round(strategy, grid, 5, initial)
+    assert all(is_packed(message.content["arrays"]) for message in messages)
+
+
+def test_the_superlinks_word_that_a_node_is_lost_turns_it_to_standard_records():
+    grid = PackingGrid(StandInGrid(NODE_IDS[:2]))
+    grid.packed_nodes = set(NODE_IDS[:2])
+    model = to_arrayrecord({"w": np.ones(3, np.float32)})
+    messages = [train_message(RecordDict({"arrays": model}), node) for node in NODE_IDS[:2]]
+    grid.pack(messages)
+    for message in messages:  # as the Grid does when it pushes them
+        message.metadata.__dict__["_message_id"] = message.object_id
+    lost = Message(Error(code=0, reason="Node Unavailable"), reply_to=messages[0])
+    lost.metadata.__dict__["_src_node_id"] = 1  # the SuperLink writes it
+    grid.listen([lost])
+    assert grid.packed_nodes == {NODE_IDS[1]}
+
+
+def test_every_reply_of_the_mod_says_it_reads_the_packed_form():
+    from fedx.strategies.client_identity import reads_packed  # pylint: disable=import-outside-toplevel
+
+    model = {"w": np.arange(3, dtype=np.float32)}
+    standard = train_message(RecordDict({"arrays": to_arrayrecord(model)}))
+    packed = train_message(RecordDict({"arrays": packed_record(to_arrayrecord(model))}))
+
+    def no_model(message: Message, context: Context) -> Message:
+        del context
+        return Message(RecordDict({"metrics": MetricRecord({"a": 1})}), reply_to=message)
+
+    for message, handler in (
+        (standard, handler_seeing([])),
+        (packed, handler_seeing([])),
+        (standard, no_model),
+        (packed, no_model),
+    ):
+        reply = packed_models(message, node_context(), handler)
+        assert reads_packed(reply)
+        # One more object only where the reply holds no packed model: it says so by itself.
+        assert ("fedx.wire" in reply.content) != packs_models(reply.content)
+        assert list(reply.content.metric_records) == ["metrics"]  # the metrics stay the handler's
+    assert not reads_packed(handler_seeing([])(standard, node_context()))
 
 
 def test_fedx_strategies_read_packed_replies_and_flowers_own_do_not():

@@ -11,12 +11,14 @@ it alone, within float rounding. The others train one by one through the
 ClientApp, with one log line that says why: a method that trains its own way
 (mutual learning of two models, clients of mixed architectures), a
 secure-recombination round (the model stays on the node), a model ``vmap``
-cannot batch (the LSTM).
+cannot batch (the LSTM). A batched step that fails turns groups off for its
+model in this process, with one WARNING and the traceback: its clients, those
+of that step and of every later round, train one by one.
 """
 
 import contextlib
 from collections.abc import Callable, Sequence
-from logging import INFO
+from logging import INFO, WARNING
 
 from flwr.app import ArrayRecord, Context, Message, MetricRecord
 from flwr.common import log
@@ -33,6 +35,8 @@ Alone = Callable[[Message, Context], Message]
 Outcome = Message | Exception
 
 _logged: set[str] = set()
+#: Models whose batched step failed in this process: their clients train one by one.
+_failed: dict[str, str] = {}
 
 
 def train_messages(
@@ -66,7 +70,7 @@ def train_messages(
             together.setdefault(_settings(task), []).append(index)
         else:
             one_by_one.setdefault(reason, []).append(index)
-    for indices in together.values():
+    for settings, indices in together.items():
         if len(indices) == 1:
             one_by_one.setdefault("", []).extend(indices)
             continue
@@ -75,9 +79,16 @@ def train_messages(
                 [messages[i] for i in indices], [contexts[i] for i in indices]
             )
         except Exception as err:  # pylint: disable=broad-exception-caught
-            one_by_one.setdefault(
-                f"the batched step failed ({type(err).__name__}: {err})", []
-            ).extend(indices)
+            model = settings[0]  # _settings: the model first
+            _failed[model] = f"{type(err).__name__}: {err}"
+            log(
+                WARNING,
+                "fedx client groups: the batched step of model %s failed; its clients train "
+                "one by one from now on",
+                model,
+                exc_info=True,
+            )
+            one_by_one.setdefault("", []).extend(indices)
             continue
         for i, reply in zip(indices, replies, strict=True):
             outcomes[i] = reply
@@ -103,6 +114,8 @@ def _why_alone(task: ClientTask) -> str | None:
         return "secure recombination keeps each trained model on its node"
     if task.training.local_epochs < 1:
         return ""
+    if task.config.model in _failed:
+        return f"model {task.config.model}: its batched step failed ({_failed[task.config.model]})"
     obstacle = _obstacle(task)
     return None if obstacle is None else f"model {task.config.model}: {obstacle}"
 

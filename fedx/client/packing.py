@@ -4,9 +4,12 @@
 as fedx's does:
 
 * its reply to a ``query`` says that it reads it (the ``reads-packed``
-  metric, :data:`fedx.arrays.PACKED_VERSION`), which is how the server
-  learns that this node may be sent models packed
-  (:class:`fedx.strategies.packing.PackingGrid`);
+  metric, :data:`fedx.arrays.PACKED_VERSION`), and so does every other
+  reply: one with a packed model by being packed, the others in a
+  ConfigRecord of their own (:data:`fedx.protocol.common.WIRE`). The
+  server follows each node's latest reply
+  (:class:`fedx.strategies.packing.PackingGrid`), so a node that restarts
+  with a ClientApp that speaks another form is sent what it reads;
 * a message whose models came packed reaches the handlers with those models
   as standard ``ArrayRecord`` s, so every handler, a method's own included,
   reads them as it reads any model;
@@ -21,10 +24,10 @@ through :mod:`fedx.arrays`: no torch.
 
 from collections.abc import Callable
 
-from flwr.app import Context, Message, MessageType, MetricRecord
+from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord
 
 from fedx.arrays import PACKED_VERSION, pack_models, packs_models, unpack_models
-from fedx.protocol.common import METRICS, READS_PACKED
+from fedx.protocol.common import METRICS, READS_PACKED, WIRE
 
 
 def packed_models(
@@ -40,8 +43,11 @@ def packed_models(
     if packed:
         message.content = unpack_models(message.content)
     reply = call_next(message, context)
-    if packed and reply.has_content():
-        reply.content = pack_models(reply.content)
+    if reply.has_content():
+        if packed:
+            reply.content = pack_models(reply.content)
+        if not packs_models(reply.content):  # a packed model says it by itself
+            reply.content[WIRE] = ConfigRecord({READS_PACKED: PACKED_VERSION})
     return reply
 
 

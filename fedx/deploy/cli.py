@@ -7,8 +7,10 @@ Certificates for TLS and keys for SuperNode authentication::
     fedx-deploy certs --out certificates
     fedx-deploy keys --out keys --supernodes 3
 
-A SuperLink and three SuperNodes with TLS and authentication; Ctrl-C stops
-them::
+A SuperLink and three SuperNodes with TLS and authentication; Ctrl-C (SIGINT,
+even under ``nohup ... &``), SIGTERM or SIGHUP (unless ``nohup`` ignores it)
+stops them, at any time, with every process they started
+(:mod:`fedx.deploy.signals`)::
 
     fedx-deploy up --supernodes 3 --certificates certificates --auth-keys keys
 
@@ -31,7 +33,6 @@ The SuperNodes share this machine's cores: each one's ClientApps get
 
 import argparse
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -50,6 +51,7 @@ from fedx.deploy.local import (
     FederationSpec,
     LocalFederation,
 )
+from fedx.deploy.signals import StopRequested, stop_on_signals
 from fedx.flower import IDLE_AFTER, SUPERNODE_IDLE_WAIT
 
 
@@ -207,7 +209,7 @@ def _spec(args: argparse.Namespace) -> FederationSpec:
 
 def _up(args: argparse.Namespace) -> int:
     spec = _spec(args)
-    with LocalFederation(spec) as federation:
+    with LocalFederation(spec) as federation:  # stops what it started, however the block ends
         federation.start()
         node_ids = [federation.node_id(i) for i in range(spec.num_supernodes)]
         if spec.executor == "warm":  # its first task would wait for the app's imports
@@ -224,22 +226,16 @@ def _up(args: argparse.Namespace) -> int:
             command = [str(spec.bin_dir / "flwr"), "run", args.run, spec.connection, "--stream"]
             if args.run_config:
                 command += ["--run-config", args.run_config]
-            return subprocess.run(command, env=spec.environment(), check=False).returncode
+            return subprocess.run(command, env=federation.environment(), check=False).returncode
         print("Run an app against it from another shell:")
         print(
             f"  FLWR_HOME={shlex.quote(str(spec.flwr_home))} flwr run . {spec.connection} --stream"
         )
-        print("Ctrl-C stops everything.")
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-        try:
-            while all(
-                p.poll() is None for p in [federation.superlink, *federation.supernodes.values()]
-            ):
-                time.sleep(1.0)
-            print(f"a process ended; see {spec.log_dir}", file=sys.stderr)
-            return 1
-        except KeyboardInterrupt:
-            return 0
+        print("Ctrl-C (or SIGTERM, SIGHUP) stops everything.", flush=True)
+        while not (ended := federation.ended()):
+            time.sleep(1.0)
+        print(f"{', '.join(ended)} ended; see {spec.log_dir}", file=sys.stderr)
+        return 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -253,11 +249,16 @@ def main(argv: list[str] | None = None) -> int:
         for private, public in write_supernode_keys(args.out, args.supernodes):
             print(f"{private} (SuperNode) / {public} (flwr supernode register)")
         return 0
-    try:
-        return _up(args)
-    except (FileNotFoundError, ValueError, RuntimeError, TimeoutError) as err:
-        print(f"fedx-deploy: {err}", file=sys.stderr)
-        return 1
+    # Before anything starts: a signal at any time stops what was started (and nothing is left).
+    with stop_on_signals():
+        try:
+            return _up(args)
+        except StopRequested as stop:
+            print(f"fedx-deploy: {stop}; everything it started is stopped", file=sys.stderr)
+            return 0
+        except (FileNotFoundError, ValueError, RuntimeError, TimeoutError) as err:
+            print(f"fedx-deploy: {err}", file=sys.stderr)
+            return 1
 
 
 if __name__ == "__main__":

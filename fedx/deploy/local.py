@@ -12,7 +12,16 @@ num-partitions=<N>"`` and a Runtime API port of its own, and ``flwr`` finds
 the SuperLink through ``$FLWR_HOME/config.toml``.
 
 Every process starts in its own process group, so stopping it also stops
-the SuperExec and app processes it started.
+the SuperExec and app processes it started. :class:`LocalFederation` tracks
+each process it starts as a :class:`psutil.Process` (a pid that ends and is
+used again by someone else is never signalled), gives each the federation's
+own marker in its environment (:data:`FEDERATION_VARIABLE`, unique per
+federation), and when it stops, stops those processes, everything below
+them, and any process that still carries its marker (a ServerApp the
+SuperLink started just before the stop, no longer below anything of ours):
+never a process because it shares the federation's ``FLWR_HOME`` (a user's
+shell or notebook that exported it). A second signal or a stuck process
+does not cut the teardown short (:mod:`fedx.deploy.signals`).
 
 The SuperNodes share this machine's cores: each one's ClientApps get
 ``cores / N`` torch threads (at least 1) and the ServerApp every core
@@ -37,6 +46,7 @@ from typing import IO, Literal
 
 import psutil
 
+from fedx.deploy import signals
 from fedx.deploy.cores import (
     SUPERNODES_VARIABLE,
     THREADS_VARIABLE,
@@ -60,6 +70,10 @@ SuperLinkProgram = Literal["flower", "fedx"]
 #: Where the SuperLink listens unless told (address, HTTP(S) port), and the
 #: Runtime API port of SuperNode 0 (SuperNode i: this + i).
 DEFAULT_HOST, DEFAULT_PORT, FIRST_SUPERNODE_PORT = "127.0.0.1", 8000, 9094
+#: The variable whose value marks every process of one federation (its own random value).
+FEDERATION_VARIABLE = "FEDX_FEDERATION"
+#: Seconds a stopped process has between SIGTERM and SIGKILL.
+STOP_GRACE = 15.0
 NODE_ID_PATTERN = re.compile(r"SuperNode ID: (\d+)")
 WARM_READY_PATTERN = re.compile(r"warm ClientApp interpreter \(pid (\d+)\) ready")
 
@@ -508,7 +522,10 @@ class LocalFederation:
         self.superlink: subprocess.Popen | None = None
         self.supernodes: dict[int, subprocess.Popen] = {}
         self.superexecs: dict[int, subprocess.Popen] = {}  # executor="warm"
+        #: This federation's value of :data:`FEDERATION_VARIABLE`, in every process it starts.
+        self.marker = secrets.token_hex(16)
         self._logs: list[IO] = []
+        self._handles: dict[int, psutil.Process] = {}  # by pid, taken as each process starts
 
     def __enter__(self) -> "LocalFederation":
         return self
@@ -518,18 +535,36 @@ class LocalFederation:
 
     # ------------------------------------------------------------------
 
+    def environment(self) -> dict[str, str]:
+        """The spec's environment with this federation's marker: what its processes get."""
+        return {**self.spec.environment(), FEDERATION_VARIABLE: self.marker}
+
     def _spawn(self, command: list[str], log_name: str, env: dict[str, str]) -> subprocess.Popen:
         self.spec.log_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.spec.log_dir / log_name, "a", encoding="utf-8")  # pylint: disable=consider-using-with
         self._logs.append(log)
-        return subprocess.Popen(  # pylint: disable=consider-using-with
+        process = subprocess.Popen(  # pylint: disable=consider-using-with
             command,
             cwd=self.spec.workdir or self.spec.state_dir,
-            env=env,
+            env={**env, FEDERATION_VARIABLE: self.marker},
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # own process group: stopping it stops its children
         )
+        with contextlib.suppress(psutil.Error):  # it may have failed at once
+            self._handles[process.pid] = psutil.Process(process.pid)
+        return process
+
+    def started(self) -> dict[str, subprocess.Popen]:
+        """Every process this federation started and still tracks, by name."""
+        processes = {} if self.superlink is None else {"superlink": self.superlink}
+        processes.update({f"supernode-{i}": p for i, p in self.supernodes.items()})
+        processes.update({f"superexec-{i}": p for i, p in self.superexecs.items()})
+        return processes
+
+    def ended(self) -> list[str]:
+        """The names (:meth:`started`) of the processes that have ended."""
+        return [name for name, process in self.started().items() if process.poll() is not None]
 
     def start(self, timeout: float = 120.0) -> None:
         """Start the SuperLink, register the SuperNodes' keys, start the SuperNodes."""
@@ -674,7 +709,7 @@ class LocalFederation:
                 time.sleep(0.5)
             if connections() > before:
                 return self.node_id(index)
-            _stop_group(self.supernodes.pop(index), signal.SIGTERM)
+            self._stop([self.supernodes.pop(index)], signal.SIGTERM)
             time.sleep(2.0)
         raise TimeoutError(
             f"SuperNode {index} did not rejoin within {timeout:g}s; see {self._supernode_log(index)}"
@@ -682,16 +717,16 @@ class LocalFederation:
 
     def kill_supernode(self, index: int, sig: int = signal.SIGKILL) -> None:
         """Stop SuperNode ``index`` and its app processes (SIGKILL: a crash)."""
-        process = self.supernodes.pop(index)
-        _stop_group(process, sig)
+        processes = [self.supernodes.pop(index)]
         if index in self.superexecs:
-            _stop_group(self.superexecs.pop(index), sig)
+            processes.append(self.superexecs.pop(index))
+        self._stop(processes, sig)
 
     def flwr(self, *args: str, timeout: float = 600.0) -> subprocess.CompletedProcess:
         """Run the ``flwr`` CLI against this federation."""
         return subprocess.run(
             [str(self.spec.bin_dir / "flwr"), *args],
-            env=self.spec.environment(),
+            env=self.environment(),
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -699,18 +734,106 @@ class LocalFederation:
         )
 
     def stop(self) -> None:
-        """Stop every SuperNode, then the SuperLink, with their children."""
-        for index in list(self.supernodes):
-            _stop_group(self.supernodes.pop(index), signal.SIGTERM)
-        for index in list(self.superexecs):
-            _stop_group(self.superexecs.pop(index), signal.SIGTERM)
-        if self.superlink is not None:
-            _stop_group(self.superlink, signal.SIGTERM)
-            self.superlink = None
-        _stop_stragglers(self.spec.flwr_home)
-        for log in self._logs:
-            log.close()
-        self._logs = []
+        """Stop every process started here, everything below them and everything that carries
+        this federation's marker; a second signal meanwhile waits until it is done.
+
+        All at once: each process's own exit (a SuperNode says goodbye to the
+        SuperLink, and gives up at once when the SuperLink is gone already; a
+        ServerApp reports its run) overlaps the others'.
+        """
+        with signals.deferred():
+            processes = list(self.started().values())
+            self.supernodes, self.superexecs, self.superlink = {}, {}, None
+            self._stop(processes, signal.SIGTERM)
+            stop_processes(_marked(self.marker), signal.SIGTERM)
+            for log in self._logs:
+                log.close()
+            self._logs = []
+
+    def _stop(self, processes: list[subprocess.Popen], sig: int) -> None:
+        """Stop ``processes`` (started here), their process groups and every process below them."""
+        leaders = []
+        for process in processes:
+            handle = self._handles.pop(process.pid, None)
+            if handle is not None and _running(handle):
+                leaders.append(handle)
+        stop_processes(leaders, sig, groups=True)
+        for process in processes:  # reap them (a zombie is no longer running)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=1)
+
+
+def _running(process: psutil.Process) -> bool:
+    """Whether ``process`` (the very one: not another with its pid) runs; a zombie has ended."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _signal(process: psutil.Process, sig: int) -> None:
+    """Send ``sig`` to ``process`` if it still is the process it was (psutil checks)."""
+    with contextlib.suppress(psutil.Error):
+        process.send_signal(sig)
+
+
+def stop_processes(
+    processes: list[psutil.Process], sig: int, *, groups: bool = False, grace: float = STOP_GRACE
+) -> None:
+    """Stop ``processes`` and every process below them: ``sig``, then SIGKILL after ``grace`` s.
+
+    Flower starts some helpers in sessions of their own (the SuperLink's
+    SuperExec), so a process group alone is not enough: the descendants are
+    found before the signal. With ``groups``, each process's group (it leads
+    one: ``start_new_session``) is signalled too, while the process still
+    runs (then its group id is still its own). What still runs after
+    ``grace`` s gets SIGKILL. Never raises, and returns after at most
+    ``grace`` + 5 s.
+    """
+    members: dict[int, psutil.Process] = {}
+    for process in processes:
+        members[process.pid] = process
+        with contextlib.suppress(psutil.Error):
+            members.update({child.pid: child for child in process.children(recursive=True)})
+
+    def send(signal_number: int) -> None:
+        for process in processes if groups else ():
+            if _running(process):
+                with contextlib.suppress(OSError):
+                    os.killpg(process.pid, signal_number)
+        for member in members.values():
+            _signal(member, signal_number)
+
+    if not members:
+        return
+    send(sig)
+    if sig == signal.SIGKILL:
+        psutil.wait_procs(list(members.values()), timeout=5)
+        return
+    _, alive = psutil.wait_procs(list(members.values()), timeout=grace)
+    if alive:
+        members = {process.pid: process for process in alive}
+        send(signal.SIGKILL)
+        psutil.wait_procs(alive, timeout=5)
+
+
+def _marked(marker: str) -> list[psutil.Process]:
+    """The processes whose environment carries ``marker`` (:data:`FEDERATION_VARIABLE`).
+
+    A process the SuperLink started just before the stop (a ServerApp or a
+    simulation starting a run) is not among the descendants found at the
+    stop, and once its parent is gone it is no longer below anything of ours;
+    it still carries the marker. Left running, it would write into the
+    federation's folders after they are removed.
+    """
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if process.pid != os.getpid() and process.environ().get(FEDERATION_VARIABLE) == marker:
+                found.append(process)
+        except psutil.Error:
+            continue
+    return found
 
 
 def _descendants(pid: int) -> list[int]:
@@ -719,70 +842,6 @@ def _descendants(pid: int) -> list[int]:
         return [child.pid for child in psutil.Process(pid).children(recursive=True)]
     except psutil.Error:
         return []
-
-
-def _signal(pid: int, sig: int, group: bool) -> None:
-    try:
-        if group:
-            os.killpg(pid, sig)
-        else:
-            os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _stop_group(process: subprocess.Popen, sig: int) -> None:
-    """Stop a process, its process group and every process it started.
-
-    Flower starts some helpers in sessions of their own (the SuperLink's
-    SuperExec), so the process group alone is not enough: descendants are
-    found before the signal, and whatever is left after 15 s gets SIGKILL.
-    """
-    descendants = _descendants(process.pid)
-    _signal(process.pid, sig, group=True)
-    for pid in descendants:
-        _signal(pid, sig, group=False)
-    try:
-        process.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        _signal(process.pid, signal.SIGKILL, group=True)
-        process.wait(timeout=10)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(_alive(pid) for pid in descendants):
-        time.sleep(0.2)
-    _signal(process.pid, signal.SIGKILL, group=True)
-    for pid in descendants:
-        if _alive(pid):
-            _signal(pid, signal.SIGKILL, group=False)
-
-
-def _stop_stragglers(flwr_home: Path) -> None:
-    """Stop what is left of the federation's processes: those with its ``FLWR_HOME``.
-
-    A process the SuperLink started just before the stop (a ServerApp or a
-    simulation starting a run) is not among the descendants found at the
-    stop, and once its parent is gone it is no longer below anything of ours;
-    its environment still names the federation's ``FLWR_HOME``. Left running,
-    it would write there (Flower's telemetry id) after the folder is removed.
-    """
-    home = str(flwr_home.resolve())
-    ours = psutil.Process()
-    spared = {ours.pid, *(parent.pid for parent in ours.parents())}  # a shell that set it too
-    stragglers = []
-    for process in psutil.process_iter():
-        try:
-            if process.pid not in spared and process.environ().get("FLWR_HOME") == home:
-                stragglers.append(process)
-        except psutil.Error:
-            continue
-    for process in stragglers:
-        with contextlib.suppress(psutil.Error):
-            process.terminate()
-    _, alive = psutil.wait_procs(stragglers, timeout=10)
-    for process in alive:
-        with contextlib.suppress(psutil.Error):
-            process.kill()
-    psutil.wait_procs(alive, timeout=5)
 
 
 def _alive(pid: int) -> bool:

@@ -28,9 +28,16 @@ their Flower code is found to be the code they were checked against. Where
 it is not, the SuperNode runs as ``flower-supernode`` with one warning; with
 ``--poll-interval`` or ``--objects-in-flight``, which it cannot honour then,
 it refuses to start and says why.
+
+Once Flower's SuperNode has ended (on SIGTERM: it has said goodbye to the
+SuperLink and stopped its servers), the process exits at once, its output
+flushed, without the interpreter's own finalization: in a container that
+finalization could outlast the 10 s that ``docker compose stop``/``down``
+wait before SIGKILL.
 """
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -81,7 +88,11 @@ def changes(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Entry point of ``fedx-supernode``."""
+    """Entry point of ``fedx-supernode`` (``argv``: its arguments, when called from Python).
+
+    From the command line (``argv`` None) the process exits as soon as
+    Flower's SuperNode has ended (see the module's notes).
+    """
     parser = argparse.ArgumentParser(
         prog="fedx-supernode",
         add_help=False,
@@ -118,6 +129,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="objects of a message pulled or pushed at once (Flower's: 2, at most the cores; "
         f"default: ${objects_in_flight.VARIABLE} if set)",
     )
+    from_command_line = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     ours, flower_args = parser.parse_known_args(argv)
     if "-h" in argv or "--help" in argv:
@@ -136,7 +148,24 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise SystemExit(f"fedx-supernode: {err}; use flower-supernode") from None
         except ValueError as err:
             raise SystemExit(f"fedx-supernode: {err}") from None
-    run_flower_supernode(flower_args)
+    if not from_command_line:  # called from Python (tests): Flower's exit as it comes
+        run_flower_supernode(flower_args)
+        return
+    code: int | str | None = 0
+    try:
+        run_flower_supernode(flower_args)
+    except SystemExit as ended:
+        code = ended.code
+    _exit_now(code)
+
+
+def _exit_now(code: int | str | None) -> None:
+    """Exit with ``code`` as ``sys.exit`` would, without the interpreter's finalization."""
+    if isinstance(code, str):
+        print(code, file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code if isinstance(code, int) else (0 if code is None else 1))
 
 
 if __name__ == "__main__":

@@ -14,11 +14,16 @@ What it changes
     (``_Loop.push``): it waits for the reply *to the message just
     received*, pushing every other reply it finds on the way with Flower's
     own ``_push_messages``; while it waits it asks the SuperLink every
-    :data:`RUN_CHECK` seconds whether the message's run still runs, and when
+    :data:`RUN_CHECK` seconds whether the message's run still runs (in a
+    thread of its own: Flower's ``get_run`` retries a SuperLink out of reach
+    for as long as it takes, and a reply that comes meanwhile goes out; a
+    connection error is no answer, any other error is logged once), and when
     it does not, drops the message and finishes its task as stopped. A task
-    that ends without a reply ends the wait too (the message is dropped,
-    with a warning). A warm task hears of its end sooner through its own
-    change (:mod:`~fedx.flower.task_heartbeat`).
+    that ends without a reply ends the wait too: the message gets the error
+    reply Flower gives one whose task stopped responding ("ClientApp stopped
+    responding."), with a warning, so that the ServerApp hears of it at once
+    instead of at its round's timeout. A warm task hears of its end sooner
+    through its own change (:mod:`~fedx.flower.task_heartbeat`).
 
 Why
     Flower 1.41's SuperNode pairs replies with messages by count, not by
@@ -96,8 +101,10 @@ Under another Flower
 
 import importlib
 import os
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import Any
@@ -146,10 +153,84 @@ RECHECK = (
 class _Received:
     """The message the SuperNode received last and handed to a ClientApp task."""
 
-    message_id: str
+    message: Any  # its metadata: what an error reply to it needs
     run_id: int
     task_id: int | None
     get_run: Callable[[int], Any]
+
+    @property
+    def message_id(self) -> str:
+        return str(self.message.metadata.message_id)
+
+
+class _RunCheck:
+    """Whether a run still runs, asked of the SuperLink in a thread of its own.
+
+    Flower's ``get_run`` retries a connection error for as long as it takes,
+    so the loop that waits for a reply never waits on it: it starts a
+    question (:meth:`ask`) and reads the answer once there is one
+    (:meth:`answer`), pushing the replies that come meanwhile. One question at
+    a time, per process. A connection error is no answer; any other error is
+    logged once (per kind) and is no answer either.
+    """
+
+    def __init__(self) -> None:
+        self._asked: tuple[int, Future] | None = None
+        self._logged: set[str] = set()
+
+    def ask(self, get_run: Callable[[int], Any], run_id: int) -> None:
+        """Ask whether ``run_id`` runs, unless a question is still on its way."""
+        if self._asked is not None and not self._asked[1].done():
+            return
+        future: Future = Future()
+
+        def asking() -> None:
+            from flwr.supercore.run import RunNotRunningException  # pylint: disable=C0415
+
+            try:
+                get_run(run_id)
+                future.set_result(True)
+            except RunNotRunningException:
+                future.set_result(False)
+            except BaseException as err:  # pylint: disable=broad-exception-caught  (read by answer)
+                future.set_exception(err)
+
+        self._asked = (run_id, future)
+        threading.Thread(target=asking, name="fedx-run-check", daemon=True).start()
+
+    def answer(self, run_id: int) -> bool | None:
+        """Whether ``run_id`` runs, once the SuperLink said so; ``None`` while it has not."""
+        if self._asked is None or not self._asked[1].done():
+            return None
+        asked, future = self._asked
+        self._asked = None
+        if asked != run_id:
+            return None
+        error = future.exception()
+        if error is None:
+            return bool(future.result())
+        if not _is_connection_error(error):
+            kind = type(error).__name__
+            if kind not in self._logged:
+                self._logged.add(kind)
+                from flwr.common import log  # pylint: disable=import-outside-toplevel
+
+                log(
+                    WARNING,
+                    "fedx: asking the SuperLink whether run %s runs failed (%s: %s); the reply "
+                    "is still awaited (said once)",
+                    run_id,
+                    kind,
+                    error,
+                )
+        return None
+
+
+def _is_connection_error(error: BaseException) -> bool:
+    """Whether ``error`` says the SuperLink could not be reached (it may come back)."""
+    import httpx  # pylint: disable=import-outside-toplevel  (Flower's HTTP client)
+
+    return isinstance(error, (httpx.TransportError, ConnectionError, TimeoutError))
 
 
 class _NotingState:
@@ -191,6 +272,7 @@ class _Loop:
         self.flowers_pull = loop._pull_and_store_message  # pylint: disable=protected-access
         self.flowers_push = loop._push_messages  # pylint: disable=protected-access
         self.received: _Received | None = None
+        self.run_check = _RunCheck()
 
     def receive(self, *, state: Any, receive: Callable[[], Any], **rest: Any) -> int | None:
         """Flower's ``_pull_and_store_message``; a message of a run stopped meanwhile is dropped."""
@@ -225,16 +307,12 @@ class _Loop:
                 )
             return run_id
         if run_id is not None:
-            self.received = _Received(
-                message.metadata.message_id, run_id, noting.task_id, rest["get_run"]
-            )
+            self.received = _Received(message, run_id, noting.task_id, rest["get_run"])
         return run_id
 
     def push(self, *, state: Any, object_store: Any, send: Any, push_object: Any) -> None:
         """Push replies until the one to the message received last is pushed (or will never come)."""
-        # pylint: disable=import-outside-toplevel
-        from flwr.common.constant import Status
-        from flwr.supercore.run import RunNotRunningException
+        from flwr.common.constant import Status  # pylint: disable=import-outside-toplevel
 
         received, self.received = self.received, None
         if received is None:  # not after fedx's receive: Flower's own wait for any reply
@@ -242,29 +320,17 @@ class _Loop:
                 state=state, object_store=object_store, send=send, push_object=push_object
             )
             return
+        pushing = {"object_store": object_store, "send": send, "push_object": push_object}
         next_check = time.monotonic() + RUN_CHECK
         task_ended = False
         while True:
             replies = list(state.get_messages_legacy(is_reply=True))
             if replies:
-                self.flowers_push(
-                    state=_HandedReplies(state, replies),
-                    object_store=object_store,
-                    send=send,
-                    push_object=push_object,
-                )
+                self.flowers_push(state=_HandedReplies(state, replies), **pushing)
             if any(r.metadata.reply_to_message_id == received.message_id for r in replies):
                 return
             if task_ended:  # ended before the look above, and no reply came
-                self._drop(
-                    state,
-                    object_store,
-                    received.message_id,
-                    received.run_id,
-                    None,
-                    why="its ClientApp task ended without a reply",
-                    level=WARNING,
-                )
+                self._reply_lost(state, received, pushing)
                 return
             if received.task_id is None:  # no task to wait for (Flower's FAB errors reply at once)
                 return
@@ -272,18 +338,49 @@ class _Loop:
             task_ended = not tasks or tasks[0].status.status == Status.FINISHED
             if task_ended:
                 continue  # a reply stored before the task ended is there now: look once more
+            if self.run_check.answer(received.run_id) is False:
+                self._drop(
+                    state, object_store, received.message_id, received.run_id, received.task_id
+                )
+                return
             if time.monotonic() >= next_check:
-                try:
-                    received.get_run(received.run_id)
-                except RunNotRunningException:
-                    self._drop(
-                        state, object_store, received.message_id, received.run_id, received.task_id
-                    )
-                    return
-                except Exception:  # pylint: disable=broad-exception-caught
-                    pass  # the SuperLink out of reach: the reply is still awaited
+                self.run_check.ask(received.get_run, received.run_id)
                 next_check = time.monotonic() + RUN_CHECK
             self.loop.time.sleep(REPLY_WAIT)  # the loop's own `time` (fedx-supernode's waits)
+
+    def _reply_lost(self, state: Any, received: _Received, pushing: dict[str, Any]) -> None:
+        """Answer a message whose ClientApp task ended without a reply as Flower answers one
+        whose task stopped responding (an error reply), and forget the message."""
+        # pylint: disable=import-outside-toplevel
+        from flwr.app import Message
+        from flwr.common import log
+        from flwr.supercore.inflatable.inflatable_object import (
+            get_all_nested_objects,
+            get_object_tree,
+            no_object_id_recompute,
+        )
+        from flwr.supernode.nodestate.in_memory_nodestate import CLIENT_APP_CRASHED_ERROR
+
+        reply = Message(CLIENT_APP_CRASHED_ERROR, reply_to=received.message)
+        reply.metadata.__dict__["_message_id"] = reply.object_id  # as Flower's error replies
+        object_store = pushing["object_store"]
+        with no_object_id_recompute():
+            object_store.preregister(received.run_id, get_object_tree(reply))
+            for object_id, obj in get_all_nested_objects(reply).items():
+                object_store.put(object_id, obj.deflate())
+        state.record_message_processing_start(received.message_id)
+        state.record_message_processing_end(received.message_id)
+        log(
+            WARNING,
+            "fedx: the ClientApp task of message %s of run %s ended without a reply: "
+            "replying with Flower's error (%s)",
+            received.message_id,
+            received.run_id,
+            CLIENT_APP_CRASHED_ERROR.reason,
+        )
+        self.flowers_push(state=_HandedReplies(state, [reply]), **pushing)
+        # Flower's push forgets the message; its objects go here.
+        object_store.delete(received.message_id)
 
     @staticmethod
     def _drop(

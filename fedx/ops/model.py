@@ -1,6 +1,7 @@
 """What a model is on the server, and the layout check every operation shares."""
 
 from collections.abc import Sequence
+from itertools import islice
 
 import numpy as np
 
@@ -16,9 +17,10 @@ def layout_problem(reference: Model, model: Model) -> str | None:
     the first tensor with another shape is named.
     """
     if model.keys() != reference.keys():
-        missing = [name for name in reference if name not in model]
-        extra = [name for name in model if name not in reference]
-        return f"names differ (missing {missing[:3]}, unexpected {extra[:3]})"
+        # At most three names of each, each cut short: a reply's names can be anything.
+        missing = islice((f"{name!r:.60}" for name in reference if name not in model), 3)
+        extra = islice((f"{name!r:.60}" for name in model if name not in reference), 3)
+        return f"names differ (missing [{', '.join(missing)}], unexpected [{', '.join(extra)}])"
     for name, array in reference.items():
         if model[name].shape != array.shape:
             return f"{name}: shape {model[name].shape}, expected {array.shape}"

@@ -6,7 +6,9 @@ trained model and a MetricRecord (``"metrics"``) with ``"num-examples"``.
 A ``query`` message asks a node which client it is; the reply's
 ``"client-id"`` metric says so, and its ``"reads-packed"`` metric, when
 there, which version of fedx's packed model form (:mod:`fedx.arrays`) the
-node reads.
+node reads. Every other reply of fedx's ClientApp that holds no packed model
+says the same in a ConfigRecord of its own (:data:`WIRE`), so that the
+server follows each node's latest reply (:mod:`fedx.strategies.packing`).
 """
 
 from collections.abc import Mapping
@@ -31,6 +33,9 @@ EVAL_LOSS = "eval-loss"
 EVAL_ACCURACY = "eval-acc"
 CLIENT_ID = "client-id"
 READS_PACKED = "reads-packed"
+#: The ConfigRecord of a reply in which fedx's ClientApp says it reads packed models
+#: (``READS_PACKED``): Flower's and fedx's strategies count only array and metric records.
+WIRE = "fedx.wire"
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,14 @@ How a batch is split: into as many groups as there are actors (so that each
 takes a share of the round), more where a group would exceed
 ``client-group-size``; the messages in the order of their partitions, the
 groups as even as can be. A group of one message runs as a single message.
+
+A group ends for every member, whatever happens: its call runs in a thread
+of its own, and each member (the one whose thread started it too) waits for
+its outcome at most the group's timeout (the messages' time to live, which
+Flower's engine gives a reply, or the collector's ``timeout``), then gets a
+``TimeoutError``. Any exception of the call (a lost actor, a
+``BaseException``), and an answer that does not give one outcome per
+member, becomes every member's error.
 """
 
 import math
@@ -40,6 +48,8 @@ from flwr.app import Context, Message
 GROUP_QUIET = 0.05
 #: A batch is split at most this long after its first message arrived (seconds).
 GROUP_WAIT = 2.0
+#: How long a group's members wait for its call when their messages give no time to live (seconds).
+GROUP_TIMEOUT = 3600.0
 
 #: Runs a group of messages on one actor: per message, ``(reply or its exception, context)``.
 RunGroup = Callable[[list[Message], list[Context]], list[tuple[Any, Context]]]
@@ -66,6 +76,7 @@ class _Member:
 class _Group:
     members: list[_Member]
     done: bool = False
+    deadline: float = math.inf  # time.monotonic() after which its members stop waiting
 
 
 @dataclass(eq=False)
@@ -90,17 +101,24 @@ class GroupCollector:
         more messages than these can bring.
     quiet, longest_wait : float
         :data:`GROUP_QUIET` and :data:`GROUP_WAIT`.
+    timeout : float, optional
+        Seconds a group's members wait for its call. ``None``: what is left
+        of the shortest time to live of their messages (Flower's engine
+        drops a reply after it), :data:`GROUP_TIMEOUT` where they have none.
     """
 
+    # pylint: disable-next=too-many-arguments
     def __init__(
         self,
         actors: Callable[[], int] = lambda: 1,
         workers: Callable[[], int] = lambda: 2,
         quiet: float = GROUP_QUIET,
         longest_wait: float = GROUP_WAIT,
+        timeout: float | None = None,
     ) -> None:
         self._actors, self._workers = actors, workers
         self._quiet, self._longest_wait = quiet, longest_wait
+        self._timeout = timeout
         self._cond = threading.Condition()
         self._on_the_way: dict[tuple[int, str, str], int] = {}
         self._open: dict[tuple[int, str, str], _Batch] = {}
@@ -151,7 +169,6 @@ class GroupCollector:
         with self._cond:
             self._arrived(key)
             batch = self._open.get(key)
-            closer = batch is None
             if batch is None:
                 capacity = max(1, self._actors()) * group_size
                 batch = self._open[key] = _Batch(key, capacity, first_at=time.monotonic())
@@ -159,23 +176,48 @@ class GroupCollector:
             batch.last_at = time.monotonic()
             self._cond.notify_all()
             while member.group is None:
-                wait = self._close_in(batch) if closer else None
-                if wait is not None and wait <= 0:
+                # Any member may close its batch: none waits on another's thread.
+                wait = self._close_in(batch)
+                if wait <= 0:
                     self._split(batch, group_size)
                     self._cond.notify_all()
                     break
-                self._cond.wait(timeout=wait if wait is not None else 1.0)
+                self._cond.wait(timeout=min(wait, 1.0))
             group = member.group
             assert group is not None
             leads = group.members[0] is member
         if leads:
-            self._dispatch(group, run_group, run_one)
+            threading.Thread(
+                target=self._dispatch,
+                args=(group, run_group, run_one),
+                name="fedx-client-group",
+                daemon=True,  # a call that never returns holds no worker of the engine
+            ).start()
         with self._cond:
             while not group.done:
-                self._cond.wait(timeout=1.0)
+                left = group.deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(
+                        f"the client group of {len(group.members)} messages did not answer "
+                        "within its timeout"
+                    )
+                self._cond.wait(timeout=min(left, 1.0))
         if isinstance(member.outcome, BaseException):
             raise member.outcome
         return member.outcome
+
+    def _deadline(self, members: Sequence[_Member]) -> float:
+        """When (``time.monotonic()``) the members of a group stop waiting for its call."""
+        if self._timeout is not None:
+            return time.monotonic() + self._timeout
+        now = time.time()
+        left = [
+            m.message.metadata.created_at + m.message.metadata.ttl - now
+            for m in members
+            if getattr(m.message.metadata, "ttl", 0)
+            and getattr(m.message.metadata, "created_at", 0)
+        ]
+        return time.monotonic() + (max(min(left), 0.0) if left else GROUP_TIMEOUT)
 
     def _close_in(self, batch: _Batch) -> float:
         """Seconds until ``batch`` should be split (0 or less: now); the caller holds the lock."""
@@ -194,31 +236,49 @@ class GroupCollector:
         members = sorted(batch.members, key=lambda m: m.order)
         count = max(math.ceil(len(members) / group_size), min(max(1, self._actors()), len(members)))
         for chunk in _even_chunks(members, count):
-            group = _Group(chunk)
+            group = _Group(chunk, deadline=self._deadline(chunk))
             for member in chunk:
                 member.group = group
             self.group_sizes[len(chunk)] += 1
 
     def _dispatch(self, group: _Group, run_group: RunGroup, run_one: RunOne) -> None:
-        """Run ``group`` (one actor call) and hand each member its outcome."""
+        """Run ``group`` (one actor call) and hand each member its outcome, whatever happens."""
         members = group.members
+        outcomes: Sequence[Any] = []
         try:
             if len(members) == 1:
-                outcomes: Sequence[Any] = [run_one(members[0].message, members[0].context)]
+                outcomes = [run_one(members[0].message, members[0].context)]
             else:
                 outcomes = [
-                    reply if isinstance(reply, BaseException) else (reply, context)
+                    _error(reply) if isinstance(reply, BaseException) else (reply, context)
                     for reply, context in run_group(
                         [m.message for m in members], [m.context for m in members]
                     )
                 ]
-        except Exception as err:  # pylint: disable=broad-exception-caught  (each member's error)
-            outcomes = [err] * len(members)
-        with self._cond:
-            for member, outcome in zip(members, outcomes, strict=True):
-                member.outcome = outcome
-            group.done = True
-            self._cond.notify_all()
+                if len(outcomes) != len(members):
+                    raise RuntimeError(
+                        f"the client group's call gave {len(outcomes)} outcomes for "
+                        f"{len(members)} messages"
+                    )
+        # Each member's error; a BaseException too (this thread ends here, the members go on).
+        except BaseException as err:  # pylint: disable=broad-exception-caught
+            outcomes = [_error(err)] * len(members)
+        finally:
+            with self._cond:
+                for member, outcome in zip(members, outcomes, strict=True):
+                    member.outcome = outcome
+                group.done = True
+                self._cond.notify_all()
+
+
+def _error(error: BaseException) -> Exception:
+    """``error`` as a member's error: one that is no ``Exception`` (``SystemExit``, ``KeyboardInterrupt``
+    in the call) is wrapped, so that it ends the member's message, not its worker thread."""
+    if isinstance(error, Exception):
+        return error
+    wrapped = RuntimeError(f"the client group's call ended with {type(error).__name__}: {error}")
+    wrapped.__cause__ = error
+    return wrapped
 
 
 def _even_chunks(items: list[_Member], count: int) -> list[list[_Member]]:

@@ -253,10 +253,12 @@ def read_model(record: ArrayRecord, sent: Model) -> Model | str:
     """A reply's model, or why it cannot stand in for the model ``sent``.
 
     It must have the names of ``sent``, each with the same shape and dtype,
-    and no NaN or infinity.
+    and no NaN or infinity. What the record says of its arrays is checked
+    against ``sent`` before any array is read (:func:`fedx.arrays.to_numpy_dict`),
+    so that a hostile reply costs no more than a valid one.
     """
     try:
-        model = to_model(record)
+        model = to_numpy_dict(record, expected=sent)
     except Exception as err:  # pylint: disable=broad-exception-caught
         return f"arrays cannot be read: {err}"
     problem = find_problem(sent, model)

@@ -14,9 +14,9 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from fedx.arrays import PACKED_VERSION
+from fedx.arrays import PACKED_VERSION, packs_models
 from fedx.messaging import send_and_collect
-from fedx.protocol.common import CLIENT_ID, CONFIG, READS_PACKED, SERVER_ROUND
+from fedx.protocol.common import CLIENT_ID, CONFIG, READS_PACKED, SERVER_ROUND, WIRE
 
 
 def query_client_ids(
@@ -61,12 +61,25 @@ def reported_client_id(reply: Message) -> int | str:
 
 
 def reads_packed(reply: Message) -> bool:
-    """Whether a node's reply to the query says it reads the packed form this server writes."""
+    """Whether a node's reply says it reads the packed form this server writes.
+
+    fedx's ClientApp (:mod:`fedx.client.packing`) says so in every reply: by
+    a packed model in it, in a ``reads-packed`` entry of its
+    :data:`~fedx.protocol.common.WIRE` ConfigRecord, or, answering the
+    identity query, of its metrics. An error says nothing of the kind.
+    """
     if reply.has_error():
         return False
+    content = reply.content
+    if packs_models(content):
+        return True
+    records = [*content.metric_records.values()]
+    wire = content.config_records.get(WIRE)
+    if wire is not None:
+        records.append(wire)
     return any(
         type(record.get(READS_PACKED)) is int and record.get(READS_PACKED) == PACKED_VERSION
-        for record in reply.content.metric_records.values()
+        for record in records
     )
 
 

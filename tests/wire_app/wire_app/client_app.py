@@ -6,6 +6,7 @@ packed models reach its handlers as standard ArrayRecords, and it replies
 packed to what came packed.
 """
 
+import os
 import time
 
 import numpy as np
@@ -16,7 +17,11 @@ from fedx.client.packing import packed_models
 
 NUM_FEATURES, NUM_CLASSES = 6, 3
 
-app = ClientApp(mods=[packed_models])
+#: Set in a SuperNode's environment, its ClientApps run without fedx's packed-form mod: a node
+#: that restarted as something else (tests/test_packed_restart.py).
+WITHOUT_PACKED_MOD = "WIRE_APP_WITHOUT_PACKED_MOD"
+
+app = ClientApp(mods=[] if os.environ.get(WITHOUT_PACKED_MOD) else [packed_models])
 
 
 @app.query()
