@@ -2,10 +2,10 @@
 
 Every training or evaluation message carries a model's weights, and the
 ClientApp needs a torch module of the right architecture to load them into.
-Building one costs more than loading the weights (digits' CNN: 0.7 ms
-against 0.1 ms; ResNet-20 about 70 ms, VGG-16 about 150 ms, each time), and
-a simulation worker answers many messages for the same architecture. So a
-process keeps the modules its calls built and lends them out again:
+Building one costs more than loading the weights, every time, and the
+more so the larger the model (ResNet-20, VGG-16); and a simulation worker
+answers many messages for the same architecture. So a process keeps the
+modules its calls built and lends them out again:
 
 * **Nothing carries over.** A borrowed module gets the message's weights
   with a strict ``load_state_dict`` (every parameter and buffer: BatchNorm's

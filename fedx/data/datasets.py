@@ -492,11 +492,11 @@ def _digits() -> tuple[np.ndarray, np.ndarray]:
     ClientApp process). Where the file is not where it was, ``load_digits``
     itself reads it.
 
-    Parsing its text takes 25 ms, in every process that reads it: every
+    Parsing its text costs time in every process that reads it: every
     message of a deployment (a warm executor forks a task for each). The
     parsed values (integers: intensities 0-16 and labels) are stored in the
     cache (:mod:`fedx.data.cache`) under a digest of the file's bytes, and
-    read back in well under a millisecond.
+    reading them back is far cheaper than parsing the text again.
     """
     spec = importlib.util.find_spec("sklearn")
     if spec is not None and spec.origin is not None:

@@ -3,9 +3,10 @@
 torch (OpenMP, MKL) starts one thread per core it sees for every process.
 Several SuperNodes on one machine (``fedx-deploy up``, a test rig, compose on
 a laptop) then run their ClientApps, and the ServerApp, each with every
-core's threads on the same cores: on a 2-core machine the README's fast
-setup (3 SuperNodes, digits) took 11.4 s a round that way and 1.8 s with
-one thread each (issue 27). Flower's simulation avoids it with
+core's threads on the same cores, and the threads wait on each other:
+the README's fast setup (3 SuperNodes, digits) takes several times as long
+a round that way as with its share of the cores (docs/results.md, "What
+each part of the fast setup gives"). Flower's simulation avoids it with
 ``client-resources-num-cpus``; a real deployment needs the count in each
 ClientApp process. The ServerApp keeps every core
 (:func:`serverapp_threads`): it aggregates and evaluates while the

@@ -3,8 +3,9 @@
 In a real deployment Flower 1.41 runs every message a SuperNode receives in
 a new ClientApp process (``flwr-clientapp``, started by the SuperExec's
 ``SubprocessExecutor``), and that process starts Python and imports the app
-before it reads the message: for fedx's ClientApp 10-13 s on a 2-core
-machine, 3-4 s of it ``import torch``. The warm executor pays that once per
+before it reads the message: for fedx's ClientApp, seconds of imports in
+every message, ``import torch`` the largest part
+(``benchmarks/clientapp_startups.py`` measures them). The warm executor pays that once per
 SuperNode: it keeps one interpreter that has imported the ClientApp's module
 (and with it torch and everything else the module imports) and forks it for
 every task; the child runs Flower's own ``run_clientapp`` with the task's
@@ -37,7 +38,7 @@ Every task starts from the warm interpreter as it was after the imports:
   other Python files than the warm interpreter imported, or the FAB is not
   installed yet, that package's modules are dropped before the task starts,
   so ``run_clientapp`` imports them from the FAB it installed, as
-  ``flwr-clientapp`` would (0.3-0.5 s of every task for fedx: the libraries
+  ``flwr-clientapp`` would (a cost in every task, though the libraries
   they import stay loaded); where the files are the same, byte for byte,
   the task keeps the warm modules, as they were imported
   (:meth:`WarmExecutor.keeps_app`);
@@ -48,9 +49,9 @@ Every task starts from the warm interpreter as it was after the imports:
 
 Three costs of Flower's own in every task are cut: the warm
 interpreter has also imported this module, Flower's ``run_clientapp`` and
-``httpcore`` (else each task's process imports them before it starts:
-0.3-0.8 s, and 0.2-0.7 s more for ``httpcore``, which httpx imports with
-``run_clientapp``'s first client), and a
+``httpcore`` (else each task's process imports them itself, before it
+starts and, for ``httpcore``, which httpx imports with ``run_clientapp``'s
+first client, before its first request), and a
 task asks its SuperNode for an object of its message that the SuperNode is
 still pulling from the SuperLink again after 20 ms, then doubling up to the
 SuperExec's task poll interval (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``,
@@ -336,7 +337,7 @@ class WarmExecutor:
         self.app_package = preload_app.split(".")[0] if preload_app else None
         self.modules = [*preload, *([preload_app] if preload_app else [])]
         self._context = multiprocessing.get_context("forkserver")
-        # Without TASK_MODULES every task would import them itself (0.3-0.8 s).
+        # Without TASK_MODULES every task would import them itself, before it starts.
         self._context.set_forkserver_preload([*self.modules, *TASK_MODULES])
         self._fallback = SubprocessExecutor()
         self._tasks: dict[int, BaseProcess] = {}
@@ -450,7 +451,8 @@ class WarmExecutor:
         copy of the app's package has the Python files the warm interpreter
         imported, byte for byte, as the environment still has them: the task
         then runs the FAB's code either way, and importing it again would
-        only cost time (0.3-0.5 s of every task for fedx's, more under load).
+        only cost time, in every task (``benchmarks/message_timeline.py``'s
+        "app load" step).
         Decided once per FAB, once it is installed (its first task installs it).
         """
         if not fab_hash or self.app_package is None or self._app_sources is None:

@@ -11,10 +11,11 @@ What it changes
 
 Why
     Flower's actor class sits in the ``flwr.simulation`` package, whose
-    import (the simulation engine and its state) costs every actor 0.6-0.7 s
-    on 2 cores before it loads the ClientApp, on the way to round 1
-    (docs/results.md, time to round 1). fedx's actor module imports Ray,
-    Flower's ClientApp and what the app imports, nothing else.
+    import (the simulation engine and its state) costs every actor time
+    before it loads the ClientApp, on the way to round 1 (measured in
+    docs/results-record.md, "The simulation's fixed costs"). fedx's actor
+    module imports Ray, Flower's ClientApp and what the app imports, nothing
+    else.
 
 Checked against
     flwr 1.41.0 and 1.42.0 (:data:`fedx.flower.CHECKED_FLWR`): the same code.

@@ -13,13 +13,14 @@ What it changes
 Why
     Flower's ``install_from_fab`` (``flwr.cli.install``) unpacks the FAB
     into a temporary folder and hashes every file before it finds the app
-    installed and returns its path; for fedx's FAB (1.1 MB) that is 0.05 s
-    on an idle machine and 0.2-0.5 s (0.24 s median) when four tasks start
-    at once on two cores, in every task. :func:`install_fab_once` computes
-    the path Flower installs a FAB to (``FLWR_HOME/apps/<publisher>.<name>.
+    installed and returns its path, in every task, and slower still when
+    several tasks start at once on a few cores. :func:`install_fab_once`
+    computes the path Flower installs a FAB to (``FLWR_HOME/apps/<publisher>.<name>.
     <version>.<hash prefix>``, from the FAB's ``pyproject.toml`` and its
-    SHA-256) and returns it when that folder is there: 0.003 s
-    (docs/results.md, Run 4).
+    SHA-256) and returns it when that folder is there, which costs only a
+    hash of the FAB (``benchmarks/message_timeline.py``'s "FAB install" step;
+    docs/results-record.md, "Run 4: where a warm message's seconds went, and
+    the fixed costs cut").
 
 Checked against
     flwr 1.41.0 and 1.42.0 (:data:`fedx.flower.CHECKED_FLWR`): the same code.
@@ -52,9 +53,9 @@ if TYPE_CHECKING:
 
 #: What a task's process runs besides the app: this module, Flower's
 #: ``run_clientapp``, and ``httpcore``, which httpx imports (with trio, where it
-#: is installed) only when ``run_clientapp`` builds its first client: 0.2-0.3 s
-#: of every task on an idle 2-core machine, 0.7 s under load, when not imported
-#: ahead (the warm interpreter imports them all ahead).
+#: is installed) only when ``run_clientapp`` builds its first client: imports
+#: in every task, before its first request, when not imported ahead (the warm
+#: interpreter imports them all ahead).
 TASK_MODULES = (__name__, "flwr.supernode.runtime.run_clientapp", "httpcore")
 #: Flower's ClientApp task, whose ``install_from_fab`` this replaces.
 RUN_CLIENTAPP = "flwr.supernode.runtime.run_clientapp"

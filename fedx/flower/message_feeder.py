@@ -13,11 +13,12 @@ Why
     state for each node in turn, and each ask goes over every message
     stored: a message waits 0.05 s on average before it runs, and with N
     nodes and M messages in a round the engine spends N x M checks every
-    0.1 s (34 ms for 100 nodes and 100 messages on the reference machine, a
-    third of a core, all round long). fedx's feeder is woken when the
-    ServerApp stores messages (:mod:`fedx.flower.linkstate_stores`) and asks
-    only for the nodes they are for, in the order Flower would; a slow pass
-    over every node remains as a safety net.
+    0.1 s: at 100 nodes and 100 messages, a large share of a core, all
+    round long (docs/results.md, "Inside the simulation"). fedx's feeder
+    is woken when the ServerApp stores messages
+    (:mod:`fedx.flower.linkstate_stores`) and asks only for the nodes they
+    are for, in the order Flower would; a slow pass over every node remains
+    as a safety net.
 
 Checked against
     flwr 1.41.0 and 1.42.0 (:data:`fedx.flower.CHECKED_FLWR`): the same code.

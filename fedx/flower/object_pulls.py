@@ -26,9 +26,9 @@ Why
     ``PULL_INITIAL_BACKOFF`` (1 s), then 2 s, 4 s, ... up to 10 s. On one
     machine or a LAN the rest of a message arrives tens of milliseconds
     later, so each of the three hops waited about 1 s for nothing: 3 s of
-    every exchange (``benchmarks/message_timeline.py``; docs/results.md,
-    Run 4: a warm exchange 4.71 s before, 3.41 s after with the other cuts
-    of that run).
+    every exchange (``benchmarks/message_timeline.py`` measures the steps;
+    docs/results-record.md, "Run 4: where a warm message's seconds went, and
+    the fixed costs cut", has the exchange before and after).
 
     :func:`retry_object_pulls_after` makes those waits short: the first one
     ``first`` seconds, then doubling up to ``longest`` (default 0.25 s, the

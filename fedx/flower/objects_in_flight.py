@@ -22,7 +22,8 @@ Why
     84 objects, 42 round trips, 2.1 s at 50 ms, per hop and direction,
     against 0.09 s for its 1.1 MB at 100 Mbit/s. The objects wait on the
     network, not on a core, so more of them in flight than cores is what
-    pays (``benchmarks/links.py``; docs/results.md, slow links).
+    pays (``benchmarks/links.py``; docs/results.md, "What each part of the
+    fast setup gives" and "Slow links").
 
 Checked against
     flwr 1.41.0 and 1.42.0 (:data:`fedx.flower.CHECKED_FLWR`): the same code.

@@ -19,15 +19,15 @@ Why
     that joins later; fedx's pool drops lost actors, runs their messages
     again elsewhere and grows where the cluster has room. It also queues a
     message behind a busy actor while more wait than there are actors (the
-    round trip through the engine: 6-8 ms a message, a third of a digits
-    client's training, at 100 clients on 2 cores), passes models of up to
-    2 MiB inline in Ray calls when it starts Ray itself (a 0.72 MB round trip
-    2.8 ms against 5.8-7.4 ms through the object store), and starts a local
-    Ray without a runtime env, so that Ray's prestarted workers host the
-    actors (no ``setup_worker.py`` start per worker): with fedx's actor
-    class (:mod:`fedx.flower.clientapp_actor`), the time from ``ray.init``'s
-    return until two actors have loaded the ClientApp went from 3.0 s to
-    1.5-1.6 s (docs/results.md, time to round 1).
+    round trip through the engine, a sizeable share of a small client's
+    training), passes models of up to 2 MiB inline in Ray calls when it
+    starts Ray itself (a small model's round trip is faster inline than
+    through the object store: docs/results.md, "Inside the simulation"),
+    and starts a local Ray without a runtime env, so that Ray's prestarted
+    workers host the actors (no ``setup_worker.py`` start per worker): with
+    fedx's actor class (:mod:`fedx.flower.clientapp_actor`), the time from
+    ``ray.init``'s return until two actors have loaded the ClientApp about
+    halved (docs/results-record.md, "The simulation's fixed costs").
 
 Checked against
     flwr 1.41.0 and 1.42.0 (:data:`fedx.flower.CHECKED_FLWR`): the same code.

@@ -28,15 +28,17 @@ Why
     in a new ClientApp process (``flwr-clientapp``, started by the
     SuperExec's ``SubprocessExecutor``), and that process starts Python and
     imports the app before it reads the message: for fedx's ClientApp
-    10-13 s on a 2-core machine, 3-4 s of it ``import torch``. The warm
+    seconds of imports in every message, ``import torch`` the largest part
+    (``benchmarks/clientapp_startups.py`` measures them). The warm
     executor forks every task from an interpreter that imported them once:
-    the deployment benchmark's round took 2.68 s with it (0.1 s polls,
-    SQLite SuperLink) against 8.35 s with Flower's executor and polls, the
-    secure stage 10.8 s against 65.4 s (docs/results.md, Run 4).
+    with it (and 0.1 s polls) a round of the deployment benchmark, and the
+    secure stage, take a fraction of the time they take with Flower's
+    executor and polls (docs/results.md, "What each part of the fast setup
+    gives").
     A short task poll interval (0.1 s in the README's fast setup) costs the
     SuperExec and its SuperNode a request per interval while there is
-    nothing to do: 3-6% of a core for 3 idle SuperExecs, with their
-    SuperNodes' answers more (``benchmarks/idle_federation.py``). Backing
+    nothing to do, and their SuperNodes' answers more, all the time
+    (``benchmarks/idle_federation.py`` measures it). Backing
     off once no task has run for a while brings them back to Flower's one
     poll a second.
 

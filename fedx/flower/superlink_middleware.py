@@ -25,13 +25,14 @@ Why
     event-loop thread. A model is one
     request per object (a trained ResNet-20: about 260 a message, an array
     and its chunk each), and every request of every SuperNode and of the
-    ServerApp passes all nine: on the 2-core machine the SuperLink spent
-    about 12 ms of CPU per request, and a round of ``benchmarks/links.py``
-    with a ResNet-20-sized model (about 1,400 requests) was bound by it.
-    Scoped, the SuperLink's CPU per round halved (16.6-17.5 to 8.4-10.3 s)
-    and the round went from 21.0 to 15.4 s; in process, a request that only
-    passes through costs 3.6 ms of CPU through Flower's stack and 1.0 ms
-    through the scoped one (``/health``; docs/results.md, issue 27).
+    ServerApp passes all nine, each costing the SuperLink CPU, and a round
+    of ``benchmarks/links.py`` with a ResNet-20-sized model (about 1,400
+    requests) was bound by it. Scoped, the SuperLink's CPU per round about
+    halved and the round got shorter; in process, a request that only
+    passes through (``/health``) costs a fraction of the CPU through the
+    scoped stack that it costs through Flower's (docs/results.md, "What
+    each part of the fast setup gives"; docs/results-record.md, "Real
+    deployments as typed, and slow links").
 
 Checked against
     flwr 1.41.0 and 1.42.0 (:data:`fedx.flower.CHECKED_FLWR`). Ported to

@@ -31,15 +31,18 @@ Why
     exchanges every node is idle, so every exchange started up to 3 s late
     on each node (a round of secure recombination has eight exchanges). With
     the warm executor and a 0.1 s poll a round of the deployment benchmark
-    took 1.78 s against 8.35 s with Flower's executor and polls, and the
-    secure stage 6.1 s against 65.4 s (docs/results.md, Run 4, with the
-    other cuts of that run). Polling that often all the time cost an idle
-    federation: the README's fast setup (3 SuperNodes, 0.1 s) used 53% of a
-    core doing nothing, 20-28% of it in the SuperLink answering the
-    SuperNodes' pulls. Backing off after ``idle_after`` seconds without a
-    message keeps every exchange of a run on the short interval (a node's
-    next message comes 1-3 s after its reply in the fast setup, a few
-    seconds at most under load) and brings an idle node back to Flower's
+    and the secure stage take a fraction of the time they take with
+    Flower's executor and polls (docs/results.md, "What each part of the fast setup
+    gives"; docs/results-record.md, "Run 4: where a warm message's seconds
+    went, and the fixed costs cut", with the other cuts of that run).
+    Polling that often all the time cost an idle federation: the README's
+    fast setup (3 SuperNodes, 0.1 s) kept a good part of a core busy doing
+    nothing, much of it in the SuperLink answering the SuperNodes' pulls
+    (docs/results-record.md, "Idle federations: the polls back off").
+    Backing off after ``idle_after`` seconds without a message keeps every
+    exchange of a run on the short interval (in the fast setup a node's
+    next message comes well within ``idle_after`` of its reply) and brings
+    an idle node back to Flower's
     one pull per 3 s (``benchmarks/idle_federation.py``). A reply that
     arrives between two checks of the interval waited half of it on average
     (0.05 s of every exchange at 0.1 s); woken, it goes on at once.

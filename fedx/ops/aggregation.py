@@ -17,8 +17,8 @@ _BLOCK = 1 << 17
 # threads share the work of one large tensor evenly.
 _SPAN = 1 << 18
 # Below this many elements read, threads cost more than they save (handing
-# tasks to the threads takes 30 us at best, far more on busy cores; FedMe's
-# two-model means of a CNN layer, 4M elements, got slower with them).
+# tasks to the threads has a cost of its own per task, far higher on busy cores;
+# FedMe's two-model means of a CNN layer, 4M elements, got slower with them).
 _PARALLEL_WORK = 1 << 24
 
 

@@ -56,12 +56,12 @@ _CHUNK = 1 << 20
 # Bytes of a thread's K-row staging buffer: BLAS packs its own panels, so
 # the buffer only needs to stay in the last-level cache, and large blocks
 # keep the per-block Python overhead (one copy call per model) small
-# (measured: 8 MiB instead of 4 takes 12% off 10 CNN-sized models on one
-# thread, the same at 100).
+# (8 MiB rather than 4 is faster for 10 CNN-sized models on one thread, and
+# as fast at 100; ``benchmarks/server_ops.py`` times the similarity matrix).
 _STAGING_BYTES = 8 << 20
 # Below this many models, a block's Gram matrix is faster as matrix-vector
-# products than as BLAS's symmetric rank-k update (measured: 1.9x faster at
-# 4 models, 1.3x at 10, slower from 20 on).
+# products than as BLAS's symmetric rank-k update (the fewer the models the
+# larger the gain; from about 20 models on the update is faster).
 _FEW_ROWS = 16
 # Below this many multiply-adds a thread pool costs more than it saves.
 _PARALLEL_WORK = 1 << 26

@@ -8,9 +8,10 @@ ClientApps on :class:`fedx.simulation.pool.ActorPool`. It refuses a
 one ClientApp, with a clear error where Ray would retry for many minutes. A
 Ray it starts itself passes objects up to :data:`INLINE_OBJECT_BYTES`
 inline in Ray calls rather than through its shared-memory object store (a
-model travels to a ClientApp actor and back in every message: a round trip
-of about 6-7 ms for digits' CNN, 0.72 MB, through the store against under
-3 ms inline; a cluster that is already running keeps its own settings), and
+model travels to a ClientApp actor and back in every message, and for a
+model the size of digits' CNN that round trip is faster inline:
+docs/results.md, "Inside the simulation"; a cluster that is already running
+keeps its own settings), and
 gets the app's path from the environment rather than as a runtime env
 (:func:`fedx.simulation.ray_cluster.start_local_ray`).
 
@@ -40,9 +41,10 @@ from fedx.simulation.pool import ActorPool
 from fedx.simulation.ray_cluster import check_cluster_address, start_local_ray, starts_own_ray
 
 # Objects up to this size travel inline in Ray calls (Ray's default: 100 KiB) when
-# this backend starts Ray: measured on 2 cores, a round trip of 0.72 MB each way
-# takes 2.8 ms inline against 5.8-7.4 ms through the object store, 2 MB 7.0 against
-# 9.4 ms, while 6.6 MB is faster through the store (15.6 against 23 ms).
+# this backend starts Ray: a round trip of a model of up to about 2 MB each way is
+# faster inline than through the object store, while a model several times larger
+# is faster through the store (docs/results.md, "Inside the simulation", has the
+# digits CNN's round trip).
 INLINE_OBJECT_BYTES = 2 << 20
 
 

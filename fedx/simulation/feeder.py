@@ -3,10 +3,10 @@
 Flower's engine looks for new messages every 0.1 s, asking the run's state
 for each node in turn, and each of those asks goes over every message
 stored: a message waits 0.05 s on average before it runs, and with N nodes
-and M messages in a round the engine spends N x M checks every 0.1 s (34 ms
-for 100 nodes and 100 messages on the reference machine, a third of a core,
-all round long). :func:`feed_messages` takes its place
-(:mod:`fedx.flower.message_feeder`): it is woken when the ServerApp pushes
+and M messages in a round the engine spends N x M checks every 0.1 s: at
+100 nodes and 100 messages, a large share of a core, all round long
+(docs/results.md, "Inside the simulation"). :func:`feed_messages` takes
+its place (:mod:`fedx.flower.message_feeder`): it is woken when the ServerApp pushes
 messages and asks only for the nodes they are for, in the order Flower
 would, one message per node and pass as Flower does; a slow pass over every
 node remains as a safety net. It also tells the ServerApp's exchanges when

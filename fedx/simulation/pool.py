@@ -22,8 +22,9 @@ uses in place of Flower's:
   ClientApp, and learns its node; while more messages wait than there are
   actors, a busy actor gets the next one queued behind the one it runs
   (:data:`MESSAGES_PER_ACTOR`), so it starts it without waiting for the
-  round trip through the engine (6-8 ms a message, a third of a digits
-  client's training, measured at 100 clients on 2 cores);
+  round trip through the engine (in every message, a sizeable share of a
+  digits client's training at 100 clients: docs/results-record.md, "The
+  simulation's fixed costs");
 - drops an actor that Ray reports gone (its worker or node died, or Ray's
   memory monitor killed it) and runs the message again on another actor, on
   another node where there is one;
