@@ -3,8 +3,8 @@
 **Standard.** A Flower ``Array`` holds one array as the bytes of a NumPy
 ``.npy`` file (``np.save``). ``Array.numpy()`` reads them with ``np.load``,
 which parses the file's header with ``ast.literal_eval``: for digits' CNN
-that is most of the time it takes (0.21 ms for its 8 arrays, against
-0.05 ms here), and a server reads K models every round, a simulation worker
+that is most of the time it takes, several times what the reading below
+costs, and a server reads K models every round, a simulation worker
 one or two per message. :func:`to_numpy` reads the header that ``np.save``
 writes for a plain array (format 1.0, one type, C order) with a regular
 expression and gives anything else (another format version, a

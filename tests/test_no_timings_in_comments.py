@@ -30,19 +30,11 @@ MACHINE = re.compile(
     r"\b(?:cores?|machines?|measured|took|idle|under load|load average|median)\b", re.IGNORECASE
 )
 
-#: Files not checked at all.
-ALLOWED_FILES = {
-    # edited on another branch, fixed at merge
-    "fedx/arrays.py",
-    "fedx/deploy/local.py",
-    "fedx/flower/stopped_runs.py",
-}
-
 #: (file, part of the line): lines that match but quote settings, not timings.
 ALLOWED = {
     # Flower's idle poll (3 s) and fedx's poll interval (0.1 s).
     ("fedx/deploy/supernode.py", "an idle node costs the SuperLink one pull per 3 s"),
-    # (local.py's two: for when ALLOWED_FILES no longer holds it.)
+    # Flower's SuperExec poll (up to 1 s once idle).
     ("fedx/deploy/local.py", "(a SuperExec's up to Flower's 1 s), so that an idle"),
     ("fedx/deploy/local.py", "# its task polls: up to Flower's 1 s once idle"),
     ("fedx/flower/message_feeder.py", "0.1 s: at 100 nodes and 100 messages"),
@@ -85,8 +77,6 @@ def test_no_machine_timings_in_comments():
     found = []
     for path in sorted(FEDX.rglob("*.py")):
         name = path.relative_to(REPO).as_posix()
-        if name in ALLOWED_FILES:
-            continue
         for number, text in timing_lines(path):
             if not any(name == file and part in text for file, part in ALLOWED):
                 found.append(f"{name}:{number}: {text}")
@@ -100,8 +90,6 @@ def test_the_allowed_lines_are_there():
     """Every entry of ALLOWED still matches a line it allows (else it goes)."""
     stale = []
     for file, part in sorted(ALLOWED):
-        if file in ALLOWED_FILES:
-            continue
         if not any(part in text for _, text in timing_lines(REPO / file)):
             stale.append(f"{file}: {part!r}")
     assert not stale, "ALLOWED entries that match no line any more:\n" + "\n".join(stale)

@@ -201,10 +201,10 @@ class FederationSpec:
         ``"file"``, ``state_dir/superlink.db`` (SQLite), kept when the
         SuperLink restarts (runs, registered SuperNodes); ``"memory"``,
         Flower's default, lost with the SuperLink but much cheaper per
-        message: the SQLite store spends some 20 ms of the SuperLink's time
-        on each object of a message (a model is one object per array and
-        chunk, and it crosses the SuperLink twice per exchange), the
-        in-memory one about 0.1 ms (``benchmarks/message_timeline.py``).
+        message: the SQLite store spends far more of the SuperLink's time on
+        each object of a message than the in-memory one (a model is one object
+        per array and chunk, and it crosses the SuperLink twice per exchange;
+        ``benchmarks/message_timeline.py`` measures both).
     superlink : {"flower", "fedx"}
         Which SuperLink program: ``"flower"``, ``flower-superlink`` as
         shipped; ``"fedx"``, ``fedx-superlink`` (:mod:`fedx.deploy.superlink`):
@@ -238,9 +238,8 @@ class FederationSpec:
     warm_preload : tuple of str, optional
         Modules the warm interpreters import ahead (``executor="warm"``):
         ``None``, ``fedx-superexec``'s default (torch, fedx's ClientApp and
-        strategies); ``()`` none, for an app that needs none of them (on the 2-core machine
-        the warm interpreter was then ready after 0.7 CPU s with 91 MiB
-        resident, instead of 2.4 CPU s and 563 MiB).
+        strategies); ``()`` none, for an app that needs none of them (its warm
+        interpreter is then ready sooner and holds a fraction of the memory).
     """
 
     num_supernodes: int

@@ -70,11 +70,9 @@ Why
     task finished this way ends at its next request to its SuperNode, which
     refuses the task's token (HTTP 401; Flower's client then stops its own
     process, as on SIGINT, within Flower's 5 s exit): a task waiting for its
-    message's objects at once, a running one at its next heartbeat. In
-    ``tests/test_stopped_runs.py`` (2-core machine, load average 35-45,
-    three runs) the waiting task ended 1.6-2.0 s and the training one 7-9 s
-    after ``flwr stop`` returned; with Flower's SuperNode both still ran 30 s
-    later. With the
+    message's objects at once, a running one at its next heartbeat. ``tests/test_stopped_runs.py`` checks
+    that both end after ``flwr stop`` (with Flower's SuperNode both still run
+    30 s later). With the
     warm executor that is within 15 s (up to :data:`RUN_CHECK` until the
     SuperNode sees the stop, 4.5 s to the heartbeat
     (:mod:`~fedx.flower.task_heartbeat`), 5 s to exit); with
