@@ -3,28 +3,33 @@
 The papers' authors published their round loops (``Training_FedMR.py``,
 ``Training_FedIndenp.py``, ``Training_FedMut.py``, their lab's
 ``Training_FedCross.py``; FedMe as Jupyter notebooks). This script runs
-those loops unchanged (their local update, recombination, mutation, cross
-aggregation, similarity and ``Aggregation``) on what a fedx run of the same
-setting and seed uses: the training split and its partitions, the initial
-model, the local training settings and the method's hyper-parameters. Their
-data loaders are not used (they need CIFAR files), and nothing of their code
-is part of fedx: point the script at a checkout of theirs.
+their loop functions, with the files as published (their local update,
+recombination, mutation, cross aggregation, similarity and
+``Aggregation``), on what a fedx run of the same setting and seed uses: the
+training split and its partitions, the initial model, the local training
+settings and the method's hyper-parameters. Their data loaders are not used
+(they need CIFAR files), and nothing of their code is part of fedx: point
+the script at a checkout of theirs.
 
-What the script adds around their loop:
+What the script puts around their code (adapters, not changes to it):
 
-* their ``Aggregation(w_locals, None)`` (the global model of a round) is
-  wrapped so that every global model is evaluated on fedx's test split, the
-  same 360 images and the same accuracy as fedx's central evaluation;
-* their writers of result files (``save_result`` and the like) are replaced
-  by no-ops, and their own test calls are left as they are (they only print);
-* fedx's CNN returns logits; their loops read ``model(x)["output"]``, so the
-  model is wrapped in a module that returns that dictionary.
+* the name ``Aggregation`` in their loop's module is bound to a wrapper that
+  calls theirs and, for a round's global model (``Aggregation(w_locals,
+  None)``), evaluates it on fedx's test split (the same 360 images and the
+  same accuracy as fedx's central evaluation);
+* their writers of result files (``save_result`` and the like) are bound
+  to no-ops; their own test calls are left as they are (they only print);
+* fedx's CNN returns logits and their loops read ``model(x)["output"]``, so
+  the model is wrapped in a module that returns that dictionary;
+* their ``args`` namespace is built from fedx's run config
+  (:func:`authors_args`).
 
 FedMe's notebook (``FedMe_cifar10.ipynb`` of ``OnizukaLab/FedMe``) is read
-cell by cell: its server, worker, KMeans, training and test code run as
+cell by cell: its server, worker, KMeans, training and test cells run as
 they are, on fedx's personalized layout of the digits (each client's train,
 validation and test splits, the server's unlabeled images) with fedx's
-``cnn-1`` ... ``cnn-4`` in place of VGG-11 ... VGG-19.
+``cnn-1`` ... ``cnn-4`` in place of VGG-11 ... VGG-19, and its data loaders
+in one process (``num_workers=0``: the same batches).
 
 Examples
 --------

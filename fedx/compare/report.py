@@ -359,22 +359,30 @@ def _draw_curves(axes: Any, setting: str, results: list[RunResult], methods: lis
     axes.grid(alpha=0.3)
 
 
-def plot_setting(path: Path, setting: str, results: list[RunResult]) -> None:
+def plot_setting(
+    path: Path, setting: str, results: list[RunResult], metadata: dict[str, str] | None = None
+) -> None:
     """Mean accuracy per round of every method on one setting, ± one std over seeds.
 
-    The legend sits to the right of the axes.
+    The legend sits to the right of the axes; ``metadata`` goes into the
+    PNG file's text chunks (for example where its numbers came from).
     """
     methods = _method_order(r.method for r in results if r.setting == setting)
     figure, axes = plt.subplots(figsize=(8.5, 4.5))
     _draw_curves(axes, setting, results, methods)
     axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    figure.savefig(path, dpi=120, metadata=metadata)
     plt.close(figure)
 
 
-def plot_overview(path: Path, results: list[RunResult]) -> None:
-    """Every setting's curves side by side (two a row), with one legend below them."""
+def plot_overview(
+    path: Path, results: list[RunResult], metadata: dict[str, str] | None = None
+) -> None:
+    """Every setting's curves side by side (two a row), with one legend below them.
+
+    ``metadata`` goes into the PNG file's text chunks.
+    """
     settings = list(dict.fromkeys(r.setting for r in results))
     methods = _method_order(r.method for r in results)
     rows = math.ceil(len(settings) / 2)
@@ -402,7 +410,7 @@ def plot_overview(path: Path, results: list[RunResult]) -> None:
         ncol=min(len(shown), 5),
         frameon=False,
     )
-    figure.savefig(path, dpi=110)
+    figure.savefig(path, dpi=110, metadata=metadata)
     plt.close(figure)
 
 
