@@ -1042,7 +1042,7 @@ def test_a_message_whose_task_ends_without_a_reply_gets_flowers_error_reply(
     from flwr.common.constant import ErrorCode  # pylint: disable=import-outside-toplevel
 
     monkeypatch.setattr(stopped_runs, "REPLY_WAIT", 0.01)
-    assert stopped_runs.install()
+    assert stopped_runs.apply()
     node = OneRunSuperNode(supernode_loop)
     message, _ = node.receive(supernode_loop._pull_and_store_message, 1)
     task_id, _ = node.take()
@@ -1063,7 +1063,7 @@ def test_asking_whether_the_run_runs_never_holds_a_ready_reply(supernode_loop, m
     comes meanwhile goes out at once."""
     monkeypatch.setattr(stopped_runs, "RUN_CHECK", 0.05)
     monkeypatch.setattr(stopped_runs, "REPLY_WAIT", 0.01)
-    assert stopped_runs.install()
+    assert stopped_runs.apply()
     node = OneRunSuperNode(supernode_loop)
     message, _ = node.receive(supernode_loop._pull_and_store_message, 1)
     back = threading.Event()
@@ -1094,7 +1094,7 @@ def test_an_error_asking_for_the_run_other_than_a_connection_error_is_logged_onc
 
     monkeypatch.setattr(stopped_runs, "RUN_CHECK", 0.02)
     monkeypatch.setattr(stopped_runs, "REPLY_WAIT", 0.01)
-    assert stopped_runs.install()
+    assert stopped_runs.apply()
     node = OneRunSuperNode(supernode_loop)
     message, _ = node.receive(supernode_loop._pull_and_store_message, 1)
     asked = []
