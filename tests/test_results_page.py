@@ -53,6 +53,17 @@ def test_the_check_fails_when_a_run_changes_or_comes_from_another_commit(tmp_pat
     shutil.copy(REPO / "docs/results.md", root / "docs/results.md")
     assert check(root).returncode == 0
 
+    curves_csv = root / "docs/results/digits/curves.csv"
+    lines = curves_csv.read_text().splitlines()
+    last = max(i for i, line in enumerate(lines) if line.startswith("digits-cnn-dir0.1,fedavg,0,"))
+    *key, accuracy = lines[last].split(",")
+    lines[last] = ",".join([*key, f"{float(accuracy) - 0.1:.4f}"])  # one run's last round, changed
+    curves_csv.write_text("\n".join(lines) + "\n")
+    result = check(root)
+    assert result.returncode == 1
+    assert "a table differs" in result.stderr and "overview.png was drawn from" in result.stderr
+    shutil.copy(REPO / "docs/results/digits/curves.csv", curves_csv)
+
     runs_csv = root / "docs/results/digits/runs.csv"
     original = runs_csv.read_text()
     rows = original.splitlines()
@@ -61,8 +72,7 @@ def test_the_check_fails_when_a_run_changes_or_comes_from_another_commit(tmp_pat
     first[column] = f"{float(first[column]) - 0.1:.4f}"  # one run's final accuracy, changed
     runs_csv.write_text("\n".join([rows[0], ",".join(first), *rows[2:]]) + "\n")
     result = check(root)
-    assert result.returncode == 1
-    assert "a table differs" in result.stderr and "overview.png was drawn from" in result.stderr
+    assert result.returncode == 1 and "overview.png was drawn from" in result.stderr
 
     first = rows[1].split(",")
     first[header.index("commit")] = "0" * 40  # one run of another commit
