@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
+import fedx.deploy.supernode
 import fedx.extras
 from fedx.deploy.local import FederationSpec, LocalFederation, free_port
 from fedx.flower import CHECKED_FLWR
@@ -173,6 +174,8 @@ def test_flowers_processes_with_fedxs_changes_need_only_flower_of_the_extra(monk
             installed.get(name) or (_ for _ in ()).throw(fedx.extras.PackageNotFoundError(name))
         ),
     )
+    # fedx-supernode's command line ends with os._exit (no finalization): here, a SystemExit.
+    monkeypatch.setattr(fedx.deploy.supernode, "_exit_now", lambda code: sys.exit(code))
     for tool in ("fedx-supernode", "fedx-superlink"):
         monkeypatch.setattr(sys, "argv", [tool, "--help"])
         with pytest.raises(SystemExit) as stopped:
