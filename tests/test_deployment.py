@@ -228,7 +228,7 @@ def test_bad_replies_at_the_wire_are_dropped_and_the_run_goes_on(secure, wire_re
     output, result = wire_reference
     first, second = secure.node_id(1), secure.node_id(2)  # partitions 1 and 2 misbehave
     assert f"Round 1: dropped the reply of node {first} (slot " in output
-    assert "weight: shape (7, 3), expected (6, 3)" in output
+    assert "'weight': shape (7, 3), expected (6, 3)" in output
     assert f"Round 1: dropped the reply of node {second} (slot " in output
     assert "bias: contains NaN or Inf" in output
     assert f"Round 2: dropped the reply of node {first} (slot " in output
