@@ -167,11 +167,11 @@ def pack(model: Mapping[str, np.ndarray]) -> Array:
         for array in arrays.values()
         if array.nbytes
     ]
-    parts: list[bytes | np.ndarray] = [len(header).to_bytes(_LENGTH_BYTES, "little"), header]
+    parts: list[bytes | memoryview] = [len(header).to_bytes(_LENGTH_BYTES, "little"), header]
     end = _LENGTH_BYTES + len(header)
     for buffer in buffers:
         start = _aligned(end)
-        parts.extend((bytes(start - end), buffer))
+        parts.extend((bytes(start - end), buffer.data))
         end = start + buffer.nbytes
     data = b"".join(parts)
     return Array(dtype="uint8", shape=(len(data),), stype=PACKED_STYPE, data=data)
@@ -364,7 +364,10 @@ def _standard_array(array: np.ndarray) -> Array:
     header = io.BytesIO()
     np.lib.format.write_array_header_1_0(header, np.lib.format.header_data_from_array_1_0(array))
     data = b"".join(
-        (header.getvalue(), np.require(array, requirements="C").reshape(-1).view(np.uint8))
+        (
+            header.getvalue(),
+            np.require(array, requirements="C").reshape(-1).view(np.uint8).data,
+        )
     )
     return Array(dtype=str(array.dtype), shape=tuple(array.shape), stype=SType.NUMPY, data=data)
 

@@ -83,7 +83,7 @@ def get_envelopes(record: ConfigRecord, prefix: str) -> list[Envelope]:
     """
     try:
         columns = [
-            list(record[f"{prefix}-{column}"])  # type: ignore[arg-type]
+            list(record[f"{prefix}-{column}"])  # type: ignore[arg-type, unused-ignore]
             for column in ("senders", "receivers", "layers", "attempts", "payloads")
         ]
     except KeyError as err:
