@@ -82,7 +82,7 @@ data=${DATA_ROOT:-/tmp/fedx-data}
 if [ -z "${DATA_ROOT:-}" ] && [[ " ${STEPS//+/ } " =~ " "(checks|round|peak|configs|mps)" " ]]; then
   sizes=${QUICK:+400 100}
   for name in cifar10 cifar100; do
-    "$py" benchmarks/_fake_cifar.py "$data" $name ${sizes:-50000 10000} > /dev/null || exit 1
+    "$py" benchmarks/fake_cifar.py "$data" $name ${sizes:-50000 10000} > /dev/null || exit 1
   done
   stamp "CIFAR-10- and CIFAR-100-shaped data in $data"
 fi
