@@ -5,7 +5,6 @@ runs and that what it measures hangs together (positive times and sizes,
 ratios taken against the baseline of the same run), not how fast anything is.
 """
 
-import json
 import math
 import os
 import stat
@@ -21,7 +20,6 @@ from fedx_bench import (
     deployment,
     fast_setup,
     gpu,
-    gpu_checks,
     gpu_configs,
     gpu_round,
     hostile_replies,
@@ -255,27 +253,6 @@ def test_gpu_configs_quick(capsys):
     assert gpu_configs.parse_arguments([]).methods == [
         "fedavg", "fedprox", "fedcross", "fedindep", "fedmr", "fedmr-two-stage", "fedmut",
     ]  # fmt: skip
-
-
-def test_gpu_checks_compare_metrics_without_the_wall_clock(tmp_path):
-
-    def written(name, seconds, loss):
-        row = {"round": 2, "accuracy": 0.5, "train-loss": loss, "round-seconds": seconds}
-        metrics = {
-            "config": {"seed": 0, "run-name": name, "output-dir": str(tmp_path / name)},
-            "rounds": [{"round": 0, "accuracy": 0.1}, row],
-            "final": dict(row),
-            "stop-reason": None,
-            "timings": {"total-seconds": 10 * seconds},
-        }
-        path = tmp_path / f"{name}.json"
-        path.write_text(json.dumps(metrics))
-        return gpu_checks.comparable_metrics(path)
-
-    first, second = written("a", 1.0, 0.25), written("b", 2.0, 0.25)
-    assert first == second and gpu_checks.differences(first, second) == []
-    other = written("c", 1.0, 0.25000000000000006)  # the last bit
-    assert gpu_checks.differences(first, other) == ["round 2 train-loss", "final"]
 
 
 def test_idle_federation_measures_each_kind_of_process_of_the_readme_setup_without_its_run():

@@ -1,6 +1,0 @@
-"""The command of fedx_bench/gpu_checks.py: its docstring, or ``--help``, says what it measures."""
-
-from fedx_bench import common, gpu_checks
-
-if __name__ == "__main__":
-    common.run_reporting_errors(gpu_checks.main)
