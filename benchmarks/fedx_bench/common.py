@@ -1,6 +1,7 @@
 """What the benchmarks share: their command line, /proc readings, ``flwr run`` and exit."""
 
 import argparse
+import os
 import signal
 import sys
 import traceback
@@ -37,6 +38,19 @@ def print_error(error: str | None, label: str = "") -> None:
     """A measurement's error, if it has one, indented on the line below its figures."""
     if error:
         print(f"  {label}: {error}" if label else f"  {error}")
+
+
+def load_text() -> str:
+    """The machine's load averages over 1, 5 and 15 minutes, for a report's lines."""
+    return "load average " + " ".join(f"{load:.2f}" for load in os.getloadavg())
+
+
+def rounds_text(arguments: argparse.Namespace) -> str:
+    """The rounds of :func:`add_job_options`, and what "per round" means in a report."""
+    return (
+        f"{arguments.rounds} rounds of {arguments.local_epochs} local epoch(s); "
+        f"per round = mean of rounds 2-{arguments.rounds}"
+    )
 
 
 def print_header(header: str) -> None:

@@ -400,11 +400,6 @@ def _ratio(numerator: float | None, denominator: float | None) -> str:
     return f"{numerator / denominator:.2f}" if numerator and denominator else ""
 
 
-def load_text() -> str:
-    """The machine's load averages (1, 5, 15 min), for the report."""
-    return "load average " + " ".join(f"{load:.2f}" for load in os.getloadavg())
-
-
 def flower_baseline(runs: Sequence[Real] | Sequence[Secure]):
     """The run of Flower as shipped (setup ``flower``) among ``runs``, if it was measured."""
     return next((run for run in runs if run.setup == FLOWER_AS_SHIPPED), None)
@@ -548,7 +543,7 @@ def _attempt(what: str, step, failed):
     except Exception as err:  # pylint: disable=broad-exception-caught
         traceback.print_exc()
         result = failed(repr(err))
-    print(f"  {what}: {time.monotonic() - started:.0f} s; {load_text()}", flush=True)
+    print(f"  {what}: {time.monotonic() - started:.0f} s; {common.load_text()}", flush=True)
     return result
 
 
@@ -557,10 +552,9 @@ def main(argv: Sequence[str] | None = None) -> Report:
     arguments = parse_arguments(argv)
     report = Report()
     print(
-        f"FedMR on digits, cnn, IID, {arguments.clients} clients, {arguments.rounds} rounds of "
-        f"{arguments.local_epochs} local epoch(s); per round = mean of rounds 2-{arguments.rounds}; "
+        f"FedMR on digits, cnn, IID, {arguments.clients} clients, {common.rounds_text(arguments)}; "
         f"{arguments.client_threads} torch thread(s) per client; {os.cpu_count()} cores, shared "
-        f"with whatever else runs ({load_text()} at start)",
+        f"with whatever else runs ({common.load_text()} at start)",
         flush=True,
     )
     with tempfile.TemporaryDirectory(prefix="fedx-deployment-") as directory:
@@ -592,5 +586,5 @@ def main(argv: Sequence[str] | None = None) -> Report:
         report.secure = [run for run in secure if run is not None]
         for run in report.secure:
             print_secure(run, flower_baseline(report.secure) or report.secure[0])
-    print(f"{load_text()} at the end")
+    print(f"{common.load_text()} at the end")
     return report

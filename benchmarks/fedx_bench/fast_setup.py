@@ -106,11 +106,6 @@ class Repeat:
     steps: dict[Path, dict[str, list[float]]] = field(default_factory=dict)
 
 
-def load_text() -> str:
-    """The load averages over 1, 5 and 15 minutes."""
-    return " ".join(f"{load:.1f}" for load in os.getloadavg())
-
-
 def placement(home: Path) -> list[str]:
     """The options that put a fast-setup federation on free ports and its state under ``home``."""
     port = free_ports(1 + CLIENTS)
@@ -214,7 +209,7 @@ def print_repeat(index: int, repeat: Repeat) -> None:
     simulation = repeat.simulation.per_round
     print(
         f"repeat {index + 1}: simulation {_seconds(simulation)} s/round "
-        f"(load {repeat.loads['simulation']})"
+        f"({repeat.loads['simulation']})"
     )
     common.print_error(repeat.simulation.error, "simulation")
     for app, timing in repeat.commands.items():
@@ -222,7 +217,7 @@ def print_repeat(index: int, repeat: Repeat) -> None:
         print(
             f"  {str(app):<40} {_seconds(timing.per_round):>7} s/round {ratio:>6} the "
             f"simulation; round 1 {_seconds(timing.first)} s, whole command "
-            f"{_seconds(timing.total, 1)} s (load {repeat.loads[str(app)]}); rounds 2-: "
+            f"{_seconds(timing.total, 1)} s ({repeat.loads[str(app)]}); rounds 2-: "
             f"{', '.join(f'{s:.1f}' for s in timing.later or [])}",
             flush=True,
         )
@@ -304,9 +299,8 @@ def main(argv: Sequence[str] | None = None) -> list[Repeat]:
     arguments = parse_arguments(argv)
     print(
         f"{' '.join(FAST_SETUP)}\nagainst the simulation: FedMR on digits, cnn, IID, {CLIENTS} "
-        f"clients, {arguments.rounds} rounds of {arguments.local_epochs} local epoch(s); per "
-        f"round = mean of rounds 2-{arguments.rounds}; {os.cpu_count()} cores (load "
-        f"{load_text()} at start)",
+        f"clients, {common.rounds_text(arguments)}; {os.cpu_count()} cores "
+        f"({common.load_text()} at start)",
         flush=True,
     )
     repeats = []
@@ -314,7 +308,7 @@ def main(argv: Sequence[str] | None = None) -> list[Repeat]:
         home = Path(directory)
         for index in range(arguments.repeats):
             simulation = deployment.time_simulation(arguments, home / f"simulation-{index}")
-            repeat = Repeat(simulation, loads={"simulation": load_text()})
+            repeat = Repeat(simulation, loads={"simulation": common.load_text()})
             # A B, then B A: a drift of the machine's load touches every copy alike.
             order = list(enumerate(arguments.app))
             for number, app in order if index % 2 == 0 else order[::-1]:
@@ -324,12 +318,12 @@ def main(argv: Sequence[str] | None = None) -> list[Repeat]:
                 repeat.commands[app] = run_command(
                     app, run_home, overrides, arguments.timeout, trace
                 )
-                repeat.loads[str(app)] = load_text()
+                repeat.loads[str(app)] = common.load_text()
                 if trace is not None and trace.exists():
                     repeat.steps[app] = trace_steps(trace)
             print_repeat(index, repeat)
             repeats.append(repeat)
     print_summary(arguments.app, repeats)
     print_steps(arguments.app, repeats)
-    print(f"load {load_text()} at the end")
+    print(f"{common.load_text()} at the end")
     return repeats

@@ -119,7 +119,7 @@ def measure(root: psutil.Process, after: float, seconds: float, up_at: float) ->
     time.sleep(seconds)
     end = cpu_seconds(tree(root))
     elapsed = time.monotonic() - start_time
-    window = Window(after, seconds, load=fast_setup.load_text())
+    window = Window(after, seconds, load=common.load_text())
     used: dict[str, float] = defaultdict(float)
     counts: dict[str, int] = defaultdict(int)
     for pid, (kind, cpu) in end.items():
@@ -184,7 +184,7 @@ def print_windows(app: Path, windows: list[Window]) -> None:
         )
         print(
             f"  {str(app):<40} {window.after:>4g}-{window.after + window.seconds:g} s after up: "
-            f"{100 * window.total:5.1f}% of a core in all (load {window.load}): {parts}",
+            f"{100 * window.total:5.1f}% of a core in all ({window.load}): {parts}",
             flush=True,
         )
 
@@ -229,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> dict[Path, list[list[Window]]]:
     print(
         f"{' '.join(idle_command())}\nidle, {arguments.seconds:g}-s windows starting "
         f"{', '.join(f'{a:g}' for a in arguments.after)} s after it is up; {os.cpu_count()} "
-        f"cores (load {fast_setup.load_text()} at start)",
+        f"cores ({common.load_text()} at start)",
         flush=True,
     )
     results: dict[Path, list[list[Window]]] = defaultdict(list)
@@ -246,5 +246,5 @@ def main(argv: Sequence[str] | None = None) -> dict[Path, list[list[Window]]]:
                 print_windows(app, windows)
                 results[app].append(windows)
     print_summary(arguments.app, results)
-    print(f"load {fast_setup.load_text()} at the end")
+    print(f"{common.load_text()} at the end")
     return results

@@ -327,7 +327,7 @@ def main(argv=None) -> None:
         return
     print(
         f"{arguments.setup.description}, {arguments.clients} clients, {arguments.rounds} rounds "
-        f"of {arguments.local_epochs} local epoch(s); {deployment.load_text()} at start",
+        f"of {arguments.local_epochs} local epoch(s); {common.load_text()} at start",
         flush=True,
     )
     with tempfile.TemporaryDirectory(prefix="fedx-timeline-") as directory:
@@ -353,14 +353,14 @@ def main(argv=None) -> None:
                 secure = deployment.secure_round(arguments, home, federation, arguments.setup)
                 print(
                     f"secure stage {secure.per_round or float('nan'):.2f} s per round "
-                    f"{secure.seconds}; {deployment.load_text()}"
+                    f"{secure.seconds}; {common.load_text()}"
                 )
                 common.print_error(secure.error)
             else:
                 real = deployment.time_real(arguments, home, federation, arguments.setup)
                 print(
                     f"per round {real.timing.per_round or float('nan'):.2f} s "
-                    f"(rounds 2-{arguments.rounds}); {deployment.load_text()}"
+                    f"(rounds 2-{arguments.rounds}); {common.load_text()}"
                 )
                 common.print_error(real.timing.error)
         if arguments.keep_trace:

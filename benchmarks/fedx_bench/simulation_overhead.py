@@ -339,8 +339,7 @@ def print_row(row: Row) -> None:
 
 def print_header(arguments: argparse.Namespace) -> None:
     print(
-        f"digits, cnn, IID; {arguments.rounds} rounds of {arguments.local_epochs} local "
-        f"epoch(s); per round = mean of rounds 2-{arguments.rounds}; plain loop: torch "
+        f"digits, cnn, IID; {common.rounds_text(arguments)}; plain loop: torch "
         f"{torch.get_num_threads()} thread(s) on {get_device()}; simulation: "
         f"client-resources-num-cpus={arguments.client_cpus:g} on {os.cpu_count()} cores"
     )
