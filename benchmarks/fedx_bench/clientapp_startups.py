@@ -50,7 +50,6 @@ import psutil
 
 from fedx_bench import common, deployment
 
-REPOSITORY = common.REPO
 SUPERNODES = 2
 #: What flwr-clientapp imports before it asks its SuperNode for the message.
 CLIENTAPP_ENTRY = "import flwr.supernode.cli.flwr_clientapp, flwr.supernode.runtime.run_clientapp"
@@ -139,7 +138,7 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--window", type=float, default=120.0, help="seconds of each run")
     common.add_job_options(parser, rounds=3, rounds_help="rounds of the job")
     arguments = parser.parse_args(argv)
-    common.check_job_options(parser, arguments, REPOSITORY)
+    common.check_job_options(parser, arguments, common.REPO)
     arguments.clients, arguments.client_threads = SUPERNODES, 1
     return arguments
 

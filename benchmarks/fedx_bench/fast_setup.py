@@ -67,10 +67,8 @@ from fedx_bench import simulation_overhead as overhead
 
 Timing = overhead.Timing
 
-REPOSITORY = common.REPO
 
-
-def readme_command(readme: Path = REPOSITORY / "README.md") -> list[str]:
+def readme_command(readme: Path = common.REPO / "README.md") -> list[str]:
     """The README's fast-setup command, word for word: its one line that starts ``fedx-deploy up``."""
     lines = [line.strip() for line in readme.read_text().splitlines()]
     commands = [line.split() for line in lines if line.startswith("fedx-deploy up ")]
@@ -287,8 +285,8 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     common.add_job_options(parser, rounds=5, rounds_help="rounds of the job (at least 2)")
     arguments = parser.parse_args(argv)
-    common.check_job_options(parser, arguments, REPOSITORY)
-    arguments.app = [app.resolve() for app in arguments.app] or [REPOSITORY]
+    common.check_job_options(parser, arguments, common.REPO)
+    arguments.app = [app.resolve() for app in arguments.app] or [common.REPO]
     # What deployment.py's job and simulation read.
     arguments.clients, arguments.client_threads = CLIENTS, 1
     return arguments

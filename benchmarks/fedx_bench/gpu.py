@@ -26,7 +26,6 @@ from typing import Any
 
 from fedx_bench import common, fake_cifar
 
-REPO = common.REPO
 #: The query :class:`GpuMonitor` runs: one line of "utilization %, MiB used" per sample.
 NVIDIA_SMI = (
     "nvidia-smi",
@@ -139,7 +138,7 @@ def git_commit() -> str:
     """The checkout's commit (``unknown`` outside a git checkout)."""
     try:
         done = subprocess.run(
-            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+            ["git", "-C", str(common.REPO), "rev-parse", "--short", "HEAD"],
             capture_output=True,
             text=True,
             timeout=10,
@@ -202,9 +201,9 @@ def copy_app(folder: Path) -> Path:
     virtual environment inside holds tens of thousands.
     """
     folder.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(REPO / "pyproject.toml", folder / "pyproject.toml")
+    shutil.copy2(common.REPO / "pyproject.toml", folder / "pyproject.toml")
     shutil.copytree(
-        REPO / "fedx",
+        common.REPO / "fedx",
         folder / "fedx",
         ignore=shutil.ignore_patterns("__pycache__"),
         dirs_exist_ok=True,

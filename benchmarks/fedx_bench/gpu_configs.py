@@ -80,7 +80,7 @@ class FileResult:
 def setting_files(patterns: Sequence[str], shard: tuple[int, int]) -> list[Path]:
     """The files the patterns match (relative to the checkout), sorted; this shard's only."""
     found = sorted(
-        {Path(p) for pattern in patterns for p in glob.glob(str(gpu.REPO / pattern))}
+        {Path(p) for pattern in patterns for p in glob.glob(str(common.REPO / pattern))}
         | {Path(p).resolve() for p in patterns if Path(p).is_file()}
     )
     index, count = shard

@@ -75,7 +75,7 @@ from fedx.training import deterministic_kernels, get_device, train
 
 from fedx_bench import common, gpu
 
-SETTING = gpu.REPO / "configs" / "cifar10-resnet20-iid.toml"
+SETTING = common.REPO / "configs" / "cifar10-resnet20-iid.toml"
 PLAIN_VARIANTS = ("loader", "device", "device-det", "group")
 #: The data paths alone: every batch of the round made (and on the device), no training.
 DATA_VARIANTS = ("loader-data", "device-data")

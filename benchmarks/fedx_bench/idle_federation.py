@@ -219,7 +219,7 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to come up")
     arguments = parser.parse_args(argv)
-    arguments.app = [app.resolve() for app in arguments.app] or [fast_setup.REPOSITORY]
+    arguments.app = [app.resolve() for app in arguments.app] or [common.REPO]
     return arguments
 
 

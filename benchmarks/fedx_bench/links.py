@@ -103,8 +103,7 @@ import psutil
 
 from fedx_bench import common, slow_links
 
-REPO = common.REPO
-APP = REPO / "tests" / "wire_app"
+APP = common.REPO / "tests" / "wire_app"
 MODELS = ("resnet20", "vgg16")
 DEFAULT_SETUPS = (
     "fast+inflight=4+wire=standard",
