@@ -5,8 +5,6 @@ runs and that what it measures hangs together (positive times and sizes,
 ratios taken against the baseline of the same run), not how fast anything is.
 """
 
-import importlib.util
-import json
 import math
 import os
 import stat
@@ -15,38 +13,27 @@ import sys
 import time
 import zipfile
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+
+from fedx_bench import (
+    deployment,
+    fast_setup,
+    gpu,
+    gpu_configs,
+    gpu_round,
+    hostile_replies,
+    idle_federation,
+    pack_ray,
+    round_bytes,
+    server_ops,
+    simulation_overhead,
+)
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
-def load_script(name: str) -> ModuleType:
-    """Import ``benchmarks/<name>.py`` (not a package) as a module.
-
-    The scripts import their shared ``_common`` from their folder, which is on
-    ``sys.path`` when a script runs; here it is put there too (last: nothing
-    else is shadowed by the scripts' names).
-    """
-    if str(BENCHMARKS) not in sys.path:
-        sys.path.append(str(BENCHMARKS))
-    spec = importlib.util.spec_from_file_location(
-        f"benchmark_{name.replace('/', '_')}", BENCHMARKS / f"{name}.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(scope="module")
-def server_ops() -> ModuleType:
-    return load_script("server_ops")
-
-
-def test_server_ops_shapes_are_the_real_models(server_ops):
+def test_server_ops_shapes_are_the_real_models():
     """The numpy-only shapes are exactly the state dicts of fedx's cnn and vgg16 on CIFAR."""
     from fedx.models import build_model  # pylint: disable=import-outside-toplevel
 
@@ -56,7 +43,7 @@ def test_server_ops_shapes_are_the_real_models(server_ops):
         assert server_ops.shapes_for(architecture) == expected
 
 
-def test_server_ops_quick(server_ops, capsys):
+def test_server_ops_quick(capsys):
     """K=10 CNN: every op timed, its ratio taken against the floor of the same case."""
     (case,) = server_ops.main(["--quick"])
     assert (case.architecture, case.count, case.refused) == ("cnn", 10, None)
@@ -75,7 +62,7 @@ def test_server_ops_quick(server_ops, capsys):
     assert "floor (in-place sum of K models)" in out and "peak RSS" in out
 
 
-def test_server_ops_refuses_a_case_that_does_not_fit(server_ops, capsys):
+def test_server_ops_refuses_a_case_that_does_not_fit(capsys):
     """K=100 VGG-16 (6.1 GB pool) is refused up front under a 1 GiB limit, nothing allocated."""
     (case,) = server_ops.main(["--models", "100", "--arch", "vgg16", "--max-memory-gib", "1"])
     assert case.refused is not None and case.floor_seconds is None and not case.ops
@@ -84,7 +71,7 @@ def test_server_ops_refuses_a_case_that_does_not_fit(server_ops, capsys):
 
 def test_hostile_replies_quick(capsys):
     """Every case read once, its figures taken against the valid reply of its form, same run."""
-    readings = load_script("hostile_replies").main(["--quick", "--repeats", "1"])
+    readings = hostile_replies.main(["--quick", "--repeats", "1"])
     forms = {r.form for r in readings}
     assert forms == {"packed", "standard"}
     for reading in readings:
@@ -97,7 +84,6 @@ def test_hostile_replies_quick(capsys):
 
 def test_round_bytes_quick(server_task_identity, capsys):
     """Serialized bytes per round: one model per client, two for FedMe, more when secure."""
-    round_bytes = load_script("round_bytes")
     strategies = ["fedavg", "fedmr", "fedme", "fedmr-secure"]
     results = round_bytes.main(["--quick", "--strategies", *strategies])["cnn"]
     by_name = {traffic.strategy: traffic for traffic in results}
@@ -130,7 +116,6 @@ def test_simulation_overhead_quick(app, capsys, monkeypatch):
 
     The smallest case (2 clients, 2 rounds): the wiring, not the figures, is under test.
     """
-    simulation_overhead = load_script("simulation_overhead")
     quick = simulation_overhead.parse_arguments(["--quick"])
     assert (quick.cases, quick.rounds, quick.local_epochs) == (
         [simulation_overhead.Case(10, 1.0)],
@@ -160,7 +145,6 @@ def test_fast_setup_runs_the_readme_command_with_nothing_exported(tmp_path, monk
     """What fast_setup.py runs is fedx-deploy's fast setup, its threads left to fedx-deploy."""
     from tests.deployment import deploy_up_faked  # pylint: disable=import-outside-toplevel
 
-    fast_setup = load_script("fast_setup")
     assert fast_setup.FAST_SETUP[:2] == ["fedx-deploy", "up"]
     code, started = deploy_up_faked(monkeypatch, tmp_path, " ".join(fast_setup.FAST_SETUP[2:]))
     spec = started["spec"]
@@ -191,7 +175,6 @@ def test_deployment_quick(capsys):
     ``--quick`` with 0.5 s polls and a second of idle measurement: the wiring, not the
     figures, is under test, and 4 SuperNodes polling every 0.1 s cost half a core.
     """
-    deployment = load_script("deployment")
     quick = deployment.parse_arguments(["--quick"])
     assert quick.setups == [deployment.Setup("warm", 0.1, "memory")] and quick.idle_seconds == 3
     report = deployment.main(["--quick", "--setups", "warm:0.5:memory", "--idle-seconds", "1"])
@@ -218,7 +201,6 @@ def test_deployment_quick(capsys):
 
 def test_gpu_round_quick(capsys):
     """The plain loops of the round on tiny CIFAR-shaped data: every variant times its rounds."""
-    gpu_round = load_script("gpu_round")
     rows = gpu_round.main(["--quick"])
     assert [row.variant for row in rows] == ["loader", "device", "device-det", "group"]
     for row in rows:
@@ -232,7 +214,6 @@ def test_gpu_round_quick(capsys):
 
 
 def test_gpu_monitor_summarises_the_samples_of_a_stretch():
-    gpu = load_script("_gpu")
     # A stand-in for nvidia-smi: its samples come a tenth of a second apart.
     lines = ["50, 1000", "100, 3000", "0, 2000", "not a sample"]
     script = (
@@ -256,7 +237,6 @@ def test_gpu_monitor_summarises_the_samples_of_a_stretch():
 @pytest.mark.system
 def test_gpu_configs_quick(capsys):
     """A paper config's methods on fake CIFAR files, in a simulation whose processes accept them."""
-    gpu_configs = load_script("gpu_configs")
     (result,) = gpu_configs.main(["--quick"])
     assert result.path.name == "cifar10-cnn-iid.toml" and result.dataset == "cifar10"
     assert result.error is None, result.error
@@ -275,37 +255,14 @@ def test_gpu_configs_quick(capsys):
     ]  # fmt: skip
 
 
-def test_gpu_checks_compare_metrics_without_the_wall_clock(tmp_path):
-    gpu_checks = load_script("gpu_checks")
-
-    def written(name, seconds, loss):
-        row = {"round": 2, "accuracy": 0.5, "train-loss": loss, "round-seconds": seconds}
-        metrics = {
-            "config": {"seed": 0, "run-name": name, "output-dir": str(tmp_path / name)},
-            "rounds": [{"round": 0, "accuracy": 0.1}, row],
-            "final": dict(row),
-            "stop-reason": None,
-            "timings": {"total-seconds": 10 * seconds},
-        }
-        path = tmp_path / f"{name}.json"
-        path.write_text(json.dumps(metrics))
-        return gpu_checks.comparable_metrics(path)
-
-    first, second = written("a", 1.0, 0.25), written("b", 2.0, 0.25)
-    assert first == second and gpu_checks.differences(first, second) == []
-    other = written("c", 1.0, 0.25000000000000006)  # the last bit
-    assert gpu_checks.differences(first, other) == ["round 2 train-loss", "final"]
-
-
 def test_idle_federation_measures_each_kind_of_process_of_the_readme_setup_without_its_run():
     import subprocess  # pylint: disable=import-outside-toplevel
 
     import psutil  # pylint: disable=import-outside-toplevel
 
-    idle = load_script("idle_federation")
-    command = idle.idle_command()
+    command = idle_federation.idle_command()
     assert command[:2] == ["fedx-deploy", "up"] and "--run" not in command
-    assert command == [w for w in idle.fast_setup.FAST_SETUP if w not in ("--run", ".")]
+    assert command == [w for w in idle_federation.fast_setup.FAST_SETUP if w not in ("--run", ".")]
     # A stand-in SuperNode that works for a moment within the window (and still runs at its
     # end, as a SuperNode does), below a stand-in fedx-deploy that sleeps.
     busy = (
@@ -320,9 +277,11 @@ def test_idle_federation_measures_each_kind_of_process_of_the_readme_setup_witho
     root = subprocess.Popen([sys.executable, "-c", program, busy, "fedx-deploy"])
     try:
         time.sleep(0.5)  # the child has started
-        window = idle.measure(psutil.Process(root.pid), 0.0, 1.5, time.monotonic())
+        window = idle_federation.measure(psutil.Process(root.pid), 0.0, 1.5, time.monotonic())
     finally:
-        for process in idle.tree(psutil.Process(root.pid))[::-1]:  # the child, then the root
+        for process in idle_federation.tree(psutil.Process(root.pid))[
+            ::-1
+        ]:  # the child, then the root
             process.kill()
         root.wait()
     assert window.counts == {"fedx-deploy": 1, "SuperNodes": 1}
@@ -331,7 +290,6 @@ def test_idle_federation_measures_each_kind_of_process_of_the_readme_setup_witho
 
 
 def test_fast_setup_prints_each_exchange_step_side_by_side(capsys):
-    fast_setup = load_script("fast_setup")
     before, after = Path("/tmp/fedx-before"), Path("/tmp/fedx-after")
 
     def timing(per_round):
@@ -359,7 +317,7 @@ def test_fast_setup_prints_each_exchange_step_side_by_side(capsys):
 # benchmarks/gpu/prepare.sh's Ray: packed with every file's mode
 # ----------------------------------------------------------------------
 
-PACK_RAY = BENCHMARKS / "gpu" / "pack_ray.py"
+PACK_RAY = pack_ray.__file__
 
 
 def _pack_and_unpack(wheel: Path, folder: Path) -> Path:
@@ -376,7 +334,6 @@ def _pack_and_unpack(wheel: Path, folder: Path) -> Path:
 
 def test_the_packed_ray_keeps_every_file_mode(tmp_path):
     """A wheel's recorded modes survive prepare.sh's packing: Ray's own processes stay executable."""
-    pack_ray = load_script("gpu/pack_ray")
     files = {
         **{binary: 0o755 for binary in pack_ray.BINARIES},
         "ray/__init__.py": 0o644,
@@ -412,7 +369,6 @@ def test_the_prepared_ray_starts_its_binaries(tmp_path):
     from tests.helpers import skip_unless_package_index  # pylint: disable=import-outside-toplevel
 
     skip_unless_package_index("ray")
-    pack_ray = load_script("gpu/pack_ray")
     pins = (BENCHMARKS / "gpu" / "wheels.txt").read_text().split()
     (pin,) = [line for line in pins if line.startswith("ray==")]
     subprocess.run(

@@ -7,8 +7,6 @@ model as the DataLoader path does. The tests run it on the CPU: the code is
 the same on a GPU, only the tensors' device differs.
 """
 
-import importlib.util
-
 import numpy as np
 import pytest
 import torch
@@ -31,13 +29,14 @@ from fedx.data import (
 from fedx.data import device as device_module
 from fedx.models import build_model
 from fedx.training import train
-from tests.helpers import DEFAULTS, REPO
+from tests.helpers import DEFAULTS
 from tests.test_data import _expect_generated_checksums
 from tests.torch_helpers import CPU
 
+from fedx_bench import fake_cifar as fake
+
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-BENCHMARKS = REPO / "benchmarks"
 MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 AUGMENTED = ImageTransform(MEAN, STD, crop_padding=4, flip=True)
 PLAIN = ImageTransform(MEAN, STD)
@@ -46,10 +45,6 @@ PLAIN = ImageTransform(MEAN, STD)
 @pytest.fixture
 def fake_cifar(tmp_path, monkeypatch):
     """A CIFAR-10-shaped set of 500 + 100 learnable images in torchvision's files."""
-    spec = importlib.util.spec_from_file_location("_fake_cifar", BENCHMARKS / "_fake_cifar.py")
-    assert spec is not None and spec.loader is not None
-    fake = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fake)
     fake.write(tmp_path, "cifar10", train=500, test=100)
     _expect_generated_checksums(monkeypatch, CIFAR10, tmp_path / "cifar-10-batches-py")
     return tmp_path

@@ -1,4 +1,6 @@
-"""What fedx promises on a GPU, checked where no GPU is: saved models and deterministic kernels.
+"""What fedx promises on a GPU: saved models load anywhere, ``deterministic`` runs repeat.
+
+Checked where no GPU is:
 
 * What a run saves holds CPU tensors whatever the server's model sat on: a
   model on the ``meta`` device stands for one on a GPU (a file written from
@@ -7,9 +9,22 @@
   path a message takes: the ClientApp called in-process, in a simulation's
   Ray actor (this module), and in a real ClientApp process forked by the warm
   executor (tests/test_warm_executor.py); the ServerApp evaluates with it.
+
+Checked on a GPU only (system tests, skipped where torch sees no CUDA; the
+``checks`` step of ``benchmarks/gpu/run.sh``): two simulated runs of one seed
+with ``deterministic = true`` write the same ``metrics.json`` (the seconds
+aside) and the same ``model.pt``, bit for bit, and that ``model.pt``, written
+by a ServerApp that evaluated on the GPU, loads with a plain ``torch.load`` in
+a process that sees no GPU. What the setting costs is measured, not promised:
+``benchmarks/gpu_round.py``'s ``device-det`` row against ``device``.
 """
 
+import argparse
+import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,7 +40,7 @@ from fedx.outputs import MODEL_FILE
 from fedx.server import saving
 from fedx.server_app import main
 from fedx.simulation.actor import ClientAppActor
-from tests.helpers import DEFAULTS
+from tests.helpers import DEFAULTS, REPO
 from tests.standin_grid import real_clients_grid
 
 pytestmark = pytest.mark.usefixtures("server_task_identity", "one_torch_thread")
@@ -221,3 +236,115 @@ def test_the_serverapp_evaluates_with_deterministic_kernels(tmp_path, monkeypatc
     assert not torch.are_deterministic_algorithms_enabled()  # until the run ends
     assert (tmp_path / "run" / MODEL_FILE).exists()
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+
+
+# ----------------------------------------------------------------------
+# On a GPU: two simulated runs of one seed (the system's own run, not a stand-in)
+# ----------------------------------------------------------------------
+
+#: What :func:`gpu_runs` runs: FedMR on CIFAR-10's ResNet-20 (batch norm and convolutions,
+#: whose cuDNN kernels differ from run to run unless told not to), 4 nodes sharing the card.
+GPU_SETTING = REPO / "configs" / "cifar10-resnet20-iid.toml"
+GPU_METHOD = "fedmr"
+GPU_NODES, GPU_ROUNDS = 4, 2
+#: Loads a model file in a process that sees no GPU; prints what it holds.
+LOAD_ON_CPU = """
+import json, sys, torch
+state = torch.load(sys.argv[1])
+print(json.dumps({"gpu-visible": torch.cuda.is_available(),
+                  "devices": sorted({t.device.type for t in state.values()})}))
+"""
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU here")
+
+
+def comparable_metrics(path: Path) -> dict:
+    """``metrics.json`` without what the wall clock decides, nor what the runs differ in by design."""
+    metrics = json.loads(path.read_text())
+    metrics.pop("timings", None)
+    metrics["rounds"] = [
+        {k: v for k, v in row.items() if not k.endswith("-seconds")} for row in metrics["rounds"]
+    ]
+    metrics["final"] = {
+        k: v for k, v in (metrics.get("final") or {}).items() if not k.endswith("-seconds")
+    }
+    for key in ("output-dir", "run-name"):
+        metrics["config"].pop(key, None)
+    return metrics
+
+
+def test_metrics_compare_without_the_wall_clock_to_the_last_bit(tmp_path):
+    """What the GPU test compares: every value but the seconds, to the last bit."""
+
+    def written(name, seconds, loss):
+        row = {"round": 2, "accuracy": 0.5, "train-loss": loss, "round-seconds": seconds}
+        metrics = {
+            "config": {"seed": 0, "run-name": name, "output-dir": str(tmp_path / name)},
+            "rounds": [{"round": 0, "accuracy": 0.1}, row],
+            "final": dict(row),
+            "stop-reason": None,
+            "timings": {"total-seconds": 10 * seconds},
+        }
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(metrics))
+        return comparable_metrics(path)
+
+    assert written("a", 1.0, 0.25) == written("b", 2.0, 0.25)
+    assert written("a", 1.0, 0.25) != written("c", 1.0, 0.25000000000000006)  # the last bit
+
+
+@pytest.fixture(scope="module")
+def gpu_runs(tmp_path_factory) -> list[Path]:
+    """Two ``deterministic = true`` runs of seed 0 through fedx-compare, on fake CIFAR-10 files."""
+    from fedx_bench import fake_cifar, gpu  # pylint: disable=import-outside-toplevel
+
+    work = tmp_path_factory.mktemp("gpu-runs")
+    root = work / "data"
+    fake_cifar.write(root, "cifar10", train=2000, test=500)
+    resources = argparse.Namespace(client_cpus=1.0, client_gpus=1 / GPU_NODES, timeout=600.0)
+    overrides = {
+        "num-server-rounds": GPU_ROUNDS,
+        "eval-every": 1,
+        "data-root": str(root),
+        "local-epochs": 1,
+        "min-available-nodes": GPU_NODES,
+        "min-train-nodes": GPU_NODES,
+        "fraction-train": 1.0,
+        "first-stage-rounds": 0,
+        "deterministic": True,
+    }
+    folders = []
+    for label in ("first", "second"):
+        out = work / label
+        comparison = gpu.run_compare(
+            GPU_SETTING, [GPU_METHOD], out, resources, root=root, num_supernodes=GPU_NODES,
+            overrides=overrides,
+        )  # fmt: skip
+        assert comparison.runs[GPU_METHOD].finished, comparison.output_tail
+        folders.append(out / "runs" / GPU_SETTING.stem / GPU_METHOD / "seed-0")
+    return folders
+
+
+@pytest.mark.system
+@needs_cuda
+def test_two_deterministic_runs_on_a_gpu_write_the_same_metrics_and_model(gpu_runs):
+    first, second = gpu_runs
+    assert comparable_metrics(first / "metrics.json") == comparable_metrics(second / "metrics.json")
+    one, other = torch.load(first / MODEL_FILE), torch.load(second / MODEL_FILE)
+    assert list(one) == list(other)
+    for name in one:
+        assert torch.equal(one[name], other[name]), name
+
+
+@pytest.mark.system
+@needs_cuda
+def test_a_model_written_after_evaluating_on_a_gpu_loads_where_no_gpu_is(gpu_runs):
+    done = subprocess.run(
+        [sys.executable, "-c", LOAD_ON_CPU, str(gpu_runs[0] / MODEL_FILE)],
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert loaded == {"gpu-visible": False, "devices": ["cpu"]}

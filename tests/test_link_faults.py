@@ -1,6 +1,6 @@
 """A SuperNode cut off in the middle of a model transfer over a slow, distant link, on real processes.
 
-The hosts of benchmarks/links.py (benchmarks/_links.py): the SuperLink on a
+The hosts of benchmarks/links.py (benchmarks/fedx_bench/slow_links.py): the SuperLink on a
 host of its own, three SuperNodes on sites of their own, 20 Mbit/s links
 and 10 ms each way through the relay; fedx's fast setup (the warm executor,
 0.1 s polls, the SuperLink in memory). The numpy test app (tests/wire_app)
@@ -34,11 +34,11 @@ import pytest
 from fedx.strategies import load_checkpoint
 from tests.deployment import WIRE_APP, start_flwr_run, wait_for
 from tests.helpers import skip_unless_ci
-from tests.test_benchmarks import load_script
+
+from fedx_bench import slow_links as links
 
 pytestmark = pytest.mark.system
 
-links = load_script("_links")
 RATE_MBIT, DELAY = 20.0, 0.01
 VICTIM = 2
 MODEL_BYTES = 2_000_000

@@ -2,7 +2,7 @@
 
 One site and the SuperLink's host on 20 Mbit/s links, 25 ms each way
 through the relay, nothing of a federation: a probe server on the
-SuperLink's port (benchmarks/_links.py). The relay's delay shows in every
+SuperLink's port (benchmarks/fedx_bench/slow_links.py). The relay's delay shows in every
 round trip, the token buckets in a transfer's time, and a cut resets what
 is open and holds what comes until it is restored. The federation on such
 links, with a cut in a model transfer: tests/test_link_faults.py.
@@ -13,11 +13,10 @@ import socket
 
 import pytest
 
-from tests.test_benchmarks import load_script
+from fedx_bench import slow_links as links
 
 pytestmark = pytest.mark.system
 
-links = load_script("_links")
 RATE_MBIT, DELAY = 20.0, 0.025
 SITE = links.site(0)
 

@@ -1,4 +1,4 @@
-"""benchmarks/message_timeline.py: its tracer and how it reads one message's way from a trace."""
+"""benchmarks/fedx_bench/message_timeline.py: its tracer and how it reads one message's way from a trace."""
 
 import os
 import subprocess
@@ -6,13 +6,9 @@ import sys
 
 import pytest
 
-from tests.helpers import REPO, environment_with_path
-from tests.test_benchmarks import load_script
+from tests.helpers import environment_with_path
 
-
-@pytest.fixture(scope="module")
-def timeline():
-    return load_script("message_timeline")
+from fedx_bench import message_timeline as timeline
 
 
 def test_the_tracer_writes_one_line_per_call_of_its_targets_and_nothing_without_a_file(tmp_path):
@@ -22,7 +18,7 @@ def test_the_tracer_writes_one_line_per_call_of_its_targets_and_nothing_without_
         "superexec._fresh_start(None, 1)\n"
         "superexec._fresh_start(None, 1)\n"
     )
-    environment = environment_with_path(REPO / "benchmarks" / "_trace")
+    environment = environment_with_path(timeline.TRACER)
     subprocess.run([sys.executable, "-c", program], env=environment, check=True, timeout=120)
     assert not trace.exists()
     environment["FEDX_TRACE_FILE"] = str(trace)
@@ -36,7 +32,7 @@ def test_the_tracer_writes_one_line_per_call_of_its_targets_and_nothing_without_
     subprocess.run([sys.executable, "-c", check], env=environment, check=True, timeout=120)
 
 
-def test_one_nodes_steps_are_read_from_the_processes_calls(timeline):
+def test_one_nodes_steps_are_read_from_the_processes_calls():
     supernode, superexec, warm, child = 11, 12, 13, 14
 
     def call(start, end, pid, name, ppid=1):

@@ -6,8 +6,8 @@
 # Steps (default: install checks suite round timeline configs); steps joined by "+" run at the
 # same time (e.g. "suite+configs"), each under its own cap; a group ends when all of its steps have:
 #   install  : carried wheels into /tmp/site, Flower's and fedx's commands next to the interpreter
-#   checks   : benchmarks/gpu_checks.py: two deterministic runs of one seed give the same
-#              metrics.json and model.pt; model.pt loads where no GPU is; what the setting costs
+#   checks   : tests/test_gpu_promises.py's system tests, in one process: two deterministic runs of
+#              one seed give the same metrics.json and model.pt; model.pt loads where no GPU is
 #   suite    : the tests that train on the GPU (SUITE=all: the whole suite) with pytest-xdist
 #              (SUITE_WORKERS workers, default 8; SUITE_CAP seconds, default 240)
 #   round    : benchmarks/gpu_round.py, issue 25's round (ROUND_ARGS adds options: e.g.
@@ -79,10 +79,10 @@ smi=$!
 trap 'kill $smi 2>/dev/null' EXIT
 # CIFAR-shaped data once for every step (DATA_ROOT: real or earlier CIFAR files instead).
 data=${DATA_ROOT:-/tmp/fedx-data}
-if [ -z "${DATA_ROOT:-}" ] && [[ " ${STEPS//+/ } " =~ " "(checks|round|peak|configs|mps)" " ]]; then
+if [ -z "${DATA_ROOT:-}" ] && [[ " ${STEPS//+/ } " =~ " "(round|peak|configs|mps)" " ]]; then
   sizes=${QUICK:+400 100}
   for name in cifar10 cifar100; do
-    "$py" benchmarks/_fake_cifar.py "$data" $name ${sizes:-50000 10000} > /dev/null || exit 1
+    "$py" benchmarks/fake_cifar.py "$data" $name ${sizes:-50000 10000} > /dev/null || exit 1
   done
   stamp "CIFAR-10- and CIFAR-100-shaped data in $data"
 fi
@@ -96,7 +96,8 @@ workers=$("$py" -c 'import xdist' 2>/dev/null && echo "-n ${SUITE_WORKERS:-8}" |
 one_step() {
   case $1 in
   install) ;;
-  checks) run_step checks 150 "$py" benchmarks/gpu_checks.py $quick --data-root "$data" ;;
+  checks) run_step checks 150 "$py" -m pytest -o addopts= -v -rfE -p no:cacheprovider -m system \
+    tests/test_gpu_promises.py ;;
   suite)
     if [ "${SUITE:-gpu}" = all ]; then tests=""; else tests=$GPU_TESTS; fi
     # -v: each test's outcome is in the log as it ends, also when the cap stops the run.

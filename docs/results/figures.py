@@ -3,7 +3,7 @@
 Each folder here holds what one ``fedx-compare`` command wrote (its
 ``runs.csv`` and ``curves.csv``, one line a run and one a run and round, with
 the commit of fedx that made each run); ``authors.csv`` holds the runs of the
-authors' own round loops (``benchmarks/authors_loops.py``) on the same
+authors' own round loops (``docs/results/authors_loops.py``) on the same
 settings, seeds, partitions and initial models. This script draws the
 figures with fedx-compare's own plotting code (:mod:`fedx.compare.report`:
 one colour per method in every figure) and writes every generated table

@@ -36,7 +36,7 @@ Examples
 ::
 
     git clone https://github.com/HMHelloWorld/FedMR /tmp/authors/FedMR
-    python benchmarks/authors_loops.py --code /tmp/authors/FedMR --method fedindep \\
+    python docs/results/authors_loops.py --code /tmp/authors/FedMR --method fedindep \\
         configs/digits-cnn-dir0.1.toml configs/digits-cnn-iid.toml --seeds 0,1,2 \\
         --out comparisons/authors-fedindep.csv
 

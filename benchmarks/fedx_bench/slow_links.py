@@ -10,7 +10,7 @@ Each host is a network namespace joined to the router's namespace by a
 veth pair, a link of its own. Both ends of every pair shape what they send
 with ``tc``'s token bucket (``tbf``) at the link's rate, so each direction
 of each link carries at most that rate. The router runs the delaying relay
-(``benchmarks/_relay.py``): one route per site, listening on the router's
+(``benchmarks/fedx_bench/relay.py``): one route per site, listening on the router's
 address on that site's link and forwarding to the SuperLink's port on the
 ``link`` host, every byte held ``delay`` seconds in each direction. The
 router does not forward IP: whatever a SuperNode and the SuperLink say to
@@ -59,7 +59,7 @@ ROUTER, LINK = "router", "link"
 SUBNET = "10.233"
 #: The SuperLink's port on the link host, and the relay's on the router.
 SUPERLINK_PORT = 9092
-RELAY = Path(__file__).resolve().with_name("_relay.py")
+RELAY = Path(__file__).resolve().with_name("relay.py")
 CLONE_NEWNET = 0x40000000
 _count = itertools.count()
 

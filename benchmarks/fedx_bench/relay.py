@@ -1,7 +1,7 @@
 """A delaying TCP relay: a long-distance link's latency between hosts on one machine.
 
 This kernel has no ``netem``, so a link's delay cannot be set on an
-interface; ``benchmarks/_links.py`` puts this relay on the "router" host
+interface; ``benchmarks/fedx_bench/slow_links.py`` puts this relay on the "router" host
 between the SuperNodes and the SuperLink instead. Each route listens on an
 address and forwards every connection it accepts to its target. Each chunk
 of bytes read from one side is held for ``--delay`` seconds and then

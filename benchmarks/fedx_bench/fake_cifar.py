@@ -14,24 +14,24 @@ md5 sums of the written files go to ``<root>/fake-cifar-md5.json``:
 :func:`accept` makes this process's torchvision expect them, and a process
 started with :data:`SITE` first on ``PYTHONPATH`` and
 ``FEDX_FAKE_CIFAR_MD5=<that file>`` in its environment does the same
-(``_fake_cifar_site/sitecustomize.py``): a simulation's Ray workers, a
+(``fake_cifar_site/sitecustomize.py``): a simulation's Ray workers, a
 SuperNode's ClientApps. torchvision's own checks still run, and nothing
 installed is changed.
 
-Usage: ``python benchmarks/_fake_cifar.py ROOT [cifar10|cifar100] [TRAIN TEST]``.
+Usage: ``python benchmarks/fake_cifar.py ROOT [cifar10|cifar100] [TRAIN TEST]``.
 """
 
+import argparse
 import hashlib
-import importlib.util
 import json
 import pickle
-import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 #: Put first on ``PYTHONPATH`` (with ``FEDX_FAKE_CIFAR_MD5`` set) for processes that read the files.
-SITE = Path(__file__).resolve().parent / "_fake_cifar_site"
+SITE = Path(__file__).resolve().parent / "fake_cifar_site"
 MD5_ENV = "FEDX_FAKE_CIFAR_MD5"
 MD5_FILE = "fake-cifar-md5.json"
 #: name -> (folder, number of classes, training files, test file, metadata file, label key)
@@ -100,18 +100,21 @@ def write(root: Path | str, name: str = "cifar10", train: int = 50000, test: int
 
 def accept(md5_path: Path | str) -> None:
     """Make this process's torchvision expect the md5 sums of the written files."""
-    spec = importlib.util.spec_from_file_location("_fake_cifar_site", SITE / "sitecustomize.py")
-    assert spec is not None and spec.loader is not None
-    site = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(site)
+    # The child processes' patch, imported here only: with FEDX_FAKE_CIFAR_MD5 set, importing it
+    # also hooks torchvision's later imports, which a process that merely writes data should not get.
     from torchvision.datasets import cifar  # pylint: disable=import-outside-toplevel
+
+    from fedx_bench.fake_cifar_site import sitecustomize as site
 
     site.patch(cifar, str(md5_path))
 
 
-if __name__ == "__main__":
-    arguments = sys.argv[1:]
-    if not arguments:
-        sys.exit(__doc__)
-    sizes = [int(value) for value in arguments[2:4]]
-    print(write(arguments[0], *(arguments[1:2] or ["cifar10"]), *sizes))
+def main(argv: Sequence[str] | None = None) -> None:
+    """Write one set under ROOT and print the md5 file's path."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n", maxsplit=1)[0])
+    parser.add_argument("root", type=Path, help="the folder torchvision's CIFAR classes read")
+    parser.add_argument("name", nargs="?", default="cifar10", choices=sorted(LAYOUT))
+    parser.add_argument("train", nargs="?", type=int, default=50000, help="training images")
+    parser.add_argument("test", nargs="?", type=int, default=10000, help="test images")
+    arguments = parser.parse_args(argv)
+    print(write(arguments.root, arguments.name, arguments.train, arguments.test))

@@ -1,8 +1,5 @@
 """What the GPU benchmarks share: the card's own readings, fake CIFAR data, fedx-compare runs.
 
-``gpu_round.py``, ``gpu_configs.py`` and ``gpu_checks.py`` import this module (``import _gpu``)
-from their folder, as the other scripts import ``_common``.
-
 How busy the card was comes from NVML, through ``nvidia-smi
 --query-gpu=utilization.gpu,memory.used -lms 100``: ``utilization.gpu`` is
 the share of the driver's last sample period (1/6 s to 1 s, by the card) in
@@ -27,10 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import _common as common
-import _fake_cifar
+from fedx_bench import common, fake_cifar
 
-REPO = Path(__file__).resolve().parents[1]
 #: The query :class:`GpuMonitor` runs: one line of "utilization %, MiB used" per sample.
 NVIDIA_SMI = (
     "nvidia-smi",
@@ -143,7 +138,7 @@ def git_commit() -> str:
     """The checkout's commit (``unknown`` outside a git checkout)."""
     try:
         done = subprocess.run(
-            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+            ["git", "-C", str(common.REPO), "rev-parse", "--short", "HEAD"],
             capture_output=True,
             text=True,
             timeout=10,
@@ -171,29 +166,29 @@ def cifar_root(
     """
     root, train, test = arguments.data_root, arguments.train_size, arguments.test_size
     if root is not None:
-        md5 = root / _fake_cifar.MD5_FILE
+        md5 = root / fake_cifar.MD5_FILE
         if md5.exists():
-            _fake_cifar.accept(md5)
+            fake_cifar.accept(md5)
         return root
     for name in names:
         print(f"writing a {name}-shaped set ({train} + {test} images) in {folder}", flush=True)
-        _fake_cifar.write(folder, name, train=train, test=test)
-    _fake_cifar.accept(folder / _fake_cifar.MD5_FILE)
+        fake_cifar.write(folder, name, train=train, test=test)
+    fake_cifar.accept(folder / fake_cifar.MD5_FILE)
     return folder
 
 
 def environment(root: Path) -> dict[str, str]:
     """This process's environment, for processes that read the data under ``root``.
 
-    Fake sets (an md5 file there) need :data:`_fake_cifar.SITE` on their
+    Fake sets (an md5 file there) need :data:`fake_cifar.SITE` on their
     ``PYTHONPATH``; every process gets one torch thread per core Ray gives it.
     """
     env = dict(os.environ)
-    md5 = root / _fake_cifar.MD5_FILE
+    md5 = root / fake_cifar.MD5_FILE
     if md5.exists():
-        env[_fake_cifar.MD5_ENV] = str(md5)
+        env[fake_cifar.MD5_ENV] = str(md5)
         env["PYTHONPATH"] = os.pathsep.join(
-            [str(_fake_cifar.SITE), *filter(None, [env.get("PYTHONPATH")])]
+            [str(fake_cifar.SITE), *filter(None, [env.get("PYTHONPATH")])]
         )
     env.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
     return env
@@ -206,9 +201,9 @@ def copy_app(folder: Path) -> Path:
     virtual environment inside holds tens of thousands.
     """
     folder.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(REPO / "pyproject.toml", folder / "pyproject.toml")
+    shutil.copy2(common.REPO / "pyproject.toml", folder / "pyproject.toml")
     shutil.copytree(
-        REPO / "fedx",
+        common.REPO / "fedx",
         folder / "fedx",
         ignore=shutil.ignore_patterns("__pycache__"),
         dirs_exist_ok=True,
@@ -242,7 +237,7 @@ def parse_simulation_options(
     quick_help: str,
     **quick_defaults: Any,
 ) -> argparse.Namespace:
-    """``argv`` parsed by :func:`_common.parse_quick`, ``--quick`` writing small fake sets too;
+    """``argv`` parsed by :func:`fedx_bench.common.parse_quick`, ``--quick`` writing small fake sets too;
     ``--client-gpus`` by the machine where it was not given."""
     arguments = common.parse_quick(
         parser,

@@ -11,7 +11,7 @@ the rest, modes included, for ``tar -xJf`` into a ``--target`` folder
 
 Usage (``prepare.sh`` runs it)::
 
-    python3 benchmarks/gpu/pack_ray.py .gpu/ray-2.55.1-cp312-...whl .gpu/ray-2.55.1-stripped.tar.xz
+    python3 benchmarks/fedx_bench/pack_ray.py .gpu/ray-2.55.1-cp312-...whl .gpu/ray-2.55.1-stripped.tar.xz
 """
 
 import argparse

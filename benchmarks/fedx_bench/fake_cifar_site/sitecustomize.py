@@ -1,7 +1,7 @@
-"""torchvision expects the md5 sums of a fake CIFAR's files in every process (``benchmarks/_fake_cifar.py``).
+"""torchvision expects the md5 sums of a fake CIFAR's files in every process (``benchmarks/fedx_bench/fake_cifar.py``).
 
 Put this folder first on ``PYTHONPATH`` and set ``FEDX_FAKE_CIFAR_MD5`` to the
-md5 file :func:`_fake_cifar.write` wrote: when a process imports
+md5 file :func:`fedx_bench.fake_cifar.write` wrote: when a process imports
 ``torchvision.datasets.cifar``, its CIFAR classes are given those sums. Without
 the variable nothing is patched.
 """

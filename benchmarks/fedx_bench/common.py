@@ -1,23 +1,19 @@
-"""What the benchmark scripts share: their command line, /proc readings, ``flwr run`` and exit.
-
-The scripts import this module (``import _common as common``): run as ``python
-benchmarks/<name>.py``, a script's folder is first on ``sys.path``; tests that
-load a script by its path add the folder to it.
-"""
+"""What the benchmarks share: their command line, /proc readings, ``flwr run`` and exit."""
 
 import argparse
-import importlib.util
+import os
 import signal
 import sys
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import ModuleType
 from typing import Any, TypeVar
 
 Value = TypeVar("Value")
 
 KIB = 1024
+#: The checkout: the app (pyproject.toml), its configs and tests, that the benchmarks run.
+REPO = Path(__file__).resolve().parents[2]
 
 
 def run_reporting_errors(main: Callable[[], object]) -> None:
@@ -44,25 +40,23 @@ def print_error(error: str | None, label: str = "") -> None:
         print(f"  {label}: {error}" if label else f"  {error}")
 
 
+def load_text() -> str:
+    """The machine's load averages over 1, 5 and 15 minutes, for a report's lines."""
+    return "load average " + " ".join(f"{load:.2f}" for load in os.getloadavg())
+
+
+def rounds_text(arguments: argparse.Namespace) -> str:
+    """The rounds of :func:`add_job_options`, and what "per round" means in a report."""
+    return (
+        f"{arguments.rounds} rounds of {arguments.local_epochs} local epoch(s); "
+        f"per round = mean of rounds 2-{arguments.rounds}"
+    )
+
+
 def print_header(header: str) -> None:
     """A table's header line, and a rule under it as wide."""
     print(header)
     print("-" * len(header))
-
-
-def load_sibling(name: str) -> ModuleType:
-    """``benchmarks/<name>.py`` as a module (the folder is not a package), loaded once."""
-    module_name = f"benchmark_{name}"
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    spec = importlib.util.spec_from_file_location(
-        module_name, Path(__file__).with_name(f"{name}.py")
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    return module
 
 
 # ----------------------------------------------------------------------
