@@ -11,11 +11,11 @@ from flwr.supercore.task_identity import TaskIdentity
 from fedx.ops import Model
 
 # The container modules' fixtures: the images, the projects' folder.
-from tests.containers import container_workdir, images  # noqa: F401
-from tests.helpers import DEFAULTS, PLAIN_FEDMR, make_model
+from tests.support.containers import container_workdir, images  # noqa: F401
+from tests.support.helpers import DEFAULTS, PLAIN_FEDMR, make_model
 
-# A test that starts a system without the `system` mark errors (tests/system_mark.py).
-from tests.system_mark import pytest_runtest_setup, pytest_runtest_teardown  # noqa: F401
+# A test that starts a system without the `system` mark errors (tests/support/system_mark.py).
+from tests.support.system_mark import pytest_runtest_setup, pytest_runtest_teardown  # noqa: F401
 
 # The modules that take longest (each a minute or more of process start-ups
 # and federated runs), longest first. xdist hands out modules in collection
@@ -148,8 +148,8 @@ def defaults() -> dict[str, Any]:
 
 @pytest.fixture(scope="session")
 def app(tmp_path_factory):
-    """A copy of the fedx app for `flwr run` (tests.helpers.copy_app: packing it is cheap)."""
-    from tests.helpers import copy_app  # pylint: disable=import-outside-toplevel
+    """A copy of the fedx app for `flwr run` (tests.support.helpers.copy_app: packing it is cheap)."""
+    from tests.support.helpers import copy_app  # pylint: disable=import-outside-toplevel
 
     return copy_app(tmp_path_factory.mktemp("app"))
 
@@ -157,7 +157,7 @@ def app(tmp_path_factory):
 @pytest.fixture(scope="session")
 def superlink(tmp_path_factory):
     """Environment for `flwr` talking to a simulation SuperLink of the tests' own."""
-    from tests.simulation import simulation_superlink  # pylint: disable=import-outside-toplevel
+    from tests.support.simulation import simulation_superlink  # pylint: disable=import-outside-toplevel
 
     with simulation_superlink(tmp_path_factory.mktemp("flwr-home")) as env:
         yield env
@@ -181,12 +181,12 @@ def plain_fedmr_run(request, tmp_path_factory, worker_id):
     with open(shared / "plain-fedmr.lock", "w", encoding="utf-8") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not printed.exists():
-            from tests.simulation import run_app  # pylint: disable=import-outside-toplevel
+            from tests.support.simulation import run_app  # pylint: disable=import-outside-toplevel
 
             superlink = request.getfixturevalue("superlink")
             app = request.getfixturevalue("app")
             outputs.mkdir(exist_ok=True)
-            # Deterministic kernels: tests/test_ray_cluster.py compares a cluster's run with this
+            # Deterministic kernels: tests/system/test_ray_cluster.py compares a cluster's run with this
             # one to the last bit, which on a GPU only these kernels promise.
             settings = (
                 f"num-server-rounds={PLAIN_FEDMR['rounds']} seed={PLAIN_FEDMR['seed']}"

@@ -86,10 +86,10 @@ if [ -z "${DATA_ROOT:-}" ] && [[ " ${STEPS//+/ } " =~ " "(checks|round|peak|conf
   done
   stamp "CIFAR-10- and CIFAR-100-shaped data in $data"
 fi
-GPU_TESTS="tests/test_gpu_promises.py tests/test_device_data.py tests/test_training.py
-  tests/test_client_reuse.py tests/test_server_app.py tests/test_fedme_client.py tests/test_mutual.py
-  tests/test_server_resume.py tests/test_divergence.py tests/test_checkpoint_damage.py
-  tests/test_leaf.py tests/test_building.py tests/test_cold_start.py tests/test_message_timeline.py"
+GPU_TESTS="tests/unit/test_gpu_promises.py tests/unit/test_device_data.py tests/unit/test_training.py
+  tests/unit/test_client_reuse.py tests/unit/test_server_app.py tests/unit/test_fedme_client.py tests/unit/test_mutual.py
+  tests/unit/test_server_resume.py tests/unit/test_divergence.py tests/unit/test_checkpoint_damage.py
+  tests/unit/test_leaf.py tests/unit/test_building.py tests/unit/test_cold_start.py tests/unit/test_message_timeline.py"
 FAMILIES="configs/cifar10-cnn-iid.toml configs/cifar10-resnet20-iid.toml configs/cifar10-vgg16-iid.toml
   configs/cifar100-cnn-iid.toml configs/cifar100-resnet20-iid.toml configs/cifar100-vgg16-iid.toml"
 workers=$("$py" -c 'import xdist' 2>/dev/null && echo "-n ${SUITE_WORKERS:-8}" || echo "-p no:xdist")

@@ -1,6 +1,6 @@
 """A fresh ClientApp process, as Flower starts one per message: what it imports (test_cold_start.py).
 
-Run as ``python -m tests.cold_start '<run config as JSON>'``: it imports
+Run as ``python -m tests.support.cold_start '<run config as JSON>'``: it imports
 ``fedx.client_app`` and ``fedx.server_app``, answers a query, then a
 training and an evaluation message of the digits with the real handlers,
 and prints which of :data:`HEAVY` (and, after the imports, of

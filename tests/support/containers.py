@@ -31,9 +31,9 @@ import pytest
 import yaml
 
 from fedx.deploy.local import free_port
-from tests.helpers import in_ci, skip_unless_ci
+from tests.support.helpers import in_ci, skip_unless_ci
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # What the images are built from (docker/Dockerfile, its COPY lines, the build context rules).
 BUILD_INPUTS = [
     "docker/Dockerfile",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from fedx.deploy.cli import main as deploy_main
 from fedx.deploy.local import FederationSpec, LocalFederation, free_port
-from tests.helpers import REPO, flwr_run, flwr_run_command
+from tests.support.helpers import REPO, flwr_run, flwr_run_command
 
 WIRE_APP = REPO / "tests" / "wire_app"
 

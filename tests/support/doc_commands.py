@@ -55,7 +55,7 @@ from itertools import product
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SHELL_LANGUAGES = {"bash", "sh", "shell", "console"}
 #: Options whose value is something a command writes, not a file it reads.
 OUTPUT_OPTIONS = {"--out", "--output", "-o", "-d", "--database", "--screenshot", "--state-dir"}
@@ -657,7 +657,7 @@ class Checker:
                 problems.append(f"{tool} is not an executable file of the repository")
             command.checks.append("files")
         elif tool not in SYSTEM_TOOLS:
-            problems.append(f"unknown tool {tool!r}: check it here (tests/doc_commands.py)")
+            problems.append(f"unknown tool {tool!r}: check it here (tests/support/doc_commands.py)")
         if tool in APP_TOOLS or (tool == "flwr" and argv[1:2] == ["run"]):
             if state.fedx_extras is not None and not state.fedx_extras & {"app", "dev"}:
                 problems.append(

@@ -1,6 +1,6 @@
 """A stand-in ClientApp module and task for the warm executor's tests.
 
-``WarmExecutor(preload_app="tests.executor_probe", task=probe)`` imports this
+``WarmExecutor(preload_app="tests.support.executor_probe", task=probe)`` imports this
 module (and torch) in its warm interpreter and runs :func:`probe` in every
 task's child. The task's "token" says what to do and where to write what
 the child saw when it started: ``"<action>:<json path>"``. Actions:
@@ -58,7 +58,7 @@ def probe(spec) -> None:
     from flwr.supercore import heartbeat  # pylint: disable=C0415
     from flwr.supercore.inflatable.inflatable_utils import pull_objects  # pylint: disable=C0415
 
-    import tests.executor_probe as module  # pylint: disable=import-outside-toplevel
+    import tests.support.executor_probe as module  # pylint: disable=import-outside-toplevel
 
     seen = {
         "started": time.monotonic(),

@@ -18,7 +18,7 @@ import pytest
 
 from fedx.ops import Model
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 #: ``[tool.flwr.app.config]`` of the app's pyproject.toml: what Flower gives the apps.
 DEFAULTS: dict[str, Any] = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["flwr"][

@@ -25,8 +25,8 @@ from pathlib import Path
 
 from flwr.cli.constant import LOCAL_CONTROL_API_ADDRESS, LOCAL_SUPERLINK_HTTP_API_PORT
 
-from tests.helpers import BIN, REPO
-from tests.test_benchmarks import load_script
+from tests.support.helpers import BIN, REPO
+from tests.unit.test_benchmarks import load_script
 
 links = load_script("_links")  # its Namespaces: made, and closed by pid, as the slow links' hosts
 

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from fedx.deploy.local import FederationSpec, LocalFederation, free_port
-from tests.helpers import flwr_run
+from tests.support.helpers import flwr_run
 
 FEDERATION = "num-supernodes=4 client-resources-num-cpus=1"
 

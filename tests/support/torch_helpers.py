@@ -1,6 +1,6 @@
 """What the test modules that run torch share.
 
-Kept apart from tests/helpers.py, which conftest.py imports in every run:
+Kept apart from tests/support/helpers.py, which conftest.py imports in every run:
 importing torch there would load it for the tests that need none.
 """
 

@@ -1,6 +1,6 @@
 """The fedx app end to end: `flwr run` against a SuperLink in simulation mode.
 
-The SuperLink is the tests' own (tests/simulation.py, session fixture in
+The SuperLink is the tests' own (tests/support/simulation.py, session fixture in
 conftest.py), on free 127.0.0.1 ports with a private FLWR_HOME.
 """
 
@@ -10,7 +10,7 @@ import re
 import pytest
 
 from fedx.registry import builtin_methods
-from tests.simulation import run_app
+from tests.support.simulation import run_app
 
 pytestmark = pytest.mark.system
 

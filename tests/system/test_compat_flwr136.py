@@ -27,8 +27,8 @@ from packaging.requirements import Requirement
 
 from fedx.deploy.local import FederationSpec, LocalFederation, free_port
 from fedx.strategies import OLDEST_FLWR
-from tests.deployment import REPO, WIRE_APP, run_app
-from tests.helpers import skip_unless_package_index
+from tests.support.deployment import REPO, WIRE_APP, run_app
+from tests.support.helpers import skip_unless_package_index
 
 pytestmark = pytest.mark.system
 

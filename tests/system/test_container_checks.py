@@ -5,8 +5,8 @@ gets in, an unregistered one is refused. Bad input (no certificates,
 certificates that do not name the hosts, an unwritable outputs/) stops a
 container with one line. Each in a compose project of its own; everything
 started is removed at the end. The federation that runs jobs:
-tests/test_containers.py (a module of its own: another worker runs this one
-meanwhile). The images: tests/containers.py.
+tests/system/test_containers.py (a module of its own: another worker runs this one
+meanwhile). The images: tests/support/containers.py.
 """
 
 import os
@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 
 from fedx.deploy.credentials import write_tls_certificates
-from tests.containers import (
+from tests.support.containers import (
     APP_UID,
     HOSTS,
     ComposeProject,
     certs_arguments,
     skip_module_without_containers,
 )
-from tests.deployment import wait_for
+from tests.support.deployment import wait_for
 
 skip_module_without_containers()
 

@@ -17,8 +17,8 @@ container. On it:
 
 Everything started is removed at the end. The images are built once and
 reused while the files they are built from are unchanged
-(tests/containers.py); the first build takes 10-20 minutes. The auth variant
-and bad input: tests/test_container_checks.py, in a module of its own so
+(tests/support/containers.py); the first build takes 10-20 minutes. The auth variant
+and bad input: tests/system/test_container_checks.py, in a module of its own so
 that another worker runs it while this one's rounds wait.
 """
 
@@ -33,7 +33,7 @@ import pytest
 import yaml
 
 from fedx.deploy.cores import usable_cores
-from tests.containers import (
+from tests.support.containers import (
     HOSTS,
     KILLED,
     REPO,
@@ -43,7 +43,7 @@ from tests.containers import (
     certs_arguments,
     skip_module_without_containers,
 )
-from tests.deployment import wait_for
+from tests.support.deployment import wait_for
 
 skip_module_without_containers()
 
@@ -286,7 +286,7 @@ def test_supernode_containers_cut_off_or_killed_are_dropped_and_sampled_again(fe
 # pushed every reply one message late (seen here: the reconnected node
 # never replied in time again). The compose file's SuperNodes are
 # fedx-supernode, which drops the message and ends its task when the run is
-# stopped (fedx.flower.stopped_runs; with processes: tests/test_stopped_runs.py).
+# stopped (fedx.flower.stopped_runs; with processes: tests/system/test_stopped_runs.py).
 # A task waiting for its input holds no slot of the warm executor's either
 # (fedx.flower.task_input).
 def test_a_killed_serverapp_container_resumes_with_resume_from_to_the_same_pool(

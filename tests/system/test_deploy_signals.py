@@ -31,8 +31,8 @@ import psutil
 import pytest
 
 from fedx.deploy.local import FederationSpec, LocalFederation, free_port
-from tests.deployment import WIRE_APP, wait_for
-from tests.helpers import BIN
+from tests.support.deployment import WIRE_APP, wait_for
+from tests.support.helpers import BIN
 
 pytestmark = pytest.mark.system
 

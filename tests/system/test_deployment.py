@@ -13,8 +13,8 @@ unregistered and plain-text SuperNodes are refused; the numpy test app
 after a round and resumes.
 
 A SuperNode killed mid-round (Flower's own SuperLink and executor):
-tests/test_deployment_faults.py. The warm executor's own rules:
-tests/test_warm_executor.py.
+tests/system/test_deployment_faults.py. The warm executor's own rules:
+tests/unit/test_warm_executor.py.
 """
 
 import json
@@ -35,7 +35,7 @@ from fedx.deploy.credentials import (
     write_tls_certificates,
 )
 from fedx.deploy.local import free_port
-from tests.deployment import (
+from tests.support.deployment import (
     WIRE_APP,
     flwr_submit,
     run_app,

@@ -16,7 +16,7 @@ import signal
 import pytest
 
 from fedx.deploy.credentials import write_tls_certificates
-from tests.deployment import (
+from tests.support.deployment import (
     WIRE_APP,
     count_in_log,
     running,

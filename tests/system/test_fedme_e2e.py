@@ -16,8 +16,8 @@ import torch
 
 from fedx.models import build_model
 from fedx.strategies.fedme import FedMe
-from tests.helpers import metrics_rows, undocumented_fields
-from tests.simulation import run_app
+from tests.support.helpers import metrics_rows, undocumented_fields
+from tests.support.simulation import run_app
 
 pytestmark = pytest.mark.system
 

@@ -15,9 +15,9 @@ import os
 
 import pytest
 
-from tests.changed_flower import changed_flower
-from tests.helpers import PLAIN_FEDMR, metrics_rows
-from tests.simulation import run_app, simulation_superlink
+from tests.support.changed_flower import changed_flower
+from tests.support.helpers import PLAIN_FEDMR, metrics_rows
+from tests.support.simulation import run_app, simulation_superlink
 
 pytestmark = pytest.mark.system
 

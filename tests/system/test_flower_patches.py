@@ -16,7 +16,7 @@ from pathlib import Path
 import flwr
 import pytest
 
-from tests.helpers import REPO
+from tests.support.helpers import REPO
 
 # No system starts here, but two runs of Flower's tests, each importing Flower's SuperNode
 # afresh, are too slow for the inner loop: with the system tests.

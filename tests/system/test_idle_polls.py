@@ -6,7 +6,7 @@ back off after 3 s to 2 s. The poll schedule is read from the SuperLink's
 log, the latency of a message that comes after an idle spell from the
 SuperLink's log (the ServerApp pushed it) and the SuperNode's (it received
 it). The schedule itself (``fedx.flower.IdleBackoff``) is unit-tested in
-tests/test_flower_changes.py; ``benchmarks/idle_federation.py`` measures
+tests/unit/test_flower_changes.py; ``benchmarks/idle_federation.py`` measures
 what an idle fast-setup federation costs.
 """
 
@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from tests.deployment import WIRE_APP, run_app, running, spec_on_free_ports
+from tests.support.deployment import WIRE_APP, run_app, running, spec_on_free_ports
 
 pytestmark = pytest.mark.system
 

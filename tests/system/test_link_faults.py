@@ -32,9 +32,9 @@ import numpy as np
 import pytest
 
 from fedx.strategies import load_checkpoint
-from tests.deployment import WIRE_APP, start_flwr_run, wait_for
-from tests.helpers import skip_unless_ci
-from tests.test_benchmarks import load_script
+from tests.support.deployment import WIRE_APP, start_flwr_run, wait_for
+from tests.support.helpers import skip_unless_ci
+from tests.unit.test_benchmarks import load_script
 
 pytestmark = pytest.mark.system
 

@@ -5,7 +5,7 @@ through the relay, nothing of a federation: a probe server on the
 SuperLink's port (benchmarks/_links.py). The relay's delay shows in every
 round trip, the token buckets in a transfer's time, and a cut resets what
 is open and holds what comes until it is restored. The federation on such
-links, with a cut in a model transfer: tests/test_link_faults.py.
+links, with a cut in a model transfer: tests/system/test_link_faults.py.
 """
 
 import os
@@ -13,7 +13,7 @@ import socket
 
 import pytest
 
-from tests.test_benchmarks import load_script
+from tests.unit.test_benchmarks import load_script
 
 pytestmark = pytest.mark.system
 

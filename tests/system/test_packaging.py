@@ -24,8 +24,8 @@ import pytest
 
 from fedx.extras import DISTRIBUTION
 from fedx.flower import CHECKED_FLWR
-from tests.helpers import REPO, flwr_run, skip_unless_importable
-from tests.simulation import simulation_superlink
+from tests.support.helpers import REPO, flwr_run, skip_unless_importable
+from tests.support.simulation import simulation_superlink
 
 # A package index: build's isolated environment (hatchling) and pip's installs.
 pytestmark = pytest.mark.system

@@ -1,4 +1,4 @@
-"""fedx in simulation on a Ray cluster of two hosts (tests/ray_cluster.py).
+"""fedx in simulation on a Ray cluster of two hosts (tests/support/ray_cluster.py).
 
 The head and the worker node each live in a network namespace of their own
 with an address of their own; ``flwr run`` runs on the head with
@@ -8,10 +8,10 @@ registry. Each node has 1 CPU and every ClientApp asks for 1, so a run has
 one ClientApp actor on each node (every actor imports torch: more would only
 make the tests slower on a small machine). The tests share one cluster and
 its SuperLink: one run whose first rounds are compared with the one-node run
-of tests/test_app_e2e.py and in whose later rounds the worker node is killed
+of tests/system/test_app_e2e.py and in whose later rounds the worker node is killed
 and started again, then a run asking for resources no node has. A
 RAY_ADDRESS where nothing listens, and a ClientApp that does not load on a
-node: tests/test_ray_backend.py.
+node: tests/unit/test_ray_backend.py.
 """
 
 import json
@@ -20,8 +20,8 @@ import time
 
 import pytest
 
-from tests.helpers import PLAIN_FEDMR, in_ci, skip_unless_ci
-from tests.ray_cluster import (
+from tests.support.helpers import PLAIN_FEDMR, in_ci, skip_unless_ci
+from tests.support.ray_cluster import (
     HEAD,
     WORKER,
     FlwrRun,

@@ -10,8 +10,8 @@ import re
 
 import pytest
 
-from tests.helpers import PLAIN_FEDMR, metrics_rows
-from tests.simulation import run_app
+from tests.support.helpers import PLAIN_FEDMR, metrics_rows
+from tests.support.simulation import run_app
 
 pytestmark = pytest.mark.system
 

@@ -15,7 +15,7 @@ ClientApp trains (a long ``train-delay``). Then:
   gets every node's reply.
 
 On Flower's SuperNode as shipped each of them fails: ``FEDX_STOPPED_RUNS=flower
-pytest tests/test_stopped_runs.py`` (the SuperNodes inherit the variable:
+pytest tests/system/test_stopped_runs.py`` (the SuperNodes inherit the variable:
 fedx.flower.stopped_runs) shows the waiting task and the trained one still
 running after 30 s, and the next run's round without a reply from the node
 whose stopped run's task was lost (its replies go out one message late).
@@ -30,7 +30,7 @@ import time
 import psutil
 import pytest
 
-from tests.deployment import (
+from tests.support.deployment import (
     WIRE_APP,
     flwr_submit,
     run_app,

@@ -7,7 +7,7 @@ middleware scoped to the requests they act on
 starts Flower's ``flower-superlink`` and ``fedx-superlink`` side by side,
 with every guard on: TLS, SuperNode authentication, the Runtime API's
 SuperExec authentication and Control API authentication (a plugin that
-accepts one bearer token: ``tests/control_auth``, where Flower looks for its
+accepts one bearer token: ``tests/support/control_auth``, where Flower looks for its
 Enterprise plugins). Every route of the SuperLink's app (Fleet, Control,
 Runtime, health, the API docs), and paths that play with the prefixes the
 scopes test (a double slash, a trailing one, percent-encoding, dot segments,
@@ -32,8 +32,8 @@ import pytest
 
 from fedx.deploy.credentials import write_tls_certificates
 from fedx.deploy.local import free_port, stop_processes, wait_for_port
-from tests.control_auth.sitecustomize import TOKEN
-from tests.helpers import BIN
+from tests.support.control_auth.sitecustomize import TOKEN
+from tests.support.helpers import BIN
 
 pytestmark = pytest.mark.system
 
@@ -51,7 +51,7 @@ def superlinks(tmp_path_factory):
     secret.chmod(0o600)
     env = {
         **os.environ,
-        "FLWR_OIDC_ENABLED": "1",  # Control API authentication, through the plugin of tests/control_auth
+        "FLWR_OIDC_ENABLED": "1",  # Control API authentication, through the plugin of tests/support/control_auth
         "PYTHONPATH": os.pathsep.join(
             filter(None, [str(CONTROL_AUTH), os.environ.get("PYTHONPATH")])
         ),

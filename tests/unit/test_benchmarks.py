@@ -19,7 +19,7 @@ from types import ModuleType
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def load_script(name: str) -> ModuleType:
@@ -158,7 +158,7 @@ def test_simulation_overhead_quick(app, capsys, monkeypatch):
 
 def test_fast_setup_runs_the_readme_command_with_nothing_exported(tmp_path, monkeypatch):
     """What fast_setup.py runs is fedx-deploy's fast setup, its threads left to fedx-deploy."""
-    from tests.deployment import deploy_up_faked  # pylint: disable=import-outside-toplevel
+    from tests.support.deployment import deploy_up_faked  # pylint: disable=import-outside-toplevel
 
     fast_setup = load_script("fast_setup")
     assert fast_setup.FAST_SETUP[:2] == ["fedx-deploy", "up"]
@@ -409,7 +409,7 @@ def test_the_packed_ray_keeps_every_file_mode(tmp_path):
 @pytest.mark.system  # downloads Ray's wheel from the package index
 def test_the_prepared_ray_starts_its_binaries(tmp_path):
     """The real Ray wheel of wheels.txt, packed and unpacked: gcs_server and raylet executable."""
-    from tests.helpers import skip_unless_package_index  # pylint: disable=import-outside-toplevel
+    from tests.support.helpers import skip_unless_package_index  # pylint: disable=import-outside-toplevel
 
     skip_unless_package_index("ray")
     pack_ray = load_script("gpu/pack_ray")

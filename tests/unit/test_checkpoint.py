@@ -19,7 +19,7 @@ from fedx.strategies import (
     to_model,
 )
 from fedx.strategies import checkpoint as checkpoints
-from tests.standin_grid import NODE_IDS, CrashingGrid
+from tests.support.standin_grid import NODE_IDS, CrashingGrid
 
 pytestmark = pytest.mark.usefixtures("server_task_identity")
 

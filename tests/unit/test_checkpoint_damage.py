@@ -16,8 +16,8 @@ from flwr.app import Context, RecordDict
 
 from fedx.server_app import main
 from fedx.strategies import load_checkpoint
-from tests.helpers import DEFAULTS
-from tests.standin_grid import NODE_IDS, CrashingGrid
+from tests.support.helpers import DEFAULTS
+from tests.support.standin_grid import NODE_IDS, CrashingGrid
 
 pytestmark = pytest.mark.usefixtures("server_task_identity", "one_torch_thread")
 

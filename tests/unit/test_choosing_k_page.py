@@ -9,7 +9,7 @@ import csv
 import re
 from collections import defaultdict
 
-from tests.helpers import REPO
+from tests.support.helpers import REPO
 
 PAGE = REPO / "docs" / "choosing-k.md"
 DATA = REPO / "docs" / "choosing-k" / "k-sweep.csv"

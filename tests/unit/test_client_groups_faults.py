@@ -29,7 +29,7 @@ from fedx.group_training import ClientRandom, GroupMember, train_group
 from fedx.models import build_model
 from fedx.simulation.groups import GroupCollector
 from fedx.training import train
-from tests.helpers import DEFAULTS
+from tests.support.helpers import DEFAULTS
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 CPU = torch.device("cpu")

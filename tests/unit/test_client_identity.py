@@ -6,7 +6,7 @@ import pytest
 from flwr.app import Error, Message, MetricRecord, RecordDict
 
 from fedx.strategies.client_identity import ClientOrderedGrid, query_client_ids
-from tests.standin_grid import StandInGrid
+from tests.support.standin_grid import StandInGrid
 
 pytestmark = pytest.mark.usefixtures("server_task_identity")
 

@@ -18,7 +18,7 @@ from fedx.client import skeletons
 from fedx.client.skeletons import ModelCache
 from fedx.data import batch_gatherer, batch_loader, load_partition, load_split
 from fedx.models import build_model
-from tests.helpers import DEFAULTS
+from tests.support.helpers import DEFAULTS
 
 pytestmark = pytest.mark.usefixtures("server_task_identity", "one_torch_thread")
 NODE = 7

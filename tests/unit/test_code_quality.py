@@ -2,7 +2,7 @@
 
 import subprocess
 
-from tests.helpers import REPO, skip_unless_installed
+from tests.support.helpers import REPO, skip_unless_installed
 
 
 def run(*command: str) -> subprocess.CompletedProcess:

@@ -19,8 +19,8 @@ import sys
 
 from fedx import client_app
 from fedx.deploy.superexec import DEFAULT_PRELOAD
-from tests.cold_start import answer_digits_messages
-from tests.helpers import REPO, run_config
+from tests.support.cold_start import answer_digits_messages
+from tests.support.helpers import REPO, run_config
 
 
 def test_a_digits_clientapp_process_imports_only_what_it_needs(server_task_identity) -> None:
@@ -29,7 +29,7 @@ def test_a_digits_clientapp_process_imports_only_what_it_needs(server_task_ident
     # the session's disk cache), as the first process of a user's run does.
     expected = answer_digits_messages(config)
     done = subprocess.run(
-        [sys.executable, "-m", "tests.cold_start", json.dumps(config)],
+        [sys.executable, "-m", "tests.support.cold_start", json.dumps(config)],
         cwd=REPO,
         capture_output=True,
         text=True,

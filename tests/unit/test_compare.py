@@ -33,7 +33,7 @@ from fedx.config import ConfigError
 from fedx.outputs import METRICS_FILE
 from fedx.registry import builtin_methods
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 DEFAULTS = app_defaults(REPO)
 

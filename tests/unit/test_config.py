@@ -1,7 +1,7 @@
 """Run-config checking: every default is valid, every bad value names its key; the configs/ files.
 
 How a checked run config becomes a strategy (the methods' own checks) is in
-tests/test_building.py.
+tests/unit/test_building.py.
 """
 
 import importlib.util
@@ -13,7 +13,7 @@ from fedx.config import APP_KEYS, ConfigError, RunConfig
 from fedx.data import DATASET_NAMES
 from fedx.registry import method_names
 from fedx.server.building import build_strategy
-from tests.helpers import REPO
+from tests.support.helpers import REPO
 
 
 def config_error(defaults: dict, overrides: dict) -> str:

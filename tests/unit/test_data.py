@@ -221,7 +221,7 @@ def test_partition_indices_rejects_bad_arguments(kwargs: dict, fragments: list[s
 # --- load_partition ---------------------------------------------------------
 
 
-# "natural" needs users (LEAF data): tests/test_leaf.py.
+# "natural" needs users (LEAF data): tests/unit/test_leaf.py.
 @pytest.mark.parametrize("partitioning", [p for p in PARTITIONINGS if p != "natural"])
 def test_load_partition_splits_the_digits_training_set(partitioning: str) -> None:
     train = load_split("digits", "train")

@@ -9,8 +9,8 @@ from flwr.app import Message, MetricRecord, RecordDict
 
 from fedx.strategies import FedCross, FedMR, FedMut
 from fedx.strategies.multi_model import to_arrayrecord, to_model
-from tests.conftest import make_model
-from tests.standin_grid import NODE_IDS, StandInGrid, trained_reply, without_query_handler
+from tests.support.helpers import make_model
+from tests.support.standin_grid import NODE_IDS, StandInGrid, trained_reply, without_query_handler
 
 pytestmark = pytest.mark.usefixtures("server_task_identity")
 

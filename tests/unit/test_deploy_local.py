@@ -18,7 +18,7 @@ from fedx.deploy.local import (  # pylint: disable=protected-access
     _descendants,
     stop_processes,
 )
-from tests.deployment import deploy_up_faked
+from tests.support.deployment import deploy_up_faked
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 

@@ -28,9 +28,9 @@ from fedx.deploy.cli import main as deploy_main
 from fedx.deploy.credentials import TlsFiles, write_supernode_keys, write_tls_certificates
 from fedx.deploy.local import FederationSpec
 from fedx.flower import CHECKED_FLWR
-from tests.deployment import deploy_up_faked
+from tests.support.deployment import deploy_up_faked
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 #: The compose files' Flower: FEDX_FLWR_VERSION, the newest release fedx checked by default.
 COMPOSE_FLWR = f"${{FEDX_FLWR_VERSION:-{CHECKED_FLWR[-1]}}}"
@@ -288,7 +288,7 @@ def test_every_container_of_the_federation_runs_its_program_under_an_init(varian
     """Flower's SuperLink and SuperNode install no SIGTERM handler, and the kernel drops a
     signal that a container's PID 1 has no handler for: `stop` and `down` then waited out the
     grace period and killed them (exit 137). Under an init, SIGTERM ends them
-    (tests/test_containers.py stops every container and times it)."""
+    (tests/system/test_containers.py stops every container and times it)."""
     services = load_compose("docker-compose.yml", *variant)
     for name in FEDERATION:
         assert services[name].get("init") is True, name

@@ -31,9 +31,9 @@ from fedx.data import (
 from fedx.data import device as device_module
 from fedx.models import build_model
 from fedx.training import train
-from tests.helpers import DEFAULTS, REPO
-from tests.test_data import _expect_generated_checksums
-from tests.torch_helpers import CPU
+from tests.support.helpers import DEFAULTS, REPO
+from tests.unit.test_data import _expect_generated_checksums
+from tests.support.torch_helpers import CPU
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -18,8 +18,8 @@ from fedx.strategies import (
     to_arrayrecord,
     to_model,
 )
-from tests.helpers import DEFAULTS, make_model
-from tests.standin_grid import NODE_IDS, StandInGrid, real_clients_grid, trained_reply
+from tests.support.helpers import DEFAULTS, make_model
+from tests.support.standin_grid import NODE_IDS, StandInGrid, real_clients_grid, trained_reply
 
 pytestmark = pytest.mark.usefixtures("server_task_identity")
 

@@ -1,6 +1,6 @@
 """Every command of README.md and docs/ runs as typed: checked against the code, page by page.
 
-What is checked, and how, is in ``tests/doc_commands.py``. One test per
+What is checked, and how, is in ``tests/support/doc_commands.py``. One test per
 page, found when the suite is collected, so a page added later is checked
 too; a failure lists each bad command with its page and line and what is
 wrong. The checker is itself shown to fail on a copy of the README with a
@@ -12,8 +12,15 @@ from collections import Counter
 
 import pytest
 
-from tests.doc_commands import Checker, HelpTexts, check_page, doc_pages, help_keys, page_commands
-from tests.helpers import REPO
+from tests.support.doc_commands import (
+    Checker,
+    HelpTexts,
+    check_page,
+    doc_pages,
+    help_keys,
+    page_commands,
+)
+from tests.support.helpers import REPO
 
 PAGES = doc_pages()
 

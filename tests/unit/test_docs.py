@@ -30,8 +30,8 @@ import pytest
 from fedx.config import APP_KEYS
 from fedx.reference import _toml  # pylint: disable=protected-access
 from fedx.registry import ENTRY_POINT_GROUP, builtin_methods
-from tests.doc_commands import _fences, doc_pages
-from tests.helpers import REPO, skip_unless_ci, skip_unless_importable
+from tests.support.doc_commands import _fences, doc_pages
+from tests.support.helpers import REPO, skip_unless_ci, skip_unless_importable
 
 CHECK = REPO / "docs" / "check_site.py"
 #: The pages written for people who write code against fedx: every fedx name

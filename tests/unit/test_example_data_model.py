@@ -24,9 +24,9 @@ from fedx.config import ConfigError, RunConfig
 from fedx.data import DatasetSpec, SplitSource, load_local_splits, load_partition, load_split
 from fedx.models import build_model
 from fedx.server.building import build_strategy, check_data_and_model, prepare_data
-from tests.doc_commands import page_commands
-from tests.helpers import BIN, REPO, copy_app, environment_with_path, install_example
-from tests.simulation import FEDERATION
+from tests.support.doc_commands import page_commands
+from tests.support.helpers import BIN, REPO, copy_app, environment_with_path, install_example
+from tests.support.simulation import FEDERATION
 
 EXAMPLE = REPO / "examples" / "tabular"
 PAGE = REPO / "docs" / "own-data.md"

@@ -18,9 +18,9 @@ from fedx.config import ConfigError, RunConfig
 from fedx.registry import Method, register
 from fedx.server.building import build_strategy
 from fedx.strategies import to_model
-from tests.helpers import REPO, environment_with_path, install_example, metrics_rows
-from tests.simulation import run_app, simulation_superlink
-from tests.standin_grid import NODE_IDS, StandInGrid, run_round
+from tests.support.helpers import REPO, environment_with_path, install_example, metrics_rows
+from tests.support.simulation import run_app, simulation_superlink
+from tests.support.standin_grid import NODE_IDS, StandInGrid, run_round
 
 EXAMPLE = REPO / "examples" / "fedblend"
 sys.path.insert(0, str(EXAMPLE))

@@ -22,9 +22,9 @@ from fedx.server.building import build_strategy
 from fedx.server_models import ServerModels
 from fedx.strategies import to_arrayrecord, to_model
 from fedx.training import evaluate
-from tests.helpers import DEFAULTS
-from tests.standin_grid import StandInGrid
-from tests.torch_helpers import CPU
+from tests.support.helpers import DEFAULTS
+from tests.support.standin_grid import StandInGrid
+from tests.support.torch_helpers import CPU
 
 pytestmark = pytest.mark.usefixtures("server_task_identity", "one_torch_thread")
 NODES = [2**64 - 3, 17, 2**63 + 5, 8]

@@ -11,7 +11,7 @@ from fedx.files import write_atomically, write_json_atomically
 def test_written_files_are_whole_and_readable_by_other_users(tmp_path):
     """Results and checkpoints are 0644, not the 0600 of a temporary file: a
     ServerApp in a container writes them as uid 49999 and the user on the host
-    reads them (tests/test_containers.py)."""
+    reads them (tests/system/test_containers.py)."""
     path = tmp_path / "metrics.json"
     write_json_atomically(path, {"round": 3, "accuracy": [0.5, 0.75]})
     assert json.loads(path.read_text()) == {"round": 3, "accuracy": [0.5, 0.75]}

@@ -10,12 +10,12 @@ and nothing else in fedx imports Flower's internals. The installer
 (:func:`fedx.flower.install`) makes a process's changes in one order, all or
 none: on a Flower whose code differs (a changed copy of a Flower function, in
 process here; a changed copy of Flower on a whole simulation run in
-tests/test_flower_mismatch.py) it makes none, says so in one warning, and
+tests/system/test_flower_mismatch.py) it makes none, says so in one warning, and
 Flower's own code runs. Then a behaviour test per change on the installed
 Flower. The parts of fedx that the changes
 plug in are tested on their own: the actor pool, the feeder's passes and
-fedx's actor on Ray in tests/test_ray_backend.py, the warm executor and
-fedx-supernode on real processes in tests/test_warm_executor.py.
+fedx's actor on Ray in tests/unit/test_ray_backend.py, the warm executor and
+fedx-supernode on real processes in tests/unit/test_warm_executor.py.
 """
 
 import ast
@@ -64,8 +64,8 @@ from fedx.flower.object_pulls import (
     restore_object_pulls,
     retry_object_pulls_after,
 )
-from tests.changed_flower import changed_copy
-from tests.helpers import REPO, OneMessageGrid, PushedMessage, modules_imported_by
+from tests.support.changed_flower import changed_copy
+from tests.support.helpers import REPO, OneMessageGrid, PushedMessage, modules_imported_by
 
 #: The modules of fedx.flower, each a change (or, for ``wire``, a use) of Flower's internals.
 CHANGES = sorted(
@@ -836,7 +836,7 @@ def test_a_warm_task_makes_its_changes_all_at_once(monkeypatch):
 
 
 # ----------------------------------------------------------------------
-# stopped_runs: fedx-supernode's stopped runs and replies (end to end: tests/test_stopped_runs.py)
+# stopped_runs: fedx-supernode's stopped runs and replies (end to end: tests/system/test_stopped_runs.py)
 # ----------------------------------------------------------------------
 
 RUN, NODE = 7, 11
@@ -1406,7 +1406,7 @@ def test_the_states_stores_call_back_while_hooked(simulation_state):
 
 
 def test_fedxs_actor_raises_the_errors_flowers_engine_turns_into_error_replies():
-    # What the engine's worker checks (the actor itself on Ray: tests/test_ray_backend.py).
+    # What the engine's worker checks (the actor itself on Ray: tests/unit/test_ray_backend.py).
     assert vce_api.ClientAppException is clientapp_actor.ClientAppException
     assert vce_api.LoadClientAppError is clientapp_actor.LoadClientAppError
     from fedx.simulation import actor  # pylint: disable=import-outside-toplevel

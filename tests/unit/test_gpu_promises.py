@@ -6,7 +6,7 @@
 * The run config's ``deterministic`` reaches the training code on every
   path a message takes: the ClientApp called in-process, in a simulation's
   Ray actor (this module), and in a real ClientApp process forked by the warm
-  executor (tests/test_warm_executor.py); the ServerApp evaluates with it.
+  executor (tests/unit/test_warm_executor.py); the ServerApp evaluates with it.
 """
 
 import os
@@ -25,8 +25,8 @@ from fedx.outputs import MODEL_FILE
 from fedx.server import saving
 from fedx.server_app import main
 from fedx.simulation.actor import ClientAppActor
-from tests.helpers import DEFAULTS
-from tests.standin_grid import real_clients_grid
+from tests.support.helpers import DEFAULTS
+from tests.support.standin_grid import real_clients_grid
 
 pytestmark = pytest.mark.usefixtures("server_task_identity", "one_torch_thread")
 NODE = 7

@@ -26,7 +26,7 @@ from fedx.group_training import ClientRandom, GroupMember, batching_obstacle, tr
 from fedx.models import build_model
 from fedx.simulation.groups import GroupCollector
 from fedx.training import train
-from tests.helpers import DEFAULTS
+from tests.support.helpers import DEFAULTS
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 CPU = torch.device("cpu")
@@ -145,7 +145,7 @@ def test_the_client_a_grouped_simulation_trains_otherwise_in_float32_is_train_in
     step (a max pooling window whose two largest values lie 7.5e-9 apart in train() and equal
     in the batched step) and end 2e-2 apart; in float64 they are the same arithmetic."""
     from fedx.client.task import ClientTask  # pylint: disable=import-outside-toplevel
-    from tests.helpers import PLAIN_FEDMR  # pylint: disable=import-outside-toplevel
+    from tests.support.helpers import PLAIN_FEDMR  # pylint: disable=import-outside-toplevel
 
     torch.manual_seed(PLAIN_FEDMR["seed"])  # as the ServerApp builds the initial model
     model = build_model("cnn", (1, 8, 8), 10).double()
@@ -387,8 +387,8 @@ LATER_ROUNDS_REL, LATER_ROUNDS_ACCURACY = 0.1, 0.03
 def grouped_fedmr_run(superlink, app, tmp_path_factory):
     """The plain FedMR run (4 nodes, 2 actors) again, each round's 4 clients in 2 groups of 2;
     the rows of its ``metrics.json`` and of the plain run's, by round."""
-    from tests.helpers import PLAIN_FEDMR, metrics_rows  # pylint: disable=import-outside-toplevel
-    from tests.simulation import run_app  # pylint: disable=import-outside-toplevel
+    from tests.support.helpers import PLAIN_FEDMR, metrics_rows  # pylint: disable=import-outside-toplevel
+    from tests.support.simulation import run_app  # pylint: disable=import-outside-toplevel
 
     outputs = tmp_path_factory.mktemp("grouped-fedmr")
     settings = (
@@ -404,7 +404,7 @@ def grouped_fedmr_run(superlink, app, tmp_path_factory):
 
 def compared_rows(plain_fedmr_run, grouped_fedmr_run):
     """Per round: the plain run's metrics and the grouped run's, timings left out."""
-    from tests.helpers import PLAIN_FEDMR, metrics_rows  # pylint: disable=import-outside-toplevel
+    from tests.support.helpers import PLAIN_FEDMR, metrics_rows  # pylint: disable=import-outside-toplevel
 
     plain, (_, grouped) = metrics_rows(plain_fedmr_run[0]), grouped_fedmr_run
     assert sorted(grouped) == sorted(plain) == list(range(PLAIN_FEDMR["rounds"] + 1))
@@ -433,7 +433,7 @@ def test_a_simulation_with_client_groups_gives_the_run_without_them(
     training) exactly, round 1 within :data:`FIRST_ROUND_REL` and :data:`FIRST_ROUND_ACCURACY`,
     later rounds within :data:`LATER_ROUNDS_REL` and :data:`LATER_ROUNDS_ACCURACY`.
     """
-    from tests.helpers import PLAIN_FEDMR  # pylint: disable=import-outside-toplevel
+    from tests.support.helpers import PLAIN_FEDMR  # pylint: disable=import-outside-toplevel
 
     compared = 0
     for round_number, theirs, ours in compared_rows(plain_fedmr_run, grouped_fedmr_run):

@@ -30,7 +30,7 @@ import fedx.deploy.supernode
 import fedx.extras
 from fedx.deploy.local import FederationSpec, LocalFederation, free_port
 from fedx.flower import CHECKED_FLWR
-from tests.helpers import REPO, flwr_run, modules_imported_by
+from tests.support.helpers import REPO, flwr_run, modules_imported_by
 
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
 #: What a Flower project imports of fedx without the app extra, and the console scripts' entry.

@@ -32,8 +32,8 @@ from fedx.models import build_model
 from fedx.server.building import build_strategy, check_natural_clients
 from fedx.strategies import FedMR
 from fedx.training import evaluate, train
-from tests.helpers import run_config
-from tests.torch_helpers import CPU
+from tests.support.helpers import run_config
+from tests.support.torch_helpers import CPU
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

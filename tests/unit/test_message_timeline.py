@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from tests.helpers import REPO, environment_with_path
-from tests.test_benchmarks import load_script
+from tests.support.helpers import REPO, environment_with_path
+from tests.unit.test_benchmarks import load_script
 
 
 @pytest.fixture(scope="module")

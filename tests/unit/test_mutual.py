@@ -12,7 +12,7 @@ from fedx.data import load_split
 from fedx.models import build_model
 from fedx.mutual import mutual_losses, prefers_exchanged, train_mutual
 from fedx.training import train
-from tests.torch_helpers import CPU
+from tests.support.torch_helpers import CPU
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

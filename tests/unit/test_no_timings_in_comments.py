@@ -19,7 +19,7 @@ import re
 import tokenize
 from pathlib import Path
 
-from tests.helpers import REPO
+from tests.support.helpers import REPO
 
 FEDX = REPO / "fedx"
 

@@ -1,10 +1,10 @@
 """fedx.flower.objects_in_flight: how many objects of a message Flower's pulls and pushes move at once.
 
 The Flower code it changes is the code it was checked against
-(tests/test_flower_changes.py checks every module of fedx.flower), and on
+(tests/unit/test_flower_changes.py checks every module of fedx.flower), and on
 the installed Flower the pulls and pushes then keep N objects in flight,
 more than the machine's cores. fedx-supernode's option
-on real processes: tests/test_link_faults.py runs the slow-link federation;
+on real processes: tests/system/test_link_faults.py runs the slow-link federation;
 benchmarks/links.py measures what it pays.
 """
 

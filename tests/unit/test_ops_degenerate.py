@@ -28,7 +28,7 @@ from fedx.ops import (
     mutate,
     recombine,
 )
-from tests.conftest import make_model
+from tests.support.helpers import make_model
 
 MEASURES = ["model", "layer-pairs"]
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from fedx.ops import assign_exchanges, cluster_count, fedme_aggregate
-from tests.helpers import make_model
+from tests.support.helpers import make_model
 
 
 def _small_model(rng: np.random.Generator, width: int) -> dict[str, np.ndarray]:

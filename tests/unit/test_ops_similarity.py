@@ -10,7 +10,7 @@ import pytest
 from fedx.ops import cosine_similarity_matrix, cross_aggregate, similarity_terms
 from fedx.ops import parallel as parallel_module
 from fedx.ops import similarity as similarity_module
-from tests.conftest import make_model
+from tests.support.helpers import make_model
 
 
 def direct_cosine(x: np.ndarray, y: np.ndarray) -> float:

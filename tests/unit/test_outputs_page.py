@@ -2,7 +2,7 @@
 
 The default method's run (FedMR, the session's shared run through `flwr
 run`) here; FedMe's fields are checked with its own run in
-tests/test_fedme_e2e.py. The check can fail: a field the page does not list
+tests/system/test_fedme_e2e.py. The check can fail: a field the page does not list
 is reported.
 """
 
@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from tests.helpers import undocumented_fields
+from tests.support.helpers import undocumented_fields
 
 
 @pytest.mark.system

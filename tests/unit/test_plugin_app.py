@@ -23,9 +23,9 @@ from fedx.arrays import is_packed
 from fedx.strategies import FedCross, FedMR, FedMut, to_model
 from fedx.strategies.client_identity import query_client_ids
 from fedx.strategies.packing import PackingGrid
-from tests.helpers import environment_with_path
+from tests.support.helpers import environment_with_path
 
-PLUGIN_DIR = Path(__file__).resolve().parents[1] / "examples" / "numpy-plugin"
+PLUGIN_DIR = Path(__file__).resolve().parents[2] / "examples" / "numpy-plugin"
 NUM_NODES = 4
 NUM_ROUNDS = 3
 #: The ServerApp's PackingGrid, once it has run.

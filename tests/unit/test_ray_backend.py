@@ -1,6 +1,6 @@
 """fedx's Ray backend (fedx/simulation/) on this machine's own Ray: the pool's rules.
 
-The cluster cases (a node lost and back, two hosts) are in tests/test_ray_cluster.py.
+The cluster cases (a node lost and back, two hosts) are in tests/system/test_ray_cluster.py.
 """
 
 import logging

@@ -1,7 +1,7 @@
 """README.md, the front door: short, its two commands on the first screen, its links and example sound.
 
 The commands themselves are checked with every page's in
-``tests/test_doc_commands.py``; here: the README's length, that the install
+``tests/unit/test_doc_commands.py``; here: the README's length, that the install
 and the first run read without scrolling sideways, that ``.ci/run`` runs the
 second command as the README gives it, that every link of the README leads
 to a file and heading that exist, and that the complete ServerApp the README
@@ -15,9 +15,9 @@ from flwr.app import Context, RecordDict
 from myst_parser.slugs import github_slugify
 
 from fedx.strategies import to_model
-from tests.doc_commands import _fences
-from tests.helpers import REPO
-from tests.standin_grid import NODE_IDS, StandInGrid
+from tests.support.doc_commands import _fences
+from tests.support.helpers import REPO
+from tests.support.standin_grid import NODE_IDS, StandInGrid
 
 README = REPO / "README.md"
 #: What one screen shows before scrolling down, and across before scrolling sideways.

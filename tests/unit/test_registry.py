@@ -11,7 +11,7 @@ from fedx.checks import Integer
 from fedx.config import APP_KEYS, _method_keys  # pylint: disable=protected-access
 from fedx.registry import Key, Method, UnknownMethod, builtin_methods
 from fedx.strategies import FedMR
-from tests.helpers import REPO
+from tests.support.helpers import REPO
 
 PAPERS_AND_BASELINES = {
     "fedavg",
@@ -97,7 +97,7 @@ def test_the_run_config_reference_is_up_to_date(tmp_path):
 
 
 def test_the_documentation_tables_hold_every_key_with_its_default():
-    """The tables of docs/run-config.md (tests/test_docs.py builds the page)."""
+    """The tables of docs/run-config.md (tests/unit/test_docs.py builds the page)."""
     tables = reference.markdown_reference()
     assert tables in (REPO / "docs" / "run-config.md").read_text()
     rows = {

@@ -21,7 +21,7 @@ from fedx.secure.exchange import ExchangeState
 from fedx.secure.loopback import LoopbackGrid
 from fedx.secure.wire import RECORD, RETURN_TYPE, SEND_TYPE, UPLOAD_TYPE
 from fedx.strategies import FedMR, to_arrayrecord, to_model
-from tests.standin_grid import NODE_IDS, StandInGrid, run_round
+from tests.support.standin_grid import NODE_IDS, StandInGrid, run_round
 
 pytestmark = pytest.mark.usefixtures("server_task_identity")
 

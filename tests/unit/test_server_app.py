@@ -12,8 +12,8 @@ from fedx.config import ConfigError, RunConfig
 from fedx.server.building import require_nodes
 from fedx.server.resume import run_directory
 from fedx.server_app import main
-from tests.helpers import DEFAULTS
-from tests.standin_grid import real_clients_grid
+from tests.support.helpers import DEFAULTS
+from tests.support.standin_grid import real_clients_grid
 
 
 class NodesOnly:

@@ -2,7 +2,7 @@
 
 The app's own ``main`` runs (digits, the CNN, central evaluation, outputs)
 with deterministic numpy clients; a grid that dies in round 3 plays the
-server crash. Real processes: tests/test_deployment.py.
+server crash. Real processes: tests/system/test_deployment.py.
 """
 
 import json
@@ -16,8 +16,8 @@ from flwr.app import Context, RecordDict
 
 from fedx.server_app import main
 from fedx.strategies import load_checkpoint
-from tests.helpers import DEFAULTS
-from tests.standin_grid import NODE_IDS, CrashingGrid
+from tests.support.helpers import DEFAULTS
+from tests.support.standin_grid import NODE_IDS, CrashingGrid
 
 pytestmark = pytest.mark.usefixtures("server_task_identity", "one_torch_thread")
 

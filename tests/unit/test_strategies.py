@@ -8,8 +8,8 @@ from flwr.app import Array, ConfigRecord, Error, Message, MetricRecord
 from flwr.serverapp.strategy import FedAvg
 
 from fedx.strategies import FedIndep, FedMR, to_arrayrecord, to_model
-from tests.helpers import make_model
-from tests.standin_grid import (
+from tests.support.helpers import make_model
+from tests.support.standin_grid import (
     NODE_IDS,
     StandInGrid,
     owners_of,

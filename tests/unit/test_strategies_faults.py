@@ -7,7 +7,7 @@ import pytest
 from flwr.app import ConfigRecord, Error, Message
 
 from fedx.strategies import FedMR, to_arrayrecord
-from tests.standin_grid import NODE_IDS, StandInGrid, sent_models, trained_reply
+from tests.support.standin_grid import NODE_IDS, StandInGrid, sent_models, trained_reply
 
 pytestmark = pytest.mark.usefixtures("server_task_identity")
 

@@ -6,8 +6,8 @@ from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 
 from fedx.ops import average, cosine_similarity_matrix
 from fedx.strategies import FedCross, FedIndep, FedMR, FedMut, to_arrayrecord, to_model
-from tests.helpers import make_model
-from tests.standin_grid import NODE_IDS, StandInGrid, run_round, sent_models, trained_reply
+from tests.support.helpers import make_model
+from tests.support.standin_grid import NODE_IDS, StandInGrid, run_round, sent_models, trained_reply
 
 pytestmark = pytest.mark.usefixtures("server_task_identity")
 

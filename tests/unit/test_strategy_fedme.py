@@ -8,7 +8,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord, Re
 
 from fedx.ops import fedme_aggregate
 from fedx.strategies import FedAvgFT, FedMe, to_arrayrecord, to_model
-from tests.standin_grid import NODE_IDS, StandInGrid
+from tests.support.standin_grid import NODE_IDS, StandInGrid
 
 pytestmark = pytest.mark.usefixtures("server_task_identity")
 

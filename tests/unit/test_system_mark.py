@@ -1,4 +1,4 @@
-"""The tiers' check (tests/system_mark.py): which commands start a system, and an unmarked test that
+"""The tiers' check (tests/support/system_mark.py): which commands start a system, and an unmarked test that
 starts one errors."""
 
 import os
@@ -8,8 +8,8 @@ import textwrap
 
 import pytest
 
-from tests.helpers import REPO
-from tests.system_mark import system_start
+from tests.support.helpers import REPO
+from tests.support.system_mark import system_start
 
 
 @pytest.mark.parametrize(
@@ -42,11 +42,15 @@ def test_commands_that_start_a_system(command):
     [
         ["/venv/bin/flower-superlink", "--help"],  # what test_deploy_static reads of Flower
         ["fedx-superlink", "--version"],
-        [sys.executable, "docs/check_site.py", "--help"],  # what tests/doc_commands.py reads
+        [
+            sys.executable,
+            "docs/check_site.py",
+            "--help",
+        ],  # what tests/support/doc_commands.py reads
         ["flwr", "new", "app"],
         ["fedx-deploy", "certs", "--out", "certificates"],
         [sys.executable, "-c", "import torch"],
-        [sys.executable, "-m", "tests.cold_start", "{}"],
+        [sys.executable, "-m", "tests.support.cold_start", "{}"],
         [sys.executable, "-m", "sphinx", "-W", "docs", "_build"],
         # A local folder installed by pip: no package index.
         [sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "examples/x"],
@@ -68,7 +72,7 @@ def test_an_unmarked_test_that_starts_a_system_errors_and_a_marked_one_passes(tm
     suite = tmp_path / "suite"
     suite.mkdir()
     (suite / "conftest.py").write_text(
-        "from tests.system_mark import pytest_runtest_setup, pytest_runtest_teardown  # noqa\n"
+        "from tests.support.system_mark import pytest_runtest_setup, pytest_runtest_teardown  # noqa\n"
     )
     (suite / "pytest.ini").write_text("[pytest]\nmarkers =\n    system: starts a system\n")
     (suite / "test_it.py").write_text(

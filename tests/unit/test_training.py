@@ -19,7 +19,7 @@ from fedx.training import (
     get_device,
     train,
 )
-from tests.torch_helpers import CPU
+from tests.support.torch_helpers import CPU
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -1,14 +1,14 @@
 """fedx's warm ClientApp executor (fedx-superexec).
 
 The first tests run the executor itself, with a stand-in task
-(tests/executor_probe.py) forked from a real warm interpreter that has
+(tests/support/executor_probe.py) forked from a real warm interpreter that has
 imported torch: every task starts clean with the torch threads it was
 given, a crashing task loses only itself, no more tasks run at once than
 the limit and the others wait their turn.
 Then the commands fedx-deploy builds (fedx-superexec, fedx-supernode with a
 shorter idle poll). fedx's app on a SuperLink and 3 SuperNodes whose
 ClientApps come from fedx-superexec, with TLS on every link, SuperNode
-authentication and SuperExec authentication: tests/test_deployment.py.
+authentication and SuperExec authentication: tests/system/test_deployment.py.
 """
 
 import hashlib
@@ -30,10 +30,10 @@ from fedx.deploy.credentials import write_tls_certificates
 from fedx.deploy.local import FederationSpec
 from fedx.deploy.superexec import WarmExecutor
 from fedx.deploy.superexec import _parser as superexec_options
-from tests.deployment import deploy_up_faked
-from tests.executor_probe import probe
-from tests.helpers import REPO
-from tests.test_deploy_static import flags, help_flags
+from tests.support.deployment import deploy_up_faked
+from tests.support.executor_probe import probe
+from tests.support.helpers import REPO
+from tests.unit.test_deploy_static import flags, help_flags
 
 #: Threads of the module's executor's tasks: not a machine's core count, so not torch's default.
 THREADS = 3
@@ -42,7 +42,11 @@ THREADS = 3
 def probe_executor(cores: ClientAppCores, **options) -> WarmExecutor:
     """A warm executor whose interpreter imported torch and whose tasks run the probe."""
     return WarmExecutor(
-        preload_app="tests.executor_probe", preload=["torch"], task=probe, cores=cores, **options
+        preload_app="tests.support.executor_probe",
+        preload=["torch"],
+        task=probe,
+        cores=cores,
+        **options,
     )
 
 
@@ -88,7 +92,7 @@ def run_task(
 
 
 def test_the_warm_interpreter_imported_the_app_and_torch(executor):
-    assert executor.preloaded == ["torch", "tests.executor_probe"]
+    assert executor.preloaded == ["torch", "tests.support.executor_probe"]
     assert executor.app_package == "tests"
     assert executor.warm_pid != os.getpid()
 

@@ -1,4 +1,4 @@
-"""Control API authentication for the route-guard test (tests/test_superlink_route_guards.py).
+"""Control API authentication for the route-guard test (tests/system/test_superlink_route_guards.py).
 
 Flower's SuperLink takes its Control API authentication plugins from its
 Enterprise package, ``flwr.ee``, which this distribution lacks: with
