@@ -1,6 +1,7 @@
 """What several test modules share (fixtures are in conftest.py): the app's defaults, models, runs."""
 
 import ast
+import functools
 import importlib.util
 import json
 import os
@@ -241,3 +242,17 @@ def modules_imported_by(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
     )
     return ast.literal_eval(done.stdout.strip())
+
+
+@functools.cache
+def help_flags(executable: str) -> frozenset[str]:
+    """The ``--flags`` an installed Flower executable documents in ``--help``."""
+    done = subprocess.run(
+        [str(BIN / executable), "--help"], capture_output=True, text=True, timeout=120, check=True
+    )
+    return frozenset(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", done.stdout))
+
+
+def flags(command: list[str]) -> list[str]:
+    """The ``--flags`` a command line passes (a value after ``=`` left out)."""
+    return [part.split("=", 1)[0] for part in command if part.startswith("--")]

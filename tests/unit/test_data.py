@@ -1,6 +1,5 @@
 """Tests for fedx.data: dataset loaders, partitioning and the per-process caches."""
 
-import hashlib
 import json
 import os
 import pickle
@@ -25,6 +24,7 @@ from fedx.data import (
     partition_indices,
 )
 from fedx.data.cache import CACHE_ENV
+from tests.support.torch_helpers import expect_generated_checksums
 
 CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 
@@ -300,27 +300,6 @@ def _images(labels: list[int], rng: np.random.Generator) -> np.ndarray:
     return np.repeat(colours, 1024, axis=1)
 
 
-def _md5(path: Path) -> str:
-    return hashlib.md5(path.read_bytes()).hexdigest()
-
-
-def _expect_generated_checksums(
-    monkeypatch: pytest.MonkeyPatch, dataset_class: type[CIFAR10], folder: Path
-) -> None:
-    # torchvision checks every file against the md5 of the real download,
-    # which generated files cannot match. Rather than switching the check
-    # off (the metadata file is checked by a module-level function that a
-    # patched _check_integrity would not cover), let the class expect the
-    # md5 sums of the generated files, so torchvision's own checks still run.
-    def with_generated(entries: list[list[str]]) -> list[list[str]]:
-        return [[name, _md5(folder / name)] for name, _ in entries]
-
-    monkeypatch.setattr(dataset_class, "train_list", with_generated(dataset_class.train_list))
-    monkeypatch.setattr(dataset_class, "test_list", with_generated(dataset_class.test_list))
-    meta = dataset_class.meta | {"md5": _md5(folder / dataset_class.meta["filename"])}
-    monkeypatch.setattr(dataset_class, "meta", meta)
-
-
 def _write_cifar10(root: Path, per_batch: int = 4, num_test: int = 6) -> dict[str, list[int]]:
     """Write a tiny CIFAR-10 in ``root``; return the labels of both splits."""
     rng = np.random.default_rng(0)
@@ -360,7 +339,7 @@ def _load_written(tmp_path: Path, monkeypatch, name: str):
         "cifar100": (_write_cifar100, CIFAR100, "cifar-100-python"),
     }[name]
     labels = write(tmp_path)
-    _expect_generated_checksums(monkeypatch, dataset, tmp_path / folder)
+    expect_generated_checksums(monkeypatch, dataset, tmp_path / folder)
     train, test = (load_split(name, split, root=str(tmp_path)) for split in ("train", "test"))
     assert list(train.targets) == labels["train"] and list(test.targets) == labels["test"]
     return labels, train, test
@@ -392,7 +371,7 @@ def test_cifar10_loads_from_torchvision_files(tmp_path: Path, monkeypatch) -> No
 
 def test_cifar10_partitions_cover_the_generated_training_set(tmp_path: Path, monkeypatch) -> None:
     _write_cifar10(tmp_path)
-    _expect_generated_checksums(monkeypatch, CIFAR10, tmp_path / "cifar-10-batches-py")
+    expect_generated_checksums(monkeypatch, CIFAR10, tmp_path / "cifar-10-batches-py")
     parts = [load_partition("cifar10", i, 4, root=str(tmp_path)) for i in range(4)]
     _assert_disjoint_cover([np.asarray(p.indices) for p in parts], 20)
     assert parts[0][0][0].shape == (3, 32, 32)

@@ -6,7 +6,6 @@ merges them, and every command-line flag checked against the `--help` of
 the installed Flower (whose version the image tags must match).
 """
 
-import functools
 import importlib.util
 import re
 import socket
@@ -29,6 +28,7 @@ from fedx.deploy.credentials import TlsFiles, write_supernode_keys, write_tls_ce
 from fedx.deploy.local import FederationSpec
 from fedx.flower import CHECKED_FLWR
 from tests.support.deployment import deploy_up_faked
+from tests.support.helpers import flags, help_flags
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -43,19 +43,6 @@ COMPOSE_FILES = [
     "docker-compose.gpu.yml",
     "docker-compose.insecure.yml",
 ]
-
-
-@functools.cache
-def help_flags(executable: str) -> frozenset[str]:
-    """The ``--flags`` an installed Flower executable documents in ``--help``."""
-    done = subprocess.run(
-        [str(BIN / executable), "--help"], capture_output=True, text=True, timeout=120, check=True
-    )
-    return frozenset(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", done.stdout))
-
-
-def flags(command: list[str]) -> list[str]:
-    return [part.split("=", 1)[0] for part in command if part.startswith("--")]
 
 
 # ----------------------------------------------------------------------

@@ -32,8 +32,7 @@ from fedx.data import device as device_module
 from fedx.models import build_model
 from fedx.training import train
 from tests.support.helpers import DEFAULTS, REPO
-from tests.unit.test_data import _expect_generated_checksums
-from tests.support.torch_helpers import CPU
+from tests.support.torch_helpers import CPU, expect_generated_checksums
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -51,7 +50,7 @@ def fake_cifar(tmp_path, monkeypatch):
     fake = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fake)
     fake.write(tmp_path, "cifar10", train=500, test=100)
-    _expect_generated_checksums(monkeypatch, CIFAR10, tmp_path / "cifar-10-batches-py")
+    expect_generated_checksums(monkeypatch, CIFAR10, tmp_path / "cifar-10-batches-py")
     return tmp_path
 
 

@@ -634,7 +634,7 @@ def test_a_reply_read_as_a_model_gives_the_same_model_in_either_form(initial):
 
 
 def test_fedmes_two_model_messages_go_packed_and_train_as_they_do_standard():
-    from tests.unit.test_strategy_fedme import NumpyClients, make_fedme, train_round
+    from tests.support.fedme_standins import NumpyClients, make_fedme, train_round
 
     clients = NumpyClients()
 
@@ -662,7 +662,7 @@ def test_fedmes_two_model_messages_go_packed_and_train_as_they_do_standard():
 
 def test_secure_recombination_runs_on_packed_models_and_conserves_every_layer(initial):
     from fedx.secure.loopback import LoopbackGrid
-    from tests.unit.test_secure_protocol import (
+    from tests.support.secure_standins import (
         NumpyClients,
         assert_same_layers,
         secure_fedmr,

@@ -60,8 +60,8 @@ from fedx.strategies import (
     to_arrayrecord,
     to_model,
 )
+from tests.support.fedme_standins import CLIENT_OF, NumpyClients, initial_model, make_fedme
 from tests.support.standin_grid import NODE_IDS, StandInGrid, trained_reply
-from tests.unit.test_strategy_fedme import CLIENT_OF, NumpyClients, initial_model, make_fedme
 
 pytestmark = pytest.mark.usefixtures("server_task_identity")
 

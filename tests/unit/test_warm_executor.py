@@ -32,8 +32,7 @@ from fedx.deploy.superexec import WarmExecutor
 from fedx.deploy.superexec import _parser as superexec_options
 from tests.support.deployment import deploy_up_faked
 from tests.support.executor_probe import probe
-from tests.support.helpers import REPO
-from tests.unit.test_deploy_static import flags, help_flags
+from tests.support.helpers import REPO, flags, help_flags
 
 #: Threads of the module's executor's tasks: not a machine's core count, so not torch's default.
 THREADS = 3
