@@ -1,9 +1,11 @@
-"""The check behind the two test tiers: a test that starts a system carries the ``system`` mark.
+"""The check behind the two test tiers: a test that starts a system is a system test.
 
-``pytest -m "not system"`` is the inner loop; it is only worth running if
-nothing that starts processes of a federation, Ray, containers, network
-namespaces, a browser or a package index slips into it. Forgetting the mark
-is easy, so tests/conftest.py watches every test that is not marked:
+``pytest -m "not system"`` (tests/unit) is the inner loop; it is only worth
+running if nothing that starts processes of a federation, Ray, containers,
+network namespaces, a browser or a package index slips into it. The
+``system`` mark comes from the folder (tests/support/tiers.py: every test
+under tests/system), and putting a test in the wrong folder is easy, so
+tests/conftest.py watches every test that is not marked:
 ``subprocess.Popen`` reports each process it (or a fixture it uses) starts, and
 :func:`system_start` says whether that command starts a system. If one
 does, the test errors at teardown, naming the command. Processes started
@@ -183,7 +185,7 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
         listed = "\n  ".join(dict.fromkeys(started))
         pytest.fail(
             f"{item.nodeid} started a system but is not marked `system`:\n  {listed}\n"
-            "Mark it @pytest.mark.system (a module: pytestmark = pytest.mark.system), so that "
+            "Move it to tests/system, whose tests are marked `system`, so that "
             '`pytest -m "not system"` stays the quick tier (docs/development.md).',
             pytrace=False,
         )

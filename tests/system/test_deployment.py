@@ -44,7 +44,7 @@ from tests.support.deployment import (
     wait_for,
 )
 
-pytestmark = pytest.mark.system
+pytestmark = pytest.mark.cost(3)
 
 
 @pytest.fixture(scope="module")

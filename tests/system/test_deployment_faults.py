@@ -25,7 +25,7 @@ from tests.support.deployment import (
     wait_for,
 )
 
-pytestmark = pytest.mark.system
+pytestmark = pytest.mark.cost(2)
 
 CLIENTAPP_STARTED = r"Start `flwr-clientapp` process"
 

@@ -14,13 +14,11 @@ import sys
 from pathlib import Path
 
 import flwr
-import pytest
 
 from tests.support.helpers import REPO
 
 # No system starts here, but two runs of Flower's tests, each importing Flower's SuperNode
 # afresh, are too slow for the inner loop: with the system tests.
-pytestmark = pytest.mark.system
 
 PATCHES = sorted((REPO / "patches" / "flower").glob("*.patch"))
 TEST = "framework/py/flwr/supernode/start_client_internal_stopped_run_test.py"

@@ -36,7 +36,7 @@ from tests.support.deployment import WIRE_APP, start_flwr_run, wait_for
 from tests.support.helpers import skip_unless_ci
 from tests.unit.test_benchmarks import load_script
 
-pytestmark = pytest.mark.system
+pytestmark = pytest.mark.cost(2)
 
 links = load_script("_links")
 RATE_MBIT, DELAY = 20.0, 0.01

@@ -15,8 +15,6 @@ import pytest
 
 from tests.unit.test_benchmarks import load_script
 
-pytestmark = pytest.mark.system
-
 links = load_script("_links")
 RATE_MBIT, DELAY = 20.0, 0.025
 SITE = links.site(0)

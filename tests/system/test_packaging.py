@@ -28,7 +28,6 @@ from tests.support.helpers import REPO, flwr_run, skip_unless_importable
 from tests.support.simulation import simulation_superlink
 
 # A package index: build's isolated environment (hatchling) and pip's installs.
-pytestmark = pytest.mark.system
 
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
 #: The environment of a child process that must not see the checkout.

@@ -18,8 +18,6 @@ import json
 import os
 import signal
 
-import pytest
-
 from fedx.deploy.credentials import write_supernode_keys, write_tls_certificates
 from tests.support.deployment import (
     WIRE_APP,
@@ -29,8 +27,6 @@ from tests.support.deployment import (
     start_flwr_run,
     wait_for,
 )
-
-pytestmark = pytest.mark.system
 
 ROUNDS = 8
 SENT = "Sent successfully"

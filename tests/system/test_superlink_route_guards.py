@@ -35,8 +35,6 @@ from fedx.deploy.local import free_port, stop_processes, wait_for_port
 from tests.support.control_auth.sitecustomize import TOKEN
 from tests.support.helpers import BIN
 
-pytestmark = pytest.mark.system
-
 CONTROL_AUTH = Path(__file__).parent / "control_auth"
 PROGRAMS = ("flower-superlink", "fedx-superlink")
 

@@ -19,6 +19,8 @@ from types import ModuleType
 
 import pytest
 
+from tests.support.ray_packing import pack_and_unpack
+
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
@@ -124,38 +126,6 @@ def test_round_bytes_quick(server_task_identity, capsys):
     assert "down/FedAvg" in out and "fedmr-secure" in out
 
 
-@pytest.mark.system
-def test_simulation_overhead_quick(app, capsys, monkeypatch):
-    """One FedAvg run through `flwr run` against the plain loop; nothing left running after.
-
-    The smallest case (2 clients, 2 rounds): the wiring, not the figures, is under test.
-    """
-    simulation_overhead = load_script("simulation_overhead")
-    quick = simulation_overhead.parse_arguments(["--quick"])
-    assert (quick.cases, quick.rounds, quick.local_epochs) == (
-        [simulation_overhead.Case(10, 1.0)],
-        3,
-        1,
-    )
-    monkeypatch.setattr(simulation_overhead, "APP", app)  # a copy that packs quickly
-    report = simulation_overhead.main(
-        ["--quick", "--strategies", "fedavg", "--rounds", "2", "--cases", "2:1.0"]
-    )
-    (row,) = report.rows
-    assert (row.case.clients, row.case.fraction, row.strategy, row.app) == (2, 1.0, "fedavg", 0)
-    simulation, plain = row.simulation, row.plain
-    for timing in (simulation, plain):
-        assert timing.error is None, timing.error
-        assert timing.first > 0 and len(timing.later) == 1 and timing.per_round > 0
-        assert timing.total >= timing.first + sum(timing.later)
-    assert report.processes_while_running >= 1  # the check sees the SuperLink's processes...
-    assert report.left == {} and report.gone_after is not None  # ...and none outlives it
-    out = capsys.readouterr().out
-    assert row.ratio == simulation.per_round / plain.per_round
-    assert f"{row.ratio:.2f}" in out
-    assert "none left running" in out
-
-
 def test_fast_setup_runs_the_readme_command_with_nothing_exported(tmp_path, monkeypatch):
     """What fast_setup.py runs is fedx-deploy's fast setup, its threads left to fedx-deploy."""
     from tests.support.deployment import deploy_up_faked  # pylint: disable=import-outside-toplevel
@@ -182,38 +152,6 @@ def test_fast_setup_runs_the_readme_command_with_nothing_exported(tmp_path, monk
     readme.write_text("fedx-deploy up --insecure\nfedx-deploy up --supernodes 2\n")
     with pytest.raises(RuntimeError, match="found 2"):
         fast_setup.readme_command(readme)
-
-
-@pytest.mark.system
-def test_deployment_quick(capsys):
-    """The job on real processes (warm executor, short polls), its secure stage and the cold start.
-
-    ``--quick`` with 0.5 s polls and a second of idle measurement: the wiring, not the
-    figures, is under test, and 4 SuperNodes polling every 0.1 s cost half a core.
-    """
-    deployment = load_script("deployment")
-    quick = deployment.parse_arguments(["--quick"])
-    assert quick.setups == [deployment.Setup("warm", 0.1, "memory")] and quick.idle_seconds == 3
-    report = deployment.main(["--quick", "--setups", "warm:0.5:memory", "--idle-seconds", "1"])
-    assert report.simulation is None
-    plain = report.plain
-    ((real,),) = [report.real]
-    assert real.setup == deployment.Setup("warm", 0.5, "memory")
-    for timing in (plain, real.timing):
-        assert timing.error is None, timing.error
-        assert timing.first > 0 and len(timing.later) == 1 and timing.per_round > 0
-    assert real.timing.total >= real.timing.first + sum(real.timing.later)
-    assert 0 <= real.idle_cpu < 2  # CPU seconds per second of one SuperLink process
-    cold = report.cold
-    assert len(cold.torch) == len(cold.client_app) == 1 and min(cold.torch) > 0
-    assert cold.ratio > 0  # a figure to report (target 1.3 or less), not a timed test
-    ((secure,),) = [report.secure]
-    assert secure.error is None, secure.error
-    assert len(secure.seconds) == 1 and secure.seconds[0] > 0
-    assert secure.exchanges == [7]  # 2 + 2 r_s exchanges with r_s = 3, the training one excluded
-    out = capsys.readouterr().out
-    assert f"{real.timing.per_round / plain.per_round:.2f}" in out
-    assert f"ratio {cold.ratio:.2f}" in out and "secure stage" in out
 
 
 def test_gpu_round_quick(capsys):
@@ -251,28 +189,6 @@ def test_gpu_monitor_summarises_the_samples_of_a_stretch():
     with gpu.GpuMonitor(("no-such-nvidia-smi",)) as absent:
         assert not absent.available
     assert absent.reading().samples == 0
-
-
-@pytest.mark.system
-def test_gpu_configs_quick(capsys):
-    """A paper config's methods on fake CIFAR files, in a simulation whose processes accept them."""
-    gpu_configs = load_script("gpu_configs")
-    (result,) = gpu_configs.main(["--quick"])
-    assert result.path.name == "cifar10-cnn-iid.toml" and result.dataset == "cifar10"
-    assert result.error is None, result.error
-    assert result.completed == ["fedmr"]
-    assert result.comparison is not None and result.comparison.returncode == 0
-    run = result.comparison.runs["fedmr"]
-    assert len(run.round_seconds) == 2 and len(run.rounds_at) == 2
-    assert result.later_round_seconds == run.round_seconds[1] > 0
-    assert "1 of 1 runs completed their rounds" in capsys.readouterr().out
-    # The whole matrix: every CIFAR file, every method fedx-compare runs by default.
-    files = gpu_configs.setting_files(gpu_configs.DEFAULT_FILES, (1, 1))
-    assert len(files) == 24 and all(f.name.startswith("cifar") for f in files)
-    assert len(gpu_configs.setting_files(gpu_configs.DEFAULT_FILES, (2, 4))) == 6
-    assert gpu_configs.parse_arguments([]).methods == [
-        "fedavg", "fedprox", "fedcross", "fedindep", "fedmr", "fedmr-two-stage", "fedmut",
-    ]  # fmt: skip
 
 
 def test_gpu_checks_compare_metrics_without_the_wall_clock(tmp_path):
@@ -359,20 +275,6 @@ def test_fast_setup_prints_each_exchange_step_side_by_side(capsys):
 # benchmarks/gpu/prepare.sh's Ray: packed with every file's mode
 # ----------------------------------------------------------------------
 
-PACK_RAY = BENCHMARKS / "gpu" / "pack_ray.py"
-
-
-def _pack_and_unpack(wheel: Path, folder: Path) -> Path:
-    """``wheel`` packed as prepare.sh packs Ray, then unpacked as run.sh's install step does."""
-    archive = folder / "ray-stripped.tar.xz"
-    subprocess.run(
-        [sys.executable, str(PACK_RAY), str(wheel), str(archive), "--preset", "0"], check=True
-    )
-    site = folder / "site"
-    site.mkdir()
-    subprocess.run(["tar", "-C", str(site), "-xJf", str(archive)], check=True)
-    return site
-
 
 def test_the_packed_ray_keeps_every_file_mode(tmp_path):
     """A wheel's recorded modes survive prepare.sh's packing: Ray's own processes stay executable."""
@@ -390,7 +292,7 @@ def test_the_packed_ray_keeps_every_file_mode(tmp_path):
             entry = zipfile.ZipInfo(name)
             entry.external_attr = (stat.S_IFREG | mode) << 16  # as wheels record them
             archive.writestr(entry, f"contents of {name}\n")
-    site = _pack_and_unpack(wheel, tmp_path)
+    site = pack_and_unpack(wheel, tmp_path)
     for name, mode in files.items():
         path = site / name
         if name.startswith("ray/rllib"):
@@ -404,28 +306,3 @@ def test_the_packed_ray_keeps_every_file_mode(tmp_path):
     plain = tmp_path / "plain"
     subprocess.run([sys.executable, "-m", "zipfile", "-e", str(wheel), str(plain)], check=True)
     assert not any(os.access(plain / binary, os.X_OK) for binary in pack_ray.BINARIES)
-
-
-@pytest.mark.system  # downloads Ray's wheel from the package index
-def test_the_prepared_ray_starts_its_binaries(tmp_path):
-    """The real Ray wheel of wheels.txt, packed and unpacked: gcs_server and raylet executable."""
-    from tests.support.helpers import skip_unless_package_index  # pylint: disable=import-outside-toplevel
-
-    skip_unless_package_index("ray")
-    pack_ray = load_script("gpu/pack_ray")
-    pins = (BENCHMARKS / "gpu" / "wheels.txt").read_text().split()
-    (pin,) = [line for line in pins if line.startswith("ray==")]
-    subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-         "--disable-pip-version-check", "-d", str(tmp_path / "wheels"), pin],
-        check=True, timeout=900,
-    )  # fmt: skip
-    (wheel,) = (tmp_path / "wheels").glob("ray-*.whl")
-    site = _pack_and_unpack(wheel, tmp_path)
-    for binary in pack_ray.BINARIES:
-        assert os.access(site / binary, os.X_OK), binary
-        # It runs: gflags' --help lists its flags (and exits 1); a file it could not execute
-        # would raise PermissionError here.
-        done = subprocess.run([str(site / binary), "--help"], capture_output=True, timeout=60)
-        assert b"type: string" in done.stdout + done.stderr, (binary, done)
-    assert not (site / "ray" / "rllib").exists()

@@ -1,13 +1,11 @@
-"""The documentation site: built by Sphinx without a warning, and read in a real browser.
+"""The documentation site: built by Sphinx without a warning, and what its pages hold.
 
-One build for the module (Sphinx's ``-W``: a broken reference, a link to a
-missing page or heading, a docstring that does not parse fails it), into a
-temporary folder; the run-config page is checked against the method registry
-it is generated from. Then ``docs/check_site.py`` opens every page of the
-built site in Debian's headless Chromium and follows every internal link,
-and is itself shown to fail on a copy of the site with a broken page link, a
-broken anchor, a missing image and an error in the console. The front page's
-screenshot stays in the module's temporary folder (``front-page.png``).
+One build for the session (Sphinx's ``-W``: a broken reference, a link to a
+missing page or heading, a docstring that does not parse fails it; the
+``site`` fixture of tests/conftest.py), into a temporary folder; the
+run-config page is checked against the method registry it is generated
+from. The site in a real browser, and a second build of the commit:
+tests/system/test_docs.py.
 """
 
 import contextlib
@@ -16,10 +14,6 @@ import html
 import importlib
 import importlib.util
 import re
-import shutil
-import subprocess
-import sys
-import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -31,41 +25,15 @@ from fedx.config import APP_KEYS
 from fedx.reference import _toml  # pylint: disable=protected-access
 from fedx.registry import ENTRY_POINT_GROUP, builtin_methods
 from tests.support.doc_commands import _fences, doc_pages
-from tests.support.helpers import REPO, skip_unless_ci, skip_unless_importable
+from tests.support.helpers import REPO
+
+pytestmark = pytest.mark.cost(1)
 
 CHECK = REPO / "docs" / "check_site.py"
 #: The pages written for people who write code against fedx: every fedx name
 #: their prose gives is something to import, and the API reference documents it.
 CODE_PAGES = ("README.md", "docs/own-project.md", "docs/own-method.md",
               "docs/secure-recombination.md", "docs/tutorial.md")  # fmt: skip
-BROWSER = ("/usr/bin/chromium", "/usr/bin/chromedriver")
-
-
-def build_site(out: Path) -> Path:
-    """The site built from scratch into ``out`` (an incremental build would not repeat old
-    warnings); its HTML folder.
-
-    One process: about 15 s of CPU; two (``-j 2``) cost more CPU and, beside
-    the suite's other workers, more wall time too.
-    """
-    started = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html",
-         "-d", str(out / "doctrees"), str(REPO / "docs"), str(out / "html")],
-        capture_output=True, text=True, timeout=600, check=False, cwd=REPO,
-    )  # fmt: skip
-    assert done.returncode == 0 and not done.stderr.strip(), (
-        f"sphinx-build -W failed ({done.returncode}) after {time.monotonic() - started:.0f} s:\n"
-        f"{done.stderr[-6000:]}"
-    )
-    return out / "html"
-
-
-@pytest.fixture(scope="module")
-def site(tmp_path_factory) -> Path:
-    """The site, built from scratch."""
-    skip_unless_importable("sphinx")
-    return build_site(tmp_path_factory.mktemp("docs"))
 
 
 def _cells(html: str) -> dict[str, list[str]]:
@@ -229,95 +197,6 @@ def test_each_strategy_class_has_an_example_that_runs(name):
     output: list[str] = []
     result = runner.run(test, out=output.append)
     assert result.failed == 0, "".join(output)
-
-
-def _check(site: Path, screenshot: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(CHECK), str(site), "--screenshot", str(screenshot)],
-        capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def browser():
-    missing = [tool for tool in BROWSER if not Path(tool).exists()]
-    if missing:
-        skip_unless_ci(
-            f"no browser check: {', '.join(missing)} missing (apt-get install chromium chromium-driver)"
-        )
-
-
-@pytest.mark.system
-def test_every_page_opens_in_chromium_without_a_problem(site, browser):
-    screenshot = site.parent / "front-page.png"
-    done = _check(site, screenshot)
-    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
-    assert re.search(r"check_site: \d{2,} pages, \d{3,} internal links .*: 0 problems", done.stdout)
-    assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert screenshot.stat().st_size > 20_000  # a rendered page, not a blank one
-
-
-@pytest.mark.system
-def test_the_check_fails_on_a_broken_link_a_broken_anchor_a_missing_image_and_a_console_error(
-    site, browser, tmp_path
-):
-    broken = tmp_path / "html"
-    shutil.copytree(site, broken)
-
-    def edit(page: str, old: str, new: str) -> None:
-        path = broken / page
-        text = path.read_text()
-        assert old in text, (page, old)
-        path.write_text(text.replace(old, new, 1))
-
-    # One link in the page's text (not its head's rel="next"), and one anchor.
-    edit(
-        "index.html",
-        '<a class="reference internal" href="getting-started.html">',
-        '<a href="getting-startd.html">',
-    )
-    edit(
-        "methods.html",
-        'href="run-config.html#fedmr"',
-        'href="run-config.html#fedmx"',
-    )
-    edit("compare.html", "</body>", '<script>console.error("injected by the test")</script></body>')
-    (broken / "_images" / "digits-cnn-dir0.1.png").unlink()
-
-    done = _check(broken, tmp_path / "front-page.png")
-    assert done.returncode == 1, done.stdout[-6000:] + done.stderr[-3000:]
-    lines = done.stdout.splitlines()
-    assert "/index.html: broken link to /getting-startd.html (HTTP 404)" in lines
-    assert "/methods.html: broken link to /run-config.html#fedmx (no such anchor)" in lines
-    assert any(
-        line.startswith("/compare.html: browser console:") and "injected by the test" in line
-        for line in lines
-    )
-    assert "/results.html: /_images/digits-cnn-dir0.1.png not served (HTTP 404)" in lines
-    # Nothing else is reported: the rest of the copy is the site that passed.
-    pages = {line.split(":")[0] for line in lines[:-1]}
-    assert pages == {"/index.html", "/methods.html", "/compare.html", "/results.html"}, lines
-
-
-# ----------------------------------------------------------------------
-# One commit, one site, one verdict
-# ----------------------------------------------------------------------
-
-
-@pytest.mark.system  # a second build: another 15 s of CPU
-def test_two_builds_of_one_commit_are_the_same(site, tmp_path):
-    """Byte for byte, every file: the site the module's tests check is the site of the commit.
-
-    (A browser check once found, in one build, anchors that another build of
-    the same commit had: the builds were the same; the check had read a page
-    before the browser had loaded it, see below.)
-    """
-    again = build_site(tmp_path)
-    ours = sorted(p.relative_to(site) for p in site.rglob("*") if p.is_file())
-    theirs = sorted(p.relative_to(again) for p in again.rglob("*") if p.is_file())
-    assert ours == theirs
-    differ = [str(p) for p in ours if (site / p).read_bytes() != (again / p).read_bytes()]
-    assert differ == []
 
 
 def _load_check_site() -> ModuleType:

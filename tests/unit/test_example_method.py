@@ -18,8 +18,7 @@ from fedx.config import ConfigError, RunConfig
 from fedx.registry import Method, register
 from fedx.server.building import build_strategy
 from fedx.strategies import to_model
-from tests.support.helpers import REPO, environment_with_path, install_example, metrics_rows
-from tests.support.simulation import run_app, simulation_superlink
+from tests.support.helpers import REPO, environment_with_path, install_example
 from tests.support.standin_grid import NODE_IDS, StandInGrid, run_round
 
 EXAMPLE = REPO / "examples" / "fedblend"
@@ -106,22 +105,3 @@ def test_register_in_process_and_its_own_app_config(monkeypatch):
         str(error.value)
         == "invalid run config fedblend-own-weight=-1.0: must be a number in [0, 1]"
     )
-
-
-@pytest.mark.system
-def test_fedx_runs_it_by_name_in_simulation(installed, app, tmp_path):
-    with simulation_superlink(tmp_path / "flwr-home", PYTHONPATH=str(installed)) as env:
-        output = run_app(
-            env,
-            app,
-            f'strategy="fedblend" num-server-rounds=3 seed=1 round-timeout=120.0 '
-            f'run-name="blend" output-dir="{tmp_path}"',
-        )
-    directory = tmp_path / "blend"
-    assert (directory / "metrics.json").exists(), output[-3000:]
-    rows = metrics_rows(directory)
-    assert sorted(rows) == [0, 1, 2, 3]
-    assert all(rows[r]["trained-slots"] == 4 for r in (1, 2, 3))
-    # Three rounds of five local epochs on digits learn a lot from a random start.
-    assert rows[3]["accuracy"] > rows[0]["accuracy"] + 0.2, rows
-    assert "FedBlend settings" in output and "Own weight w: 0.5" in output

@@ -13,10 +13,8 @@ import os
 
 import numpy as np
 import pytest
-import ray
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
-from flwr.clientapp import ClientApp
+from flwr.app import ArrayRecord, Context, RecordDict
 from flwr.serverapp.strategy import Result
 
 from fedx.config import ConfigError, RunConfig
@@ -24,12 +22,11 @@ from fedx.models import build_model
 from fedx.outputs import MODEL_FILE
 from fedx.server import saving
 from fedx.server_app import main
-from fedx.simulation.actor import ClientAppActor
 from tests.support.helpers import DEFAULTS
+from tests.support.kernel_report import node_context, reporting_client_app, train_message
 from tests.support.standin_grid import real_clients_grid
 
 pytestmark = pytest.mark.usefixtures("server_task_identity", "one_torch_thread")
-NODE = 7
 
 
 # ----------------------------------------------------------------------
@@ -94,58 +91,6 @@ def test_device_and_deterministic_are_checked_run_config_keys():
         RunConfig.from_mapping({**DEFAULTS, "deterministic": 1})
 
 
-def train_message() -> Message:
-    torch.manual_seed(0)
-    record = ArrayRecord(build_model("cnn", (1, 8, 8), 10).state_dict())
-    content = RecordDict({"arrays": record, "config": ConfigRecord({"server-round": 1})})
-    return Message(content, dst_node_id=NODE, message_type="train")
-
-
-def node_context(**config) -> Context:
-    run_config = {**DEFAULTS, "local-epochs": 1, "device": "cpu", **config}
-    return Context(1, NODE, {"partition-id": 1, "num-partitions": 10}, RecordDict(), run_config)
-
-
-def reporting_client_app() -> ClientApp:
-    """fedx's training handler, reporting the kernels and cuBLAS setting its training ran with."""
-    app = ClientApp()
-
-    @app.train()
-    def train_and_report(msg: Message, context: Context) -> Message:
-        # pylint: disable=import-outside-toplevel,reimported
-        import os as process_os
-
-        import torch as process_torch
-
-        from fedx.client import handlers
-
-        seen = {}
-        real = handlers.train
-
-        def spy(*args, **kwargs):
-            seen["deterministic"] = process_torch.are_deterministic_algorithms_enabled()
-            seen["cublas"] = process_os.environ.get("CUBLAS_WORKSPACE_CONFIG") == ":4096:8"
-            seen["device"] = str(kwargs["device"])
-            return real(*args, **kwargs)
-
-        handlers.train = spy
-        try:
-            reply = handlers.train_model(msg, context)
-        finally:
-            handlers.train = real
-        reply.content["report"] = MetricRecord(
-            {
-                "deterministic-in-training": int(seen["deterministic"]),
-                "cublas-set": int(seen["cublas"]),
-                "cpu": int(seen["device"] == "cpu"),
-                "deterministic-after": int(process_torch.are_deterministic_algorithms_enabled()),
-            }
-        )
-        return reply
-
-    return app
-
-
 def test_the_clientapp_trains_with_deterministic_kernels_when_the_run_says_so(monkeypatch):
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "")  # restored after the test, as it was
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
@@ -157,38 +102,6 @@ def test_the_clientapp_trains_with_deterministic_kernels_when_the_run_says_so(mo
         assert report["deterministic-after"] == 0  # the call's setting ends with the call
         assert report["cpu"] == 1
     assert report["cublas-set"] == 1
-
-
-@pytest.fixture
-def local_ray():
-    ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.mark.system
-def test_a_simulations_actor_trains_with_the_kernels_each_run_asks_for(local_ray):
-    """fedx's ClientApp actor, one process answering two runs' messages in turn."""
-    actor = ClientAppActor.options(num_cpus=1).remote()
-    app = reporting_client_app()
-    try:
-        for deterministic in (True, False):
-            _, reply, _ = ray.get(
-                actor.run.remote(
-                    lambda: app,
-                    train_message(),
-                    str(NODE),
-                    node_context(deterministic=deterministic),
-                ),
-                timeout=300,
-            )
-            assert not reply.has_error(), reply.error
-            report = reply.content["report"]
-            assert report["deterministic-in-training"] == int(deterministic)
-            assert report["cublas-set"] == 1  # set by the first run, before any GPU work
-            assert report["deterministic-after"] == 0
-    finally:
-        ray.kill(actor)
 
 
 def test_the_serverapp_evaluates_with_deterministic_kernels(tmp_path, monkeypatch):

@@ -34,6 +34,8 @@ from tests.support.deployment import deploy_up_faked
 from tests.support.executor_probe import probe
 from tests.support.helpers import REPO, flags, help_flags
 
+pytestmark = pytest.mark.cost(2)
+
 #: Threads of the module's executor's tasks: not a machine's core count, so not torch's default.
 THREADS = 3
 
