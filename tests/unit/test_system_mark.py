@@ -1,15 +1,23 @@
-"""The tiers' check (tests/support/system_mark.py): which commands start a system, and an unmarked test that
-starts one errors."""
+"""The tiers: which commands start a system, an unmarked test that starts one errors
+(tests/support/system_mark.py); the folders give the mark and the order (tests/support/tiers.py)."""
 
+import ast
 import os
+import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from tests.support.helpers import REPO
 from tests.support.system_mark import system_start
+from tests.support.tiers import in_system_tier, schedule
+
+#: The one test module others still import: the benchmark scripts' loader, which the
+#: benchmarks package (branch bench-pkg) replaces with imports of its modules.
+LOADED_BY_PATH = frozenset({"tests.unit.test_benchmarks"})
 
 
 @pytest.mark.parametrize(
@@ -116,3 +124,82 @@ def test_an_unmarked_test_that_starts_a_system_errors_and_a_marked_one_passes(tm
     )
     assert "PASSED test_it.py::test_marked" in output
     assert "PASSED test_it.py::test_unmarked_without_a_system" in output
+
+
+# ----------------------------------------------------------------------
+# The tiers as folders (tests/support/tiers.py)
+# ----------------------------------------------------------------------
+
+TESTS = REPO / "tests"
+
+
+class Collected:
+    """What :func:`schedule` reads of a collected test: its module's path and its cost mark."""
+
+    def __init__(self, path: Path, cost: float | None = None) -> None:
+        self.path = path
+        self.cost = cost
+
+    def get_closest_marker(self, name: str):
+        if name == "cost" and self.cost is not None:
+            return pytest.mark.cost(self.cost).mark
+        return None
+
+
+def test_a_module_is_a_system_test_exactly_when_it_lies_under_tests_system():
+    assert in_system_tier(TESTS / "system" / "test_deployment.py")
+    assert not in_system_tier(TESTS / "unit" / "test_ops_average.py")
+    assert not in_system_tier(TESTS / "support" / "deployment.py")
+    assert not in_system_tier(TESTS / "systems" / "test_x.py")  # a folder, not a prefix
+
+
+def test_modules_start_costliest_first_then_system_before_unit_each_kept_whole():
+    unit_a, unit_b = TESTS / "unit" / "test_a.py", TESTS / "unit" / "test_b.py"
+    system_c, system_d = TESTS / "system" / "test_c.py", TESTS / "system" / "test_d.py"
+    items = [
+        Collected(unit_a),
+        Collected(unit_a),
+        Collected(system_c),
+        Collected(unit_b, cost=2),
+        Collected(unit_b, cost=2),
+        Collected(system_d, cost=6),
+    ]
+    first_of_a = items[0]
+    schedule(items)
+    assert [item.path for item in items] == [system_d, unit_b, unit_b, system_c, unit_a, unit_a]
+    assert items[4] is first_of_a  # a module's tests keep their order
+
+
+def test_the_system_mark_is_the_folders_alone():
+    """No test outside tests/system marks itself, nor does one inside: the folder says it."""
+    marked = [
+        path.relative_to(REPO).as_posix()
+        for path in sorted(TESTS.rglob("*.py"))
+        if re.search(r"pytest\.mark\.system\b", path.read_text())
+        and path.parts[-2:] != ("unit", "test_system_mark.py")
+        and path.parts[-2:] != ("support", "tiers.py")
+    ]
+    assert marked == []
+
+
+def test_test_modules_live_in_a_tier_and_import_no_other_test_module():
+    strays = [
+        path.relative_to(REPO).as_posix()
+        for path in sorted(TESTS.rglob("test_*.py"))
+        if path.parent not in (TESTS / "unit", TESTS / "system")
+    ]
+    assert strays == []
+    imports = []
+    for path in sorted(TESTS.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else []
+            )
+            for name in names:
+                if re.match(r"tests\.(unit|system)\.", name) and name not in LOADED_BY_PATH:
+                    imports.append(f"{path.relative_to(REPO).as_posix()}: {name}")
+    assert imports == []
