@@ -86,7 +86,7 @@ if [ -z "${DATA_ROOT:-}" ] && [[ " ${STEPS//+/ } " =~ " "(checks|round|peak|conf
   done
   stamp "CIFAR-10- and CIFAR-100-shaped data in $data"
 fi
-GPU_TESTS="tests/unit/test_gpu_promises.py tests/unit/test_device_data.py tests/unit/test_training.py
+GPU_TESTS="tests/unit/test_gpu_promises.py tests/system/test_gpu_promises.py tests/unit/test_device_data.py tests/unit/test_training.py
   tests/unit/test_client_reuse.py tests/unit/test_server_app.py tests/unit/test_fedme_client.py tests/unit/test_mutual.py
   tests/unit/test_server_resume.py tests/unit/test_divergence.py tests/unit/test_checkpoint_damage.py
   tests/unit/test_leaf.py tests/unit/test_building.py tests/unit/test_cold_start.py tests/unit/test_message_timeline.py"

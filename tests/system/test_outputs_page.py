@@ -1,4 +1,4 @@
-"""docs/outputs.md lists every field the default method's run writes into its metrics.json.
+"""docs/outputs.md lists every field the default method's run writes into its ``metrics.json``.
 
 The run is FedMR's, the session's shared run through `flwr run`; FedMe's
 fields are checked with its own run in tests/system/test_fedme_e2e.py. That the

@@ -11,7 +11,7 @@ its SuperLink: one run whose first rounds are compared with the one-node run
 of tests/system/test_app_e2e.py and in whose later rounds the worker node is killed
 and started again, then a run asking for resources no node has. A
 RAY_ADDRESS where nothing listens, and a ClientApp that does not load on a
-node: tests/unit/test_ray_backend.py.
+node: tests/system/test_ray_backend.py.
 """
 
 import json

@@ -14,7 +14,7 @@ tests/system/test_flower_mismatch.py) it makes none, says so in one warning, and
 Flower's own code runs. Then a behaviour test per change on the installed
 Flower. The parts of fedx that the changes
 plug in are tested on their own: the actor pool, the feeder's passes and
-fedx's actor on Ray in tests/unit/test_ray_backend.py, the warm executor and
+fedx's actor on Ray in tests/unit/test_ray_backend.py and tests/system/test_ray_backend.py, the warm executor and
 fedx-supernode on real processes in tests/unit/test_warm_executor.py.
 """
 
@@ -1406,7 +1406,7 @@ def test_the_states_stores_call_back_while_hooked(simulation_state):
 
 
 def test_fedxs_actor_raises_the_errors_flowers_engine_turns_into_error_replies():
-    # What the engine's worker checks (the actor itself on Ray: tests/unit/test_ray_backend.py).
+    # What the engine's worker checks (the actor itself on Ray: tests/system/test_ray_backend.py).
     assert vce_api.ClientAppException is clientapp_actor.ClientAppException
     assert vce_api.LoadClientAppError is clientapp_actor.LoadClientAppError
     from fedx.simulation import actor  # pylint: disable=import-outside-toplevel

@@ -1,9 +1,7 @@
-"""docs/outputs.md lists every field a run writes into its ``metrics.json``.
+"""The check that docs/outputs.md lists every field a run writes into its ``metrics.json`` can fail.
 
-The default method's run (FedMR, the session's shared run through `flwr
-run`) here; FedMe's fields are checked with its own run in
-tests/system/test_fedme_e2e.py. The check can fail: a field the page does not list
-is reported.
+A field the page does not list is reported. The check on real runs:
+tests/system/test_outputs_page.py (FedMR) and tests/system/test_fedme_e2e.py (FedMe).
 """
 
 from tests.support.helpers import undocumented_fields

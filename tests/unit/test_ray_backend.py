@@ -1,6 +1,7 @@
-"""fedx's Ray backend (fedx/simulation/) on this machine's own Ray: the pool's rules.
+"""fedx's Ray backend (fedx/simulation/) without starting Ray: the pool's rules and the feeder.
 
-The cluster cases (a node lost and back, two hosts) are in tests/system/test_ray_cluster.py.
+On a Ray started here, with real actors: tests/system/test_ray_backend.py; the
+cluster cases (a node lost and back, two hosts): tests/system/test_ray_cluster.py.
 """
 
 import os
