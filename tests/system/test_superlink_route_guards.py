@@ -35,7 +35,7 @@ from fedx.deploy.local import free_port, stop_processes, wait_for_port
 from tests.support.control_auth.sitecustomize import TOKEN
 from tests.support.helpers import BIN
 
-CONTROL_AUTH = Path(__file__).parent / "control_auth"
+CONTROL_AUTH = Path(__file__).parents[1] / "support" / "control_auth"
 PROGRAMS = ("flower-superlink", "fedx-superlink")
 
 

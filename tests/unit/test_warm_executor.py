@@ -150,7 +150,9 @@ def test_a_task_whose_fab_holds_the_warm_code_keeps_the_warm_modules(
 ):
     monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr-home"))
     same = install_fab_of(REPO / "tests", tmp_path / "flwr-home")
-    other = install_fab_of(REPO / "tests", tmp_path / "flwr-home", changed="executor_probe.py")
+    other = install_fab_of(
+        REPO / "tests", tmp_path / "flwr-home", changed="support/executor_probe.py"
+    )
     assert executor.keeps_app(same) and not executor.keeps_app(other)
     assert not executor.keeps_app("0" * 64) and not executor.keeps_app(None)  # not installed
     for task_id, fab_hash in ((21, same), (22, same), (23, other)):
