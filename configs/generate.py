@@ -5,7 +5,7 @@ A setting file is named ``<dataset>-<model>-<partition>.toml`` (partition:
 every method at once, so a comparison switches ``strategy`` only. The values
 come from the papers in ``../shared/papers/``; where a paper is silent the
 file says what we chose. The files are committed; this script is how they were
-made, and ``tests/test_config.py`` checks that it still makes the same ones.
+made, and ``tests/unit/test_config.py`` checks that it still makes the same ones.
 
 Run from the repository root::
 

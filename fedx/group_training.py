@@ -9,7 +9,7 @@ gradient of every client at once (``torch.func.vmap`` of
 SGD update on the stacked tensors. On a GPU that is the arithmetic of ten
 clients in the kernels of one, in one CUDA context. Each client's training
 stays its own, and equals what :func:`~fedx.training.train` gives it alone
-(within float rounding: 1e-6 on a CPU, ``tests/test_group_training.py``):
+(within float rounding: 1e-6 on a CPU, ``tests/unit/test_group_training.py``):
 
 * **its own batches and randomness**: each client iterates its own batches
   (its partition, its shuffling and augmentation), and every number they or

@@ -12,7 +12,7 @@ method's key does is its argument's description in the strategy's docstring
     python -m fedx.reference --check     # exit 1 if either is out of date
     python -m fedx.reference --markdown  # print the page's tables
 
-``tests/test_registry.py`` runs the check, so a key declared or documented
+``tests/unit/test_registry.py`` runs the check, so a key declared or documented
 without updating the two files fails the suite.
 """
 

@@ -1,7 +1,9 @@
-"""Shared fixtures: small models made of real arrays, the app's defaults, a simulation SuperLink, a simulation's state."""
+"""Fixtures of both tiers: models of real arrays, the app's defaults, a simulation, the docs site."""
 
 import fcntl
 import os
+import shutil
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -11,41 +13,15 @@ from flwr.supercore.task_identity import TaskIdentity
 from fedx.ops import Model
 
 # The container modules' fixtures: the images, the projects' folder.
-from tests.containers import container_workdir, images  # noqa: F401
-from tests.helpers import DEFAULTS, PLAIN_FEDMR, make_model
+from tests.support.containers import container_workdir, images  # noqa: F401
+from tests.support.docs_site import build_site
+from tests.support.helpers import DEFAULTS, PLAIN_FEDMR, make_model, skip_unless_importable
 
-# A test that starts a system without the `system` mark errors (tests/system_mark.py).
-from tests.system_mark import pytest_runtest_setup, pytest_runtest_teardown  # noqa: F401
-
-# The modules that take longest (each a minute or more of process start-ups
-# and federated runs), longest first. xdist hands out modules in collection
-# order (`--no-loadscope-reorder` in pyproject.toml): these start first, and
-# the many short modules fill in the other workers, so they end together.
-SLOW_MODULES = (
-    "test_containers.py",
-    "test_compare.py",
-    "test_benchmarks.py",
-    "test_container_checks.py",
-    "test_deployment.py",
-    "test_ray_cluster.py",
-    "test_compat_flwr136.py",
-    "test_deployment_faults.py",
-    "test_stopped_runs.py",
-    "test_link_faults.py",
-    "test_warm_executor.py",
-    "test_app_e2e.py",
-    "test_fedme_e2e.py",
-    "test_secure_e2e.py",
-    "test_example_method.py",
-    "test_plugin_app.py",
-    "test_docs.py",
-)
-
-
-def pytest_collection_modifyitems(items):
-    """Slow modules first (see :data:`SLOW_MODULES`); the rest keep their order."""
-    rank = {name: index for index, name in enumerate(SLOW_MODULES)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+# The tiers: tests/system marks its tests `system` and modules start costliest first
+# (tests/support/tiers.py); a test outside tests/system that starts a system errors
+# (tests/support/system_mark.py).
+from tests.support.system_mark import pytest_runtest_setup, pytest_runtest_teardown  # noqa: F401
+from tests.support.tiers import pytest_collection_modifyitems  # noqa: F401
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -148,8 +124,8 @@ def defaults() -> dict[str, Any]:
 
 @pytest.fixture(scope="session")
 def app(tmp_path_factory):
-    """A copy of the fedx app for `flwr run` (tests.helpers.copy_app: packing it is cheap)."""
-    from tests.helpers import copy_app  # pylint: disable=import-outside-toplevel
+    """A copy of the fedx app for `flwr run` (tests.support.helpers.copy_app: packing it is cheap)."""
+    from tests.support.helpers import copy_app  # pylint: disable=import-outside-toplevel
 
     return copy_app(tmp_path_factory.mktemp("app"))
 
@@ -157,10 +133,37 @@ def app(tmp_path_factory):
 @pytest.fixture(scope="session")
 def superlink(tmp_path_factory):
     """Environment for `flwr` talking to a simulation SuperLink of the tests' own."""
-    from tests.simulation import simulation_superlink  # pylint: disable=import-outside-toplevel
+    from tests.support.simulation import simulation_superlink  # pylint: disable=import-outside-toplevel
 
     with simulation_superlink(tmp_path_factory.mktemp("flwr-home")) as env:
         yield env
+
+
+def session_folder(tmp_path_factory, worker_id: str) -> Path:
+    """The session's temporary folder, shared by its xdist workers (each has its own below it)."""
+    shared = tmp_path_factory.getbasetemp()
+    return shared if worker_id == "master" else shared.parent
+
+
+@pytest.fixture(scope="session")
+def site(tmp_path_factory, worker_id) -> Path:
+    """The documentation site, built from scratch once a session; its HTML folder.
+
+    The unit tier checks what the build holds, the system tier reads it in a
+    browser: the first worker to ask builds it (tests/support/docs_site.py,
+    about 15 s of CPU) while the others wait on a lock, then read it.
+    """
+    skip_unless_importable("sphinx")
+    shared = session_folder(tmp_path_factory, worker_id)
+    out = shared / "docs-site"
+    built = shared / "docs-site.built"  # written once the build passed
+    with open(shared / "docs-site.lock", "w", encoding="utf-8") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not built.exists():
+            shutil.rmtree(out, ignore_errors=True)  # a failed build's leftovers
+            build_site(out)
+            built.touch()
+    return out / "html"
 
 
 @pytest.fixture(scope="session")
@@ -173,20 +176,18 @@ def plain_fedmr_run(request, tmp_path_factory, worker_id):
     left there. Three modules compare with it, and each run is a simulation's
     start-up and 3 rounds of 4 clients.
     """
-    shared = tmp_path_factory.getbasetemp()
-    if worker_id != "master":
-        shared = shared.parent  # the session's folder, above every worker's own
+    shared = session_folder(tmp_path_factory, worker_id)
     outputs = shared / "plain-fedmr"
     printed = outputs / "flwr-run.txt"
     with open(shared / "plain-fedmr.lock", "w", encoding="utf-8") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not printed.exists():
-            from tests.simulation import run_app  # pylint: disable=import-outside-toplevel
+            from tests.support.simulation import run_app  # pylint: disable=import-outside-toplevel
 
             superlink = request.getfixturevalue("superlink")
             app = request.getfixturevalue("app")
             outputs.mkdir(exist_ok=True)
-            # Deterministic kernels: tests/test_ray_cluster.py compares a cluster's run with this
+            # Deterministic kernels: tests/system/test_ray_cluster.py compares a cluster's run with this
             # one to the last bit, which on a GPU only these kernels promise.
             settings = (
                 f"num-server-rounds={PLAIN_FEDMR['rounds']} seed={PLAIN_FEDMR['seed']}"

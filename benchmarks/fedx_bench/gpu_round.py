@@ -31,7 +31,7 @@ Variants (``--variants``):
   their parameters, BatchNorm statistics and momentum stacked, each client's
   own batches (device path) and generator states, the gradient of every
   client at once with ``torch.func.vmap``, SGD on the stacked tensors. Each
-  client's weights are what ``train()`` gives it alone (``tests/test_group_training.py``).
+  client's weights are what ``train()`` gives it alone (``tests/unit/test_group_training.py``).
 * ``loader-data``, ``device-data``: the two data paths alone, every batch
   of the round made and moved to the device, no training.
 

@@ -6,7 +6,7 @@
 # Steps (default: install checks suite round timeline configs); steps joined by "+" run at the
 # same time (e.g. "suite+configs"), each under its own cap; a group ends when all of its steps have:
 #   install  : carried wheels into /tmp/site, Flower's and fedx's commands next to the interpreter
-#   checks   : tests/test_gpu_promises.py's system tests, in one process: two deterministic runs of
+#   checks   : tests/system/test_gpu_promises.py's system tests, in one process: two deterministic runs of
 #              one seed give the same metrics.json and model.pt; model.pt loads where no GPU is
 #   suite    : the tests that train on the GPU (SUITE=all: the whole suite) with pytest-xdist
 #              (SUITE_WORKERS workers, default 8; SUITE_CAP seconds, default 240)
@@ -86,10 +86,10 @@ if [ -z "${DATA_ROOT:-}" ] && [[ " ${STEPS//+/ } " =~ " "(round|peak|configs|mps
   done
   stamp "CIFAR-10- and CIFAR-100-shaped data in $data"
 fi
-GPU_TESTS="tests/test_gpu_promises.py tests/test_device_data.py tests/test_training.py
-  tests/test_client_reuse.py tests/test_server_app.py tests/test_fedme_client.py tests/test_mutual.py
-  tests/test_server_resume.py tests/test_divergence.py tests/test_checkpoint_damage.py
-  tests/test_leaf.py tests/test_building.py tests/test_cold_start.py tests/test_message_timeline.py"
+GPU_TESTS="tests/unit/test_gpu_promises.py tests/system/test_gpu_promises.py tests/unit/test_device_data.py tests/unit/test_training.py
+  tests/unit/test_client_reuse.py tests/unit/test_server_app.py tests/unit/test_fedme_client.py tests/unit/test_mutual.py
+  tests/unit/test_server_resume.py tests/unit/test_divergence.py tests/unit/test_checkpoint_damage.py
+  tests/unit/test_leaf.py tests/unit/test_building.py tests/unit/test_cold_start.py tests/unit/test_message_timeline.py"
 FAMILIES="configs/cifar10-cnn-iid.toml configs/cifar10-resnet20-iid.toml configs/cifar10-vgg16-iid.toml
   configs/cifar100-cnn-iid.toml configs/cifar100-resnet20-iid.toml configs/cifar100-vgg16-iid.toml"
 workers=$("$py" -c 'import xdist' 2>/dev/null && echo "-n ${SUITE_WORKERS:-8}" || echo "-p no:xdist")
@@ -97,7 +97,7 @@ one_step() {
   case $1 in
   install) ;;
   checks) run_step checks 150 "$py" -m pytest -o addopts= -v -rfE -p no:cacheprovider -m system \
-    tests/test_gpu_promises.py ;;
+    tests/system/test_gpu_promises.py ;;
   suite)
     if [ "${SUITE:-gpu}" = all ]; then tests=""; else tests=$GPU_TESTS; fi
     # -v: each test's outcome is in the log as it ends, also when the cap stops the run.

@@ -16,7 +16,7 @@ into docs/results.md, between the markers ``<!-- table: NAME -->`` and
 A figure carries, in its PNG metadata, the digest of the CSV rows it was
 drawn from and their commit; ``--check`` compares both with the CSV files,
 and the page's tables with what the CSV files give now (the check
-``tests/test_results_page.py`` runs).
+``tests/unit/test_results_page.py`` runs).
 """
 
 import argparse

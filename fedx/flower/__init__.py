@@ -66,7 +66,7 @@ And one use of Flower's internals that changes nothing:
   the in-process loopback grid (:mod:`fedx.secure.loopback`).
 
 Importing this package, or any module of it, imports none of Flower's
-internals (``tests/test_flower_changes.py`` checks it): a change imports the
+internals (``tests/unit/test_flower_changes.py`` checks it): a change imports the
 Flower code it changes when it is checked and made.
 """
 

@@ -4,7 +4,7 @@ A fingerprint is the first 16 hex digits of the SHA-256 of the code's source
 (``inspect.getsource``); ``None``: that release has no such code. One table
 for every change (:data:`fedx.flower.CHECKED_FLWR` names the releases): each
 change names the code it relies on, and takes their fingerprints from here
-(:func:`flower_code`). ``tests/test_flower_changes.py`` checks the installed
+(:func:`flower_code`). ``tests/unit/test_flower_changes.py`` checks the installed
 release's against Flower's code; docs/flower-changes.md lists them.
 """
 

@@ -62,7 +62,7 @@ Why
        leaves one message late, after its round has given up on the node,
        until the SuperNode is restarted. The container tests saw it (a
        reconnected SuperNode never replied in time again);
-       ``tests/test_stopped_runs.py`` shows it with processes: no reply from
+       ``tests/system/test_stopped_runs.py`` shows it with processes: no reply from
        that node in any round of the next run.
 
     And a ClientApp of a stopped run that trains runs to its end, while its
@@ -70,7 +70,7 @@ Why
     task finished this way ends at its next request to its SuperNode, which
     refuses the task's token (HTTP 401; Flower's client then stops its own
     process, as on SIGINT, within Flower's 5 s exit): a task waiting for its
-    message's objects at once, a running one at its next heartbeat. ``tests/test_stopped_runs.py`` checks
+    message's objects at once, a running one at its next heartbeat. ``tests/system/test_stopped_runs.py`` checks
     that both end after ``flwr stop`` (with Flower's SuperNode both still run
     30 s later). With the
     warm executor that is within 15 s (up to :data:`RUN_CHECK` until the

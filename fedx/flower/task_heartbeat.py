@@ -17,7 +17,7 @@ Why
     (:mod:`~fedx.flower.stopped_runs`); with Flower's heartbeat a training
     task of a stopped run went on for up to 22.5 s more, holding its
     SuperExec's slot. With this change a warm task's process ends within
-    15 s of the stop (``tests/test_stopped_runs.py`` stops a run while a
+    15 s of the stop (``tests/system/test_stopped_runs.py`` stops a run while a
     task trains and checks that the task ends). The
     cost: one heartbeat every 4 s from each running task to its own
     SuperNode.

@@ -29,7 +29,7 @@ Why
     only slot, that task kept every later task of its SuperNode, of any run,
     pending, and the SuperNode, which handles one message at a time, waited
     for a reply that never came: the container test's run resumed after
-    such a stop stalled at its first message (tests/test_containers.py, 2
+    such a stop stalled at its first message (tests/system/test_containers.py, 2
     runs of 2 since the task limit; py-spy: the stopped run's task in
     ``pull_task_input`` -> ``pull_objects``, ObjectUnavailable at every
     ask). Not counted while it waits, such a task holds up no one; under

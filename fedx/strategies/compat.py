@@ -3,7 +3,7 @@
 The strategies use only the message API (``flwr.app``, ``flwr.serverapp``,
 ``FedAvg``'s sampling arguments), which is the same from Flower 1.36, the
 last release whose SuperNodes reach the SuperLink over gRPC, to 1.41, where
-they use HTTP(S). ``tests/test_compat_flwr136.py`` runs them against real
+they use HTTP(S). ``tests/system/test_compat_flwr136.py`` runs them against real
 1.36 processes; the app itself (``fedx.server_app``) needs Flower 1.41.
 """
 

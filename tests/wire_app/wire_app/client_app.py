@@ -18,7 +18,7 @@ from fedx.client.packing import packed_models
 NUM_FEATURES, NUM_CLASSES = 6, 3
 
 #: Set in a SuperNode's environment, its ClientApps run without fedx's packed-form mod: a node
-#: that restarted as something else (tests/test_packed_restart.py).
+#: that restarted as something else (tests/system/test_packed_restart.py).
 WITHOUT_PACKED_MOD = "WIRE_APP_WITHOUT_PACKED_MOD"
 
 app = ClientApp(mods=[] if os.environ.get(WITHOUT_PACKED_MOD) else [packed_models])

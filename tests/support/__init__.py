@@ -1,0 +1,1 @@
+"""The test harness: what the tests of both tiers share; no tests here."""

@@ -1,0 +1,1 @@
+"""System tests: each starts a system; this folder gives them the ``system`` mark."""

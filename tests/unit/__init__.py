@@ -1,0 +1,1 @@
+"""Unit tests: no processes, containers, clusters, namespaces or browser (the quick tier)."""
