@@ -109,7 +109,7 @@ def test_gpu_configs_quick(capsys):
 # downloads Ray's wheel from the package index
 def test_the_prepared_ray_starts_its_binaries(tmp_path):
     """The real Ray wheel of wheels.txt, packed and unpacked: gcs_server and raylet executable."""
-    from tests.helpers import skip_unless_package_index  # pylint: disable=import-outside-toplevel
+    from tests.support.helpers import skip_unless_package_index  # pylint: disable=import-outside-toplevel
 
     skip_unless_package_index("ray")
     pins = (BENCHMARKS / "gpu" / "wheels.txt").read_text().split()

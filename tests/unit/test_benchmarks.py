@@ -111,7 +111,7 @@ def test_round_bytes_quick(server_task_identity, capsys):
 
 def test_fast_setup_runs_the_readme_command_with_nothing_exported(tmp_path, monkeypatch):
     """What fast_setup.py runs is fedx-deploy's fast setup, its threads left to fedx-deploy."""
-    from tests.deployment import deploy_up_faked  # pylint: disable=import-outside-toplevel
+    from tests.support.deployment import deploy_up_faked  # pylint: disable=import-outside-toplevel
 
     assert fast_setup.FAST_SETUP[:2] == ["fedx-deploy", "up"]
     code, started = deploy_up_faked(monkeypatch, tmp_path, " ".join(fast_setup.FAST_SETUP[2:]))
