@@ -1,4 +1,4 @@
-"""ruff (lint and format) over the tree and mypy over fedx/ops and fedx/strategies, as configured in pyproject.toml."""
+"""ruff (lint and format) over the tree and mypy over fedx/ops, fedx/strategies and fedx/strategy_core, as configured in pyproject.toml."""
 
 import subprocess
 

@@ -21,8 +21,8 @@ from flwr.simulation import run_simulation
 
 from fedx.arrays import is_packed
 from fedx.strategies import FedCross, FedMR, FedMut, to_model
-from fedx.strategies.client_identity import query_client_ids
-from fedx.strategies.packing import PackingGrid
+from fedx.strategy_core.client_identity import query_client_ids
+from fedx.strategy_core.packing import PackingGrid
 from tests.helpers import environment_with_path
 
 PLUGIN_DIR = Path(__file__).resolve().parents[1] / "examples" / "numpy-plugin"

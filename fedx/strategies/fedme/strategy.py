@@ -5,7 +5,6 @@ Matsuda et al., "FedMe: Federated Learning via Model Exchange", SDM 2022
 """
 
 import time
-import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from logging import INFO, WARNING
@@ -18,42 +17,34 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
 from fedx.checks import FRACTION, ArgumentError, Flag, Integer, Rule, check
-from fedx.messaging import send_and_collect
 from fedx.method import Key, Method, comma_list
 from fedx.ops import Model, assign_exchanges, cluster_count, fedme_aggregate
 from fedx.protocol import fedme as protocol
-from fedx.strategies.base import (
-    FedxStrategy,
-    RoundInFlight,
-)
-from fedx.strategies.client_identity import query_client_ids
-from fedx.strategies.fedme_clients import (
+from fedx.strategies.fedme.clients import (
     ClientState,
     TrainReply,
-    choice_message,
     evaluate_message,
-    parse_choice,
     parse_train_reply,
     train_message,
 )
-from fedx.strategies.keys import FINETUNE_EPOCHS_KEY
-from fedx.strategies.personalized import ClientEvaluation, PerClientEvaluation
+from fedx.strategies.fedme.clustering import (
+    cluster_outputs,
+    increasing_rounds,
+    parse_cluster_rounds,
+)
+from fedx.strategies.fedme.registration import (
+    FIXED,
+    ClientRegistration,
+    initial_architecture_form,
+)
+from fedx.strategy_core.base import FedxStrategy, RoundInFlight
+from fedx.strategy_core.keys import FINETUNE_EPOCHS_KEY
+from fedx.strategy_core.personalized import ClientEvaluation, PerClientEvaluation
 
 #: ``predict_fn(architecture, model)``: softmax outputs ``(U, M)`` on the unlabeled set.
 PredictFn = Callable[[str, Model], np.ndarray]
 #: ``initial_model_fn(architecture, client_id)``: a client's first personalized model.
 InitialModelFn = Callable[[str, int], Model]
-
-#: How clients get their first architecture: ``"fixed:<name>"`` besides these.
-INITIAL_ARCHITECTURES = ("local-best", "round-robin")
-FIXED = "fixed:"
-
-
-def _initial_architecture_form(value: Any) -> bool:
-    """``local-best``, ``round-robin`` or ``fixed:<name>`` (the name checked against the list later)."""
-    return value in INITIAL_ARCHITECTURES or (
-        isinstance(value, str) and value.startswith(FIXED) and bool(value[len(FIXED) :].strip())
-    )
 
 
 @dataclass(frozen=True)
@@ -67,7 +58,7 @@ class _ExchangeRound:
 
 
 # pylint: disable=too-many-instance-attributes
-class FedMe(PerClientEvaluation, FedxStrategy[_ExchangeRound]):
+class FedMe(ClientRegistration, PerClientEvaluation, FedxStrategy[_ExchangeRound]):
     """FedMe: every client keeps a personalized model; clients exchange models each round.
 
     The server keeps one personalized model and its architecture per client
@@ -116,7 +107,7 @@ class FedMe(PerClientEvaluation, FedxStrategy[_ExchangeRound]):
     no global model: ``aggregate_train`` returns no arrays.
 
     ``finetune_epochs`` and ``evaluate_every`` are
-    :class:`~fedx.strategies.personalized.PerClientEvaluation`'s, ``seed`` and
+    :class:`~fedx.strategy_core.personalized.PerClientEvaluation`'s, ``seed`` and
     ``node_wait_timeout`` :class:`~fedx.strategies.FedxStrategy`'s.
 
     Parameters
@@ -249,7 +240,7 @@ class FedMe(PerClientEvaluation, FedxStrategy[_ExchangeRound]):
             Rule(
                 str,
                 lambda v: (
-                    _initial_architecture_form(v)
+                    initial_architecture_form(v)
                     and (not v.startswith(FIXED) or v[len(FIXED) :].strip() in self.architectures)
                 ),
                 f"local-best, round-robin or fixed:<name> with <name> one of {self.architectures}",
@@ -272,21 +263,6 @@ class FedMe(PerClientEvaluation, FedxStrategy[_ExchangeRound]):
     # ------------------------------------------------------------------
     # Public helpers
     # ------------------------------------------------------------------
-
-    def architecture_for(self, client_id: int) -> str:
-        """The architecture a client starts with unless it chooses one.
-
-        The fixed architecture, else round-robin from the seeded offset (also
-        the fallback of a client that does not answer the local choice).
-        """
-        if self.initial_architecture.startswith(FIXED):
-            return self.initial_architecture[len(FIXED) :].strip()
-        return self.architectures[(client_id + self.architecture_offset) % len(self.architectures)]
-
-    @property
-    def candidate_architectures(self) -> tuple[str, ...]:
-        """The architectures a client tries in the local choice: each name once, in order."""
-        return tuple(dict.fromkeys(self.architectures))
 
     def personalized_models(self) -> dict[int, tuple[str, Model]]:
         """Every registered client's architecture and personalized model, by client id."""
@@ -475,94 +451,6 @@ class FedMe(PerClientEvaluation, FedxStrategy[_ExchangeRound]):
     # Helpers
     # ------------------------------------------------------------------
 
-    def _register(
-        self, grid: Grid, node_ids: list[int], server_round: int, config: ConfigRecord
-    ) -> dict[str, float]:
-        """Ask nodes seen for the first time which client they are; set up new clients.
-
-        Returns the round's metrics of the clients that joined: how many
-        start with each architecture (``initial-<name>``) and, with the local
-        choice, the seconds it took.
-        """
-        unknown = [n for n in node_ids if n not in self._node_clients]
-        if not unknown:
-            return {}
-        identified = query_client_ids(grid, unknown, self.round_timeout, server_round)
-        new = {node: cid for node, cid in identified.items() if cid not in self.clients}
-        choices: dict[int, str] = {}
-        metrics: dict[str, float] = {}
-        if new and self.initial_architecture == "local-best":
-            start = time.perf_counter()
-            choices = self._choose_architectures(grid, new, server_round, config)
-            metrics["architecture-choice-seconds"] = time.perf_counter() - start
-        for node_id, client_id in identified.items():
-            self._attach(node_id, client_id, choices)
-        for client_id in set(new.values()):
-            key = f"initial-{self.clients[client_id].architecture}"
-            metrics[key] = metrics.get(key, 0) + 1
-        return metrics
-
-    def _choose_architectures(
-        self, grid: Grid, new: dict[int, int], server_round: int, config: ConfigRecord
-    ) -> dict[int, str]:
-        """Ask new clients (node id -> client id) to choose their architecture.
-
-        Returns the valid choices by client id; the other clients are logged
-        (they start with their round-robin architecture).
-        """
-        candidates = list(self.candidate_architectures)
-        messages = [
-            choice_message(server_round, config, node_id, client_id, candidates, self.choice_epochs)
-            for node_id, client_id in new.items()
-        ]
-        in_flight = RoundInFlight(
-            server_round,
-            dict(new),
-            messages,
-            describe=lambda cid: f"client {cid}, architecture choice",
-            consequence="it starts with its round-robin architecture",
-        )
-        choices: dict[int, str] = {}
-        for answer in in_flight.match(send_and_collect(grid, messages, self.round_timeout)):
-            choice = parse_choice(answer.message, candidates)
-            if isinstance(choice, str):
-                in_flight.dropped(answer, choice)
-                continue
-            choices[answer.target] = choice.architecture
-            log(
-                INFO,
-                "Client %s chose architecture %s (validation accuracy %s)",
-                answer.target,
-                choice.architecture,
-                ", ".join(f"{name} {acc:.3f}" for name, acc in choice.accuracies.items()),
-            )
-        return choices
-
-    def _attach(self, node_id: int, client_id: int, choices: dict[int, str] | None = None) -> None:
-        known = self.clients.get(client_id)
-        if known is None:
-            chosen = (choices or {}).get(client_id)
-            architecture = chosen or self.architecture_for(client_id)
-            model = self.initial_model_fn(architecture, client_id)
-            self.clients[client_id] = ClientState(node_id, architecture, model)
-            how = self.initial_architecture
-            if how == "local-best" and chosen is None:
-                how = "round-robin: no valid architecture choice"
-            log(
-                INFO,
-                "Client %s (node %s) joined with architecture %s (%s)",
-                client_id,
-                node_id,
-                architecture,
-                how,
-            )
-        elif known.node_id != node_id:
-            # A SuperNode restarted under a new node id: same client, same model.
-            log(INFO, "Client %s moved from node %s to node %s", client_id, known.node_id, node_id)
-            self._node_clients.pop(known.node_id, None)
-            known.node_id = node_id
-        self._node_clients[node_id] = client_id
-
     def _sample_clients(self, node_ids: list[int]) -> list[int]:
         """Sample registered, connected clients; ids in ascending order (not node order)."""
         connected = set(node_ids)
@@ -583,11 +471,6 @@ class FedMe(PerClientEvaluation, FedxStrategy[_ExchangeRound]):
         num_clusters = min(wanted, len(clients))
         if num_clusters == 1:
             return np.zeros(len(clients), dtype=np.int64), 1, 0.0
-        # scikit-learn is imported here, not with the module: `fedx.strategies`
-        # must import with numpy and Flower alone for the other strategies.
-        from sklearn.cluster import KMeans  # pylint: disable=import-outside-toplevel
-        from sklearn.exceptions import ConvergenceWarning  # pylint: disable=import-outside-toplevel
-
         start = time.perf_counter()
         outputs = np.stack(
             [
@@ -598,16 +481,7 @@ class FedMe(PerClientEvaluation, FedxStrategy[_ExchangeRound]):
                 for c in clients
             ]
         )
-        kmeans = KMeans(
-            n_clusters=num_clusters,
-            n_init=10,
-            random_state=int(self.random["kmeans"].integers(2**31 - 1)),
-        )
-        with warnings.catch_warnings():
-            # Clients that adopted the same model have identical outputs; fewer
-            # distinct points than clusters is expected then, not an error.
-            warnings.simplefilter("ignore", ConvergenceWarning)
-            labels = kmeans.fit_predict(outputs)
+        labels = cluster_outputs(outputs, num_clusters, self.random["kmeans"])
         return labels, num_clusters, time.perf_counter() - start
 
     def _collect_train_replies(
@@ -660,18 +534,6 @@ class FedMe(PerClientEvaluation, FedxStrategy[_ExchangeRound]):
         return adopted, other_architecture
 
 
-def _cluster_rounds(value: str) -> tuple[int, ...]:
-    return tuple(int(item) for item in comma_list(value))
-
-
-def _increasing_rounds(value: str) -> bool:
-    try:
-        rounds = _cluster_rounds(value)
-    except ValueError:
-        return False
-    return all(r >= 2 for r in rounds) and list(rounds) == sorted(set(rounds))
-
-
 METHOD = Method(
     name="fedme",
     strategy=FedMe,
@@ -692,7 +554,7 @@ METHOD = Method(
             "local-best",
             Rule(
                 str,
-                _initial_architecture_form,
+                initial_architecture_form,
                 "local-best, round-robin or fixed:<name> (<name> one of `fedme-architectures`)",
             ),
             argument="initial_architecture",
@@ -703,11 +565,11 @@ METHOD = Method(
             "10,15,18",
             Rule(
                 str,
-                _increasing_rounds,
+                increasing_rounds,
                 "comma-separated increasing rounds >= 2 (empty: always one cluster)",
             ),
             argument="cluster_rounds",
-            parse=_cluster_rounds,
+            parse=parse_cluster_rounds,
         ),
         Key("fedme-model-tuning", True, Flag(), argument="model_tuning"),
         Key("fedme-mutual-learning", True, Flag(), argument="mutual_learning"),

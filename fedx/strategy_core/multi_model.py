@@ -16,7 +16,7 @@ from flwr.serverapp.strategy import FedAvg
 from fedx.checks import FRACTION, NON_NEGATIVE, ArgumentError, Integer, OneOf, check
 from fedx.ops import Model, average
 from fedx.secure.relay import RelayStats
-from fedx.strategies.base import (
+from fedx.strategy_core.base import (
     FedxStrategy,
     MetricsAggregation,
     RoundInFlight,
@@ -24,8 +24,8 @@ from fedx.strategies.base import (
     to_arrayrecord,
     to_model,
 )
-from fedx.strategies.keys import POOL_MEANS
-from fedx.strategies.secure import SecureRecombination
+from fedx.strategy_core.keys import POOL_MEANS
+from fedx.strategy_core.secure import SecureRecombination
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,7 @@ class MultiModelStrategy(FedxStrategy[RoundInFlight[int]], FedAvg):
         nodes are connected.
     secure : SecureRecombination, optional
         Let the clients exchange layers among themselves before they upload
-        (:mod:`fedx.strategies.secure`); the ClientApp must support it.
+        (:mod:`fedx.strategy_core.secure`); the ClientApp must support it.
         Needs ``pool_mean="uniform"``: an uploaded model then mixes several
         clients' layers, so no reply's weight belongs to it.
     """
@@ -425,7 +425,7 @@ class MultiModelStrategy(FedxStrategy[RoundInFlight[int]], FedAvg):
         The generator draws positions in the grid's node list, so the same
         seed samples the same nodes whenever the grid lists them in the same
         order (fedx's ServerApp lists them by client id: see
-        :class:`~fedx.strategies.client_identity.ClientOrderedGrid`). Nodes
+        :class:`~fedx.strategy_core.client_identity.ClientOrderedGrid`). Nodes
         that recently missed a reply are left out while enough others are
         connected (see ``unresponsive_cooldown``). Node ids are unsigned 64-bit
         integers and never pass through a numpy array.
