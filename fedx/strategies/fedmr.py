@@ -66,10 +66,8 @@ class FedMR(MultiModelStrategy):
 
     Examples
     --------
-    Two-stage FedMR as the paper runs it on ResNet-20: 10% of the clients
-    per round, FedAvg for the first 100 rounds, then recombination. In a
-    ServerApp's ``main`` it starts as Flower's ``FedAvg`` does,
-    ``strategy.start(grid=grid, initial_arrays=arrays, num_rounds=500)``:
+    Two-stage FedMR as the paper runs it on ResNet-20 (10% of the clients per
+    round, FedAvg for 100 rounds); it starts as Flower's ``FedAvg`` does:
 
     >>> from fedx.strategies import FedMR
     >>> strategy = FedMR(first_stage_rounds=100, fraction_train=0.1, seed=0)

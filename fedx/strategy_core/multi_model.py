@@ -62,20 +62,13 @@ class PoolRound:
 class MultiModelStrategy(FedxStrategy[RoundInFlight[int]], FedAvg):
     """A strategy that sends a different model to every sampled node.
 
-    The server keeps a pool of K models. Each round it samples up to K nodes
-    (seeded), pairs every sampled node with a pool slot (:meth:`assign_slots`),
-    sends each node its slot's model in its own message, and maps the replies
-    back to the slots. A slot whose node failed, timed out or replied with
-    arrays that do not fit the model it was sent (other names, shapes or
-    dtypes, NaN or Inf, no usable weight) keeps its dispatched model; such
-    replies are logged with the node id and never aggregated. A subclass then
-    computes the next pool from the round's models (:meth:`update_pool`, given
-    a :class:`PoolRound`), and the strategy reports a global model
-    (:meth:`global_model`, by default the mean of the round's models, see
-    ``pool_mean``) to Flower. The global model is what centralized
-    and federated evaluation see; the pool is what training uses.
-
-    Federated evaluation works as in FedAvg, on the global model.
+    The server keeps a pool of K models (docs/methods.md, "The multi-model
+    round"). Each round it samples up to K nodes, pairs each with a pool slot
+    (:meth:`assign_slots`) and sends it that slot's model; a slot whose node
+    failed or sent an invalid reply (logged, never aggregated) keeps the
+    model it was sent. A subclass computes the next pool (:meth:`update_pool`,
+    given a :class:`PoolRound`); the global model (:meth:`global_model`) is
+    what Flower's centralized and federated evaluation see, as in FedAvg.
 
     Its arguments are Flower's FedAvg's (sampling, record keys, metric
     aggregation), :class:`~fedx.strategies.FedxStrategy`'s (``seed``,

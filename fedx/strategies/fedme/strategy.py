@@ -17,7 +17,6 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
 from fedx.checks import FRACTION, ArgumentError, Flag, Integer, Rule, check
-from fedx.method import Key, Method, comma_list
 from fedx.ops import Model, assign_exchanges, cluster_count, fedme_aggregate
 from fedx.protocol import fedme as protocol
 from fedx.strategies.fedme.clients import (
@@ -29,8 +28,6 @@ from fedx.strategies.fedme.clients import (
 )
 from fedx.strategies.fedme.clustering import (
     cluster_outputs,
-    increasing_rounds,
-    parse_cluster_rounds,
 )
 from fedx.strategies.fedme.registration import (
     FIXED,
@@ -38,7 +35,6 @@ from fedx.strategies.fedme.registration import (
     initial_architecture_form,
 )
 from fedx.strategy_core.base import FedxStrategy, RoundInFlight
-from fedx.strategy_core.keys import FINETUNE_EPOCHS_KEY
 from fedx.strategy_core.personalized import ClientEvaluation, PerClientEvaluation
 
 #: ``predict_fn(architecture, model)``: softmax outputs ``(U, M)`` on the unlabeled set.
@@ -61,138 +57,63 @@ class _ExchangeRound:
 class FedMe(ClientRegistration, PerClientEvaluation, FedxStrategy[_ExchangeRound]):
     """FedMe: every client keeps a personalized model; clients exchange models each round.
 
-    The server keeps one personalized model and its architecture per client
-    (architectures may differ). Each round it computes the personalized
-    models' softmax outputs on a small unlabeled set (``predict_fn``),
-    clusters them with KMeans into ``K_t`` clusters (1 at first, one more at
-    each of ``cluster_rounds``), and sends every sampled client one message
-    holding its personalized model and an exchanged model: a random other
-    member of its cluster, or a random model of another cluster when it is
-    alone (:func:`fedx.ops.assign_exchanges`). The client trains both by deep
-    mutual learning and replies with both trained models and its choice
-    (``chose-exchanged``: the exchanged model had the lower validation loss).
-    The server averages every personalized model with the trained copies of
-    it that were exchanged out (eq. 8, :func:`fedx.ops.fedme_aggregate`), and
-    each client's next personalized model is the aggregated model it chose,
-    with that model's architecture.
-
-    The messages are those of :mod:`fedx.protocol.fedme`. Clients are
-    identified across rounds by an integer id they report when the strategy
-    first sees their node (a ``query`` message answered with a ``client-id``
-    metric; the fedx ClientApp sends its ``partition-id``).
-    A client's first architecture is set when the strategy first sees it
-    (``initial_architecture``): round-robin over ``architectures`` by client
-    id from a seeded offset (so the same seed gives client c the same
-    architecture in every run), one fixed architecture for every client (the
-    paper's Table 5), or, as in the paper's experiments (Sec. 5.1.3), the
-    architecture the client finds best on its own data: it trains every
-    candidate for ``choice_epochs`` epochs on its train split and reports the
-    one with the best validation accuracy (one training message that lists
-    the candidates, :mod:`fedx.protocol.fedme`). A client that does not answer that
-    message, or answers with an error or an invalid choice, is logged and
-    starts with its round-robin architecture. Whatever the architecture, the
-    client's first model is ``initial_model_fn(architecture, client_id)``:
-    the choice sets the architecture, not the weights.
-
-    Replies that are errors, arrive late, lack a record, carry arrays that do
-    not fit the models sent (names, shapes, dtypes, NaN/Inf) or an invalid
-    choice are logged with the node id and dropped. Such a client's
-    personalized model enters eq. 8 untrained (averaged with any trained
-    copies of it that came back) and it keeps its own model; its copy of the
-    other model is left out.
-
-    Evaluation is personalized: every ``evaluate_every`` rounds (and after
-    the last) each client gets its personalized model, fine-tunes it for
-    ``finetune_epochs`` epochs and tests it on its own test split. There is
-    no global model: ``aggregate_train`` returns no arrays.
-
-    ``finetune_epochs`` and ``evaluate_every`` are
-    :class:`~fedx.strategy_core.personalized.PerClientEvaluation`'s, ``seed`` and
-    ``node_wait_timeout`` :class:`~fedx.strategies.FedxStrategy`'s.
+    Each round the server clusters the sampled clients' models by their
+    outputs on an unlabeled set (``predict_fn``, KMeans), sends each client
+    its model and a random other member of its cluster, and averages every
+    model with its trained copies (eq. 8); each client keeps whichever it
+    chose. The methods page (docs/methods.md, "FedMe") says how clients join,
+    choose their first architecture, fail and are evaluated; the messages
+    are :mod:`fedx.protocol.fedme`'s. ``finetune_epochs`` and
+    ``evaluate_every`` are :class:`~fedx.strategy_core.personalized.PerClientEvaluation`'s,
+    ``seed`` and ``node_wait_timeout`` :class:`~fedx.strategies.FedxStrategy`'s.
 
     Parameters
     ----------
     architectures : Sequence[str]
         The architectures clients may have (in the fedx app: ``model``
-        names; the VGGs need 32x32 images): assigned round-robin by client
-        id (a name may repeat to give it more clients), or the candidates of
-        the local choice.
+        names), assigned round-robin by client id or the local choice's candidates.
     initial_model_fn : callable
         ``(architecture, client_id) -> Model``: a client's first model.
     predict_fn : callable
         ``(architecture, model) -> np.ndarray``: the model's class
-        probabilities on the server's unlabeled set, shape ``(U, M)``, the
-        same U samples for every model. Called once per sampled client in
-        rounds with more than one cluster.
+        probabilities on the server's unlabeled set, shape ``(U, M)``.
     cluster_rounds : Sequence[int] (default: (10, 15, 18))
         Increasing rounds (>= 2) at which the cluster count, 1 at first,
-        grows by one; empty: one cluster always. The paper grows it from 1
-        to 4 at 50%, 75% and 90% of its rounds in every setting (rounds 250,
-        375 and 450 of CIFAR-10's 500); the default is that schedule for the
-        fedx app's default of 20 rounds. Set it with the number of rounds.
+        grows by one (the paper's schedule for 20 rounds); empty: one cluster.
     model_tuning : bool (default: True)
-        Clients may adopt the exchanged model; False: they always keep their
-        personalized model (ablation).
+        Clients may adopt the exchanged model; False: never (ablation).
     mutual_learning : bool (default: True)
-        KL terms in the clients' losses; False: they train the two models
-        on cross-entropy only (ablation).
+        KL terms in the clients' losses; False: cross-entropy only (ablation).
     clustering : bool (default: True)
-        Cluster by outputs; False: one cluster always, exchanged models are
-        uniformly random other models and no outputs are computed
-        (ablation).
+        Cluster by outputs; False: one cluster, random partners (ablation).
     initial_architecture : str (default: "local-best")
-        How a client new to the strategy gets its first architecture:
-        ``"local-best"``, the paper's experiments (Sec. 5.1.3: each client
-        starts with "the best accurate model on Local Data Only"): the
-        client trains every candidate for ``choice_epochs`` epochs and
-        keeps the best on its validation split (a ClientApp that does not
-        answer that message gets its round-robin architecture, with one log
-        line); ``"round-robin"`` by client id; or ``"fixed:<name>"`` with
-        ``<name>`` one of ``architectures`` (every client starts with it,
-        the paper's Table 5).
+        A new client's first architecture: ``"local-best"`` (the best of the
+        candidates on its own data), ``"round-robin"`` or ``"fixed:<name>"``.
     choice_epochs : int (default: 5)
-        ``"local-best"``: local epochs each candidate architecture is trained
-        before the client compares them (the paper does not say). The
-        choice waits as long as a round.
+        ``"local-best"``: local epochs each candidate trains before the choice.
     fraction_train : float (default: 1.0)
-        Fraction of registered, connected clients trained per round (the
-        paper trains all).
+        Fraction of registered, connected clients trained per round.
     min_train_nodes : int (default: 2)
-        Minimum number of clients per round; at least two (an exchange needs
-        a partner).
+        Minimum number of clients per round; at least two (an exchange needs a partner).
     min_available_nodes : int (default: 2)
         Nodes to wait for (at most ``node_wait_timeout`` seconds) each round.
     weighted_by_key : str (default: "num-examples")
-        The reply's metric that must be positive and weights the aggregated
-        training metrics.
+        The reply's metric that must be positive and weights the training metrics.
 
     Examples
     --------
-    Two architectures of a numpy model; ``initial_model_fn`` builds a
-    client's first model and ``predict_fn`` gives a model's class
-    probabilities on the server's unlabeled set (here 5 samples of 3
-    classes). The cluster count grows from 1 to 4 as in the paper. Start it
-    as Flower's ``FedAvg`` (``strategy.start(grid=grid,
-    initial_arrays=ArrayRecord(), num_rounds=300)``: it keeps a model per
-    client, so it needs no initial arrays):
+    Two architectures of a numpy model, outputs of 5 samples of 3 classes:
 
     >>> import numpy as np
     >>> from fedx.strategies import FedMe
-    >>> widths = {"small": 4, "large": 16}
     >>> def initial_model(architecture, client_id):
-    ...     rng = np.random.default_rng(client_id)
-    ...     return {"weight": rng.normal(size=(3, widths[architecture])).astype(np.float32)}
-    >>> def predict(architecture, model):
-    ...     return np.full((5, 3), 1 / 3)
+    ...     return {"weight": np.zeros((3, {"small": 4, "large": 16}[architecture]), np.float32)}
     >>> strategy = FedMe(
-    ...     architectures=["small", "large"],
-    ...     initial_model_fn=initial_model,
-    ...     predict_fn=predict,
-    ...     cluster_rounds=[150, 225, 275],
-    ...     seed=0,
+    ...     architectures=["small", "large"], initial_model_fn=initial_model,
+    ...     predict_fn=lambda architecture, model: np.full((5, 3), 1 / 3), seed=0,
     ... )
     >>> strategy.architectures, strategy.cluster_rounds
-    (('small', 'large'), (150, 225, 275))
+    (('small', 'large'), (10, 15, 18))
     """
 
     # "offset" draws the architecture assignment's offset, once.
@@ -532,64 +453,3 @@ class FedMe(ClientRegistration, PerClientEvaluation, FedxStrategy[_ExchangeRound
             self.clients[cid].model = aggregated[source]
             self.clients[cid].architecture = old_architectures[source]
         return adopted, other_architecture
-
-
-METHOD = Method(
-    name="fedme",
-    strategy=FedMe,
-    description="FedMe (Matsuda et al., SDM'22): personalized models of several architectures, "
-    "exchanged within clusters",
-    keys=(
-        FINETUNE_EPOCHS_KEY,
-        # What each key does is its argument's description in FedMe's docstring.
-        Key(
-            "fedme-architectures",
-            "cnn-1,cnn-2,cnn-3,cnn-4",
-            Rule(str, lambda v: bool(comma_list(v)), "comma-separated `model` names"),
-            argument="architectures",
-            parse=comma_list,
-        ),
-        Key(
-            "fedme-initial-architecture",
-            "local-best",
-            Rule(
-                str,
-                initial_architecture_form,
-                "local-best, round-robin or fixed:<name> (<name> one of `fedme-architectures`)",
-            ),
-            argument="initial_architecture",
-        ),
-        Key("fedme-choice-epochs", 5, Integer(1), argument="choice_epochs"),
-        Key(
-            "fedme-cluster-rounds",
-            "10,15,18",
-            Rule(
-                str,
-                increasing_rounds,
-                "comma-separated increasing rounds >= 2 (empty: always one cluster)",
-            ),
-            argument="cluster_rounds",
-            parse=parse_cluster_rounds,
-        ),
-        Key("fedme-model-tuning", True, Flag(), argument="model_tuning"),
-        Key("fedme-mutual-learning", True, Flag(), argument="mutual_learning"),
-        Key("fedme-clustering", True, Flag(), argument="clustering"),
-    ),
-    takes=(
-        "fraction-train",
-        "min-train-nodes",
-        "min-available-nodes",
-        "eval-every",
-        "seed",
-        "node-wait-timeout",
-    ),
-    personalized=True,
-    model_key="fedme-architectures",
-    # The torch side, which the app imports: clients' first models and models'
-    # outputs on the server's unlabeled set, loaded before round 1 so that
-    # missing data stops the run at its start.
-    components="fedx.server_models:server_model_functions",
-    prepare="fedx.server_models:load_run_unlabeled",
-    client_train="fedx.client.fedme:train",
-    style={"color": "#E69F00", "linestyle": "-"},
-)
