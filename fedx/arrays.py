@@ -53,7 +53,7 @@ no packed form (:func:`pack` refuses them; a record holding one travels
 standard).
 
 Who reads it: a node says so in its answer to the identity query
-(:mod:`fedx.strategies.client_identity`); fedx's ClientApp does, through
+(:mod:`fedx.strategy_core.client_identity`); fedx's ClientApp does, through
 :func:`fedx.client.packing.packed_models`, and replies packed to what came
 packed. :func:`to_numpy_dict` reads both forms, so whatever reads a model
 (the strategies, the ClientApp, checkpoints) takes either. What the

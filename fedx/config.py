@@ -25,7 +25,7 @@ name that loads nothing stops the run at its start with the reason.
 """
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +43,15 @@ from fedx.checks import (
     Rule,
     Text,
 )
+from fedx.components import (
+    Component,
+    dataset_names,
+    devices,
+    find_dataset,
+    find_model,
+    model_names,
+    partitionings,
+)
 from fedx.method import Key, Method, comma_list
 from fedx.registry import (
     DATASET_GROUP,
@@ -57,104 +66,6 @@ from fedx.registry import (
 
 class ConfigError(ValueError):
     """A run-config value is missing, of the wrong type or out of range."""
-
-
-class Component(Allowed):
-    """A data set or a model: one of fedx's, one an installed package declares, or ``package.module:NAME``.
-
-    Parameters
-    ----------
-    what : str
-        ``"dataset"`` or ``"model"``.
-    group : str
-        The entry-point group of the other packages' (:mod:`fedx.registry`).
-    names : callable
-        ``names()``: fedx's own and the installed ones.
-    find : callable
-        ``find(name)`` loads one of another package, raising ``ValueError``
-        with the reason when it cannot.
-    """
-
-    kind = str
-
-    def __init__(
-        self,
-        what: str,
-        group: str,
-        names: Callable[[], tuple[str, ...]],
-        find: Callable[[str], Any],
-    ) -> None:
-        self.what = what
-        self.group = group
-        self._names = names
-        self._find = find
-
-    @property
-    def text(self) -> str:
-        return (
-            f"one of {', '.join(self._names())}, or a {self.what} of your own: "
-            f"`package.module:NAME` or an entry point of the group {self.group}"
-        )
-
-    def contains(self, value: Any) -> bool:
-        return self.reason(value) is None
-
-    def reason(self, value: str) -> str | None:
-        """Why ``value`` names no usable data set or model (``None``: it names one)."""
-        if value in _builtin_names(self.what):
-            return None
-        try:
-            self._find(value)
-        except ValueError as err:
-            return str(err)
-        return None
-
-
-def _builtin_names(what: str) -> tuple[str, ...]:
-    # pylint: disable=import-outside-toplevel
-    if what == "model":
-        from fedx.models import MODEL_NAMES
-
-        return MODEL_NAMES
-    from fedx.data import DATASET_NAMES
-
-    return DATASET_NAMES
-
-
-def _model_names() -> tuple[str, ...]:
-    from fedx.models import model_names  # pylint: disable=import-outside-toplevel
-
-    return model_names()
-
-
-def _find_model(name: str) -> Any:
-    from fedx.models import find_model  # pylint: disable=import-outside-toplevel
-
-    return find_model(name)
-
-
-def _dataset_names() -> tuple[str, ...]:
-    from fedx.data import dataset_names  # pylint: disable=import-outside-toplevel
-
-    return dataset_names()
-
-
-def _find_dataset(name: str) -> Any:
-    from fedx.data import find_dataset  # pylint: disable=import-outside-toplevel
-
-    return find_dataset(name)
-
-
-def _partitionings() -> tuple[str, ...]:
-    from fedx.data import PARTITIONINGS  # pylint: disable=import-outside-toplevel
-
-    return PARTITIONINGS
-
-
-def _devices() -> tuple[str, ...]:
-    from fedx.training import DEVICES  # pylint: disable=import-outside-toplevel
-
-    return DEVICES
 
 
 def _app(default: Any, allowed: Allowed, help_text: str, argument: str | None = None) -> Any:
@@ -192,7 +103,7 @@ class RunConfig:
     )
     device: str = _app(
         "auto",
-        OneOf(_devices),
+        OneOf(devices),
         "where clients train and the server evaluates: `auto` = a GPU where the process sees "
         "one, else the CPU; `cpu`; `cuda` (a client without a GPU fails its messages)",
     )
@@ -235,7 +146,7 @@ class RunConfig:
     round_timeout: float = _app(600.0, POSITIVE, "seconds a round waits for replies")
     dataset: str = _app(
         "digits",
-        Component("dataset", DATASET_GROUP, _dataset_names, _find_dataset),
+        Component("dataset", DATASET_GROUP, dataset_names, find_dataset),
         "data set: fedx's, or one of your own, a `fedx.data.DatasetSpec` "
         "([Your own data and model](own-data.md))",
     )
@@ -250,7 +161,7 @@ class RunConfig:
     )
     partitioning: str = _app(
         "dirichlet",
-        OneOf(_partitionings),
+        OneOf(partitionings),
         "label partitioning (flwr-datasets partitioners); `dirichlet-size-label`: sizes from "
         "Dir(`size-alpha`), labels from Dir(`dirichlet-alpha`) (Matsuda et al.); `natural` "
         "(LEAF only): one client per selected user, `num-partitions` = their number",
@@ -283,7 +194,7 @@ class RunConfig:
     )
     model: str = _app(
         "cnn",
-        Component("model", MODEL_GROUP, _model_names, _find_model),
+        Component("model", MODEL_GROUP, model_names, find_model),
         "FedAvg-paper CNN, CIFAR ResNet-20, VGG-16 with a small-input head, LEAF's Shakespeare "
         "LSTM; the CNN with 1-4 conv blocks, other VGG depths; or a function "
         "`(input_shape, num_classes) -> torch.nn.Module` of your own",

@@ -28,7 +28,7 @@ class RunRecorder:
     ``personalized-accuracy-std``, plus a ``clients`` object holding each
     client's own result under its id. ``stop-reason`` says why a run ended
     before its last round (``null`` when it did not: see
-    :class:`~fedx.strategies.divergence.DivergenceGuard`).
+    :class:`~fedx.strategy_core.divergence.DivergenceGuard`).
 
     Parameters
     ----------

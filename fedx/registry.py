@@ -10,8 +10,10 @@ fedx-compare's method list and the documentation's run-config reference
 
 Where methods come from:
 
-* fedx's own: every ``Method`` defined at the top level of a module of
-  :mod:`fedx.strategies` (a new file there is a new method);
+* fedx's own: every ``Method`` at the top level of a module (or package)
+  of :mod:`fedx.strategies`, the methods' folder (a new file there is a new
+  method; what the methods share lives in :mod:`fedx.strategy_core`, which
+  the registry does not read);
 * other packages: an entry point in the group ``fedx.methods`` whose name is
   the method's name and whose object is its ``Method``::
 

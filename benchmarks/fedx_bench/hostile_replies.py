@@ -1,7 +1,7 @@
 """What reading a hostile reply costs the server, against reading a valid reply of the same model.
 
 The strategies read every training reply with
-:func:`fedx.strategies.base.read_model` against the model they sent
+:func:`fedx.strategy_core.base.read_model` against the model they sent
 (:mod:`fedx.arrays`: ``expected``). Each case below is one reply's
 ``ArrayRecord`` as Flower hands it to the strategy (its objects already
 inflated), packed (fedx's one-array form) or standard (one ``Array`` per
@@ -45,7 +45,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord
 
 from fedx.arrays import PACKED_NAME, PACKED_STYPE, pack
-from fedx.strategies.base import read_model
+from fedx.strategy_core.base import read_model
 
 from fedx_bench import common
 

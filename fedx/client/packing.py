@@ -8,7 +8,7 @@ as fedx's does:
   reply: one with a packed model by being packed, the others in a
   ConfigRecord of their own (:data:`fedx.protocol.common.WIRE`). The
   server follows each node's latest reply
-  (:class:`fedx.strategies.packing.PackingGrid`), so a node that restarts
+  (:class:`fedx.strategy_core.packing.PackingGrid`), so a node that restarts
   with a ClientApp that speaks another form is sent what it reads;
 * a message whose models came packed reaches the handlers with those models
   as standard ``ArrayRecord`` s, so every handler, a method's own included,

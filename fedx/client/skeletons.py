@@ -32,7 +32,7 @@ modules its calls built and lends them out again:
 Where it pays: in Flower's simulation, where a Ray actor answers message
 after message. A deployed ClientApp process answers one message and exits,
 and the warm executor's children are forked from an interpreter that never
-answers messages (:mod:`fedx.deploy.superexec`): there every call builds its
+answers messages (:mod:`fedx.deploy.warm_executor`): there every call builds its
 module, as before.
 """
 

@@ -16,7 +16,6 @@ from fedx.data.datasets import (
     SPLITS,
     DatasetInfo,
     DatasetSpec,
-    DigitsDataset,
     SplitSettings,
     SplitSource,
     dataset_has_users,
@@ -26,6 +25,7 @@ from fedx.data.datasets import (
     load_split,
 )
 from fedx.data.device import DeviceBatches, DeviceImages, ImageTransform, device_batches
+from fedx.data.digits import DigitsDataset
 from fedx.data.leaf import LEAF_DATASETS, LeafDataset, decode_text, encode_text
 from fedx.data.loaders import batch_gatherer, batch_loader
 from fedx.data.partitioning import (

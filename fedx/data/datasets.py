@@ -1,8 +1,10 @@
 """Dataset loaders: scikit-learn's bundled digits (offline), CIFAR-10/100 and LEAF from disk, and data sets of other packages.
 
-A loader imports its library when it is first used: a digits run never
-imports torchvision, and reads the digits without importing scikit-learn
-once its train/test split is in the disk cache (:mod:`fedx.data.cache`).
+Each of fedx's own has a module: :mod:`fedx.data.digits`,
+:mod:`fedx.data.cifar`, :mod:`fedx.data.leaf`. A loader imports its library
+when it is first used: a digits run never imports torchvision, and reads the
+digits without importing scikit-learn once its train/test split is in the
+disk cache (:mod:`fedx.data.cache`).
 
 A data set of one's own is a :class:`DatasetSpec` (its input shape, its
 number of classes, and a function that loads a split) in a package of its
@@ -12,21 +14,16 @@ partitions it, caches it and feeds it to the models like its own.
 """
 
 import functools
-import gzip
-import hashlib
-import importlib.util
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict, Unpack
+from typing import TypedDict, Unpack
 
 import numpy as np
-import torch
 from torch.utils.data import Dataset
 
-from fedx.data.cache import array_digest, cached_indices, code_identity
-from fedx.data.device import ImageTransform
+from fedx.data.cifar import load_cifar
+from fedx.data.digits import digits_splits
 from fedx.data.leaf import (
     FEMNIST_CLASSES,
     FEMNIST_SIDE,
@@ -40,9 +37,6 @@ from fedx.registry import DATASET_GROUP, component_names, find_component
 #: fedx's own data sets (others come from packages of their own: :func:`dataset_names`).
 DATASET_NAMES: tuple[str, ...] = ("digits", "cifar10", "cifar100", *LEAF_DATASETS)
 SPLITS: tuple[str, ...] = ("train", "test")
-
-# load_digits() stores pixel intensities as integers 0..16.
-_DIGITS_MAX_INTENSITY = 16.0
 
 
 @dataclass(frozen=True)
@@ -74,73 +68,6 @@ _INFO: dict[str, DatasetInfo] = {
         input_shape=(SHAKESPEARE_SEQUENCE_LENGTH,), num_classes=len(SHAKESPEARE_LETTERS)
     ),
 }
-
-
-if TYPE_CHECKING:
-    from torchvision.datasets import CIFAR10
-
-
-@dataclass(frozen=True)
-class _CifarSpec:
-    """How to load one CIFAR variant with torchvision."""
-
-    title: str
-    class_name: str  # of torchvision.datasets
-    mean: tuple[float, float, float]
-    std: tuple[float, float, float]
-
-    @property
-    def dataset_class(self) -> "type[CIFAR10]":
-        from torchvision import datasets  # pylint: disable=import-outside-toplevel
-
-        return getattr(datasets, self.class_name)
-
-
-# Per-channel mean and standard deviation of the training images.
-_CIFAR: dict[str, _CifarSpec] = {
-    "cifar10": _CifarSpec(
-        "CIFAR-10", "CIFAR10", (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
-    ),
-    "cifar100": _CifarSpec(
-        "CIFAR-100", "CIFAR100", (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)
-    ),
-}
-
-
-class DigitsDataset(Dataset):
-    """In-memory images with integer labels, the shape of a torchvision dataset.
-
-    Parameters
-    ----------
-    images : np.ndarray
-        Float images of shape ``(N, C, H, W)``.
-    targets : np.ndarray
-        Integer labels of shape ``(N,)``.
-
-    Attributes
-    ----------
-    data : torch.Tensor
-        The images as a float32 tensor.
-    targets : np.ndarray
-        The labels as an int64 array (read by partitioning, like the
-        ``targets`` of torchvision datasets).
-    """
-
-    def __init__(self, images: np.ndarray, targets: np.ndarray) -> None:
-        if len(images) != len(targets):
-            raise ValueError(f"{len(images)} images but {len(targets)} labels")
-        self.data = torch.as_tensor(images, dtype=torch.float32)
-        self.targets = np.asarray(targets, dtype=np.int64)
-
-    def __len__(self) -> int:
-        return len(self.targets)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        return self.data[index], int(self.targets[index])
-
-    def gather(self, positions: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """The samples at ``positions`` as one batch: what ``default_collate`` makes of them."""
-        return self.data[torch.from_numpy(positions)], torch.from_numpy(self.targets[positions])
 
 
 @dataclass(frozen=True)
@@ -329,7 +256,7 @@ class SplitSource:
         if self.name not in DATASET_NAMES:
             return _load_own(self.canonical(), split)
         if self.name == "digits":
-            train, test = _digits_splits(int(self.seed), float(self.test_fraction))
+            train, test = digits_splits(int(self.seed), float(self.test_fraction))
             return train if split == "train" else test
         if self.name in LEAF_DATASETS:
             return load_leaf(
@@ -341,7 +268,7 @@ class SplitSource:
                 seed=self.seed,
             )
         training = split == "train"
-        return _load_cifar(
+        return load_cifar(
             self.name, training, _resolve_root(self.root), bool(self.download), training and augment
         )
 
@@ -447,121 +374,6 @@ def _check_own(name: str, spec: DatasetSpec, split: str, dataset: Dataset) -> No
         raise ValueError(
             f"{where}: its spec says users=True but it has no 'users' and 'user_index'"
         )
-
-
-@functools.lru_cache(maxsize=8)
-def _digits_splits(seed: int, test_fraction: float) -> tuple[DigitsDataset, DigitsDataset]:
-    pixels, target = _digits()
-    images = (pixels / _DIGITS_MAX_INTENSITY).astype(np.float32).reshape(-1, 1, 8, 8)
-    key = {
-        "seed": seed,
-        "test_fraction": test_fraction,
-        "labels": array_digest(target),
-        "code": code_identity(__file__, "scikit-learn"),
-    }
-    train, test = cached_indices(
-        "digits-split", key, lambda: _split_digits(target, seed, test_fraction)
-    )
-    return (
-        DigitsDataset(images[train], target[train]),
-        DigitsDataset(images[test], target[test]),
-    )
-
-
-def _split_digits(target: np.ndarray, seed: int, test_fraction: float) -> list[np.ndarray]:
-    """Positions of the digits' train and test samples (scikit-learn's ``train_test_split``)."""
-    # pylint: disable=import-outside-toplevel  (only where the split is not cached yet)
-    from sklearn.model_selection import train_test_split
-
-    train, test = train_test_split(
-        np.arange(len(target)),
-        test_size=test_fraction,
-        random_state=seed,
-        # Every class in both splits, in its overall proportion.
-        stratify=target,
-    )
-    return [train, test]
-
-
-@functools.cache
-def _digits() -> tuple[np.ndarray, np.ndarray]:
-    """The digits' pixels ``(1797, 64)`` and labels, as ``sklearn.datasets.load_digits`` gives them.
-
-    The file ships inside scikit-learn; it is read as ``load_digits`` reads it,
-    without importing scikit-learn (whose import costs seconds in every fresh
-    ClientApp process). Where the file is not where it was, ``load_digits``
-    itself reads it.
-
-    Parsing its text costs time in every process that reads it: every
-    message of a deployment (a warm executor forks a task for each). The
-    parsed values (integers: intensities 0-16 and labels) are stored in the
-    cache (:mod:`fedx.data.cache`) under a digest of the file's bytes, and
-    reading them back is far cheaper than parsing the text again.
-    """
-    spec = importlib.util.find_spec("sklearn")
-    if spec is not None and spec.origin is not None:
-        path = Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz"
-        if path.is_file():
-            data = path.read_bytes()
-            key = {"file": hashlib.sha256(data).hexdigest(), "code": code_identity(__file__)}
-            pixels, labels = cached_indices("digits", key, lambda: _digits_table(data))
-            return pixels.reshape(len(labels), -1).astype(np.float64), labels.copy()
-    from sklearn.datasets import load_digits  # pylint: disable=import-outside-toplevel
-
-    bunch = load_digits()
-    return bunch.data, bunch.target
-
-
-def _digits_table(data: bytes) -> list[np.ndarray]:
-    """The pixels (flat) and labels of scikit-learn's ``digits.csv.gz``, as integers.
-
-    Raises
-    ------
-    ValueError
-        When the file holds anything but integers (it is not the digits).
-    """
-    table = np.loadtxt(gzip.decompress(data).decode("ascii").splitlines(), delimiter=",")
-    values = table.astype(np.int64)
-    if not np.array_equal(values, table):
-        raise ValueError("scikit-learn's digits.csv.gz holds values that are not integers")
-    return [values[:, :-1].reshape(-1), values[:, -1]]
-
-
-@functools.lru_cache(maxsize=4)
-def _load_cifar(name: str, train: bool, root: str, download: bool, augment: bool) -> "CIFAR10":
-    spec = _CIFAR[name]
-    folder = os.path.join(root, spec.dataset_class.base_folder)
-    if not download:
-        missing = _missing_cifar_files(spec.dataset_class, folder)
-        if missing:
-            raise FileNotFoundError(
-                f"{spec.title} not found: {folder} lacks {', '.join(missing)}; "
-                f"set download=true (run-config key) to fetch it into {root}"
-            )
-    # Random 32x32 crops of the image padded by 4, flipped half the time (training only).
-    transform = ImageTransform(spec.mean, spec.std, crop_padding=4 * augment, flip=augment)
-    try:
-        dataset = spec.dataset_class(
-            root, train=train, transform=transform.torchvision(32), download=download
-        )
-    except RuntimeError as err:
-        # torchvision reports missing and corrupted files alike; by now the
-        # files exist, so their md5 sums did not match.
-        raise RuntimeError(
-            f"{spec.title} files in {folder} failed torchvision's md5 check; "
-            f"delete the folder and set download=true to fetch them again"
-        ) from err
-    # The same transform for the GPU's data path (fedx.data.device), which
-    # batches the uint8 images of `dataset.data` on the device.
-    dataset.image_transform = transform
-    return dataset
-
-
-def _missing_cifar_files(dataset_class: "type[CIFAR10]", folder: str) -> list[str]:
-    """Names of the files torchvision will read that are not in ``folder``."""
-    names = [name for name, _md5 in dataset_class.train_list + dataset_class.test_list]
-    names.append(dataset_class.meta["filename"])
-    return [name for name in names if not os.path.isfile(os.path.join(folder, name))]
 
 
 def _resolve_root(root: str) -> str:

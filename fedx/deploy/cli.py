@@ -44,14 +44,9 @@ from fedx.deploy.credentials import (
     write_supernode_keys,
     write_tls_certificates,
 )
-from fedx.deploy.local import (
-    DEFAULT_HOST,
-    DEFAULT_PORT,
-    FIRST_SUPERNODE_PORT,
-    FederationSpec,
-    LocalFederation,
-)
+from fedx.deploy.local import LocalFederation
 from fedx.deploy.signals import StopRequested, stop_on_signals
+from fedx.deploy.spec import DEFAULT_HOST, DEFAULT_PORT, FIRST_SUPERNODE_PORT, FederationSpec
 from fedx.flower import IDLE_AFTER, SUPERNODE_IDLE_WAIT
 
 

@@ -1,4 +1,4 @@
-"""Imported by the warm executor's interpreter (:mod:`fedx.deploy.superexec`), before it forks tasks.
+"""Imported by the warm executor's interpreter (:mod:`fedx.deploy.warm_executor`), before it forks tasks.
 
 Each ClientApp task forked from it makes the task's changes to Flower
 (:func:`fedx.flower.install` with ``"clientapp-task"``), which first checks

@@ -2,7 +2,7 @@
 
 What it changes
     In the process of a ClientApp task that fedx's warm executor forks
-    (:mod:`fedx.deploy.superexec`), the module global ``install_from_fab``
+    (:mod:`fedx.deploy.warm_executor`), the module global ``install_from_fab``
     of ``flwr.supernode.runtime.run_clientapp`` is replaced by
     :func:`install_fab_once` (:func:`apply`, through
     :func:`fedx.flower.install`), and Flower's ``run_clientapp`` is called

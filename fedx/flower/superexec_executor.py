@@ -6,7 +6,7 @@ What it changes
     calls once as it starts to build the executor of its tasks, is replaced
     by the factory given to :func:`apply`, in ``fedx-superexec``'s process
     only (through :func:`fedx.flower.install`). ``fedx-superexec``'s factory returns the warm
-    executor (:class:`fedx.deploy.superexec.WarmExecutor`) for Flower's
+    executor (:class:`fedx.deploy.warm_executor.WarmExecutor`) for Flower's
     default executor type, ``subprocess``, and Flower's ``get_executor``'s
     executor otherwise. Everything else of the SuperExec (polling, TLS,
     authentication, plug-ins, signals) stays Flower's own. The warm executor
@@ -105,7 +105,7 @@ FLOWER_CODE = flower_code(
 RECHECK = (
     "that run_superexec still builds its executor once, at its start, through the module "
     "global get_executor(executor_type, executor_config=..., insecure=..., "
-    "root_certificates_path=...), and that fedx.deploy.superexec.WarmExecutor still "
+    "root_certificates_path=...), and that fedx.deploy.warm_executor.WarmExecutor still "
     "implements every method of the Executor protocol with the ExecutionSpec fields it reads; "
     "and that its loop waits time.sleep(task_poll_interval) through the module's own `time` "
     "between two task polls, and sleeps that long nowhere else"

@@ -2,7 +2,7 @@
 
 What it changes
     In the process of a ClientApp task that fedx's warm executor forks
-    (:mod:`fedx.deploy.superexec`) only (:func:`apply`, through
+    (:mod:`fedx.deploy.warm_executor`) only (:func:`apply`, through
     :func:`fedx.flower.install`): the module global
     ``HEARTBEAT_DEFAULT_INTERVAL`` of ``flwr.supercore.heartbeat``, by which
     Flower's ``HeartbeatSender`` spaces a task's heartbeats, becomes

@@ -2,7 +2,7 @@
 
 What it changes
     In the process of a ClientApp task that fedx's warm executor forks
-    (:mod:`fedx.deploy.superexec`) only: the module global
+    (:mod:`fedx.deploy.warm_executor`) only: the module global
     ``pull_task_input`` of ``flwr.supernode.runtime.run_clientapp``, which
     Flower's ``run_clientapp`` calls first to get the task's message,
     context, run and FAB from its SuperNode, is wrapped

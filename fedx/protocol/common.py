@@ -8,7 +8,7 @@ A ``query`` message asks a node which client it is; the reply's
 there, which version of fedx's packed model form (:mod:`fedx.arrays`) the
 node reads. Every other reply of fedx's ClientApp that holds no packed model
 says the same in a ConfigRecord of its own (:data:`WIRE`), so that the
-server follows each node's latest reply (:mod:`fedx.strategies.packing`).
+server follows each node's latest reply (:mod:`fedx.strategy_core.packing`).
 """
 
 from collections.abc import Mapping

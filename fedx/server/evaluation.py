@@ -7,8 +7,8 @@ from fedx.arrays import to_numpy_dict
 from fedx.config import RunConfig
 from fedx.data import batch_loader, device_batches, load_split
 from fedx.outputs import RunRecorder
-from fedx.strategies.capabilities import EvaluatesPerClient
-from fedx.strategies.personalized import summarize
+from fedx.strategy_core.capabilities import EvaluatesPerClient
+from fedx.strategy_core.personalized import summarize
 from fedx.training import Batches, evaluate, get_device
 
 
@@ -21,7 +21,7 @@ class RoundEvaluation:
     held-out test split every ``eval-every`` rounds and after the last (when
     the run has a global model: ``model`` is ``None`` otherwise), and copies
     the per-client results of the round into ``metrics.json`` when the
-    strategy keeps them (:class:`~fedx.strategies.capabilities.EvaluatesPerClient`).
+    strategy keeps them (:class:`~fedx.strategy_core.capabilities.EvaluatesPerClient`).
     """
 
     def __init__(

@@ -33,9 +33,9 @@ from fedx.server.evaluation import RoundEvaluation
 from fedx.server.resume import Checkpointer, model_label, overridden_keys
 from fedx.server.saving import log_final, save_models
 from fedx.strategies import DivergenceGuard, run_rounds
-from fedx.strategies.capabilities import KeepsPersonalizedModels, reads_packed_models
-from fedx.strategies.client_identity import ClientOrderedGrid, query_client_ids
-from fedx.strategies.packing import PackingGrid
+from fedx.strategy_core.capabilities import KeepsPersonalizedModels, reads_packed_models
+from fedx.strategy_core.client_identity import ClientOrderedGrid, query_client_ids
+from fedx.strategy_core.packing import PackingGrid
 from fedx.training import deterministic_kernels
 
 
@@ -70,7 +70,7 @@ def _run_experiment(grid: Grid, context: Context, kernels: contextlib.ExitStack)
         log(ERROR, "fedx: %s", err)
         raise SystemExit(1) from None
     # Models travel packed to the nodes whose answer to the query says they
-    # read that form, when the strategy reads it back (fedx.strategies.packing).
+    # read that form, when the strategy reads it back (fedx.strategy_core.packing).
     packing = PackingGrid(grid) if reads_packed_models(strategy) else None
     if packing is not None:
         grid = packing

@@ -1,7 +1,7 @@
 """A run's checkpoints: where they go, what a resumed run continues from, writing one per round.
 
 After every round the app writes a checkpoint into the run directory
-(:mod:`fedx.strategies.checkpoint`): the strategy's state, the global model,
+(:mod:`fedx.strategy_core.checkpoint`): the strategy's state, the global model,
 Python's ``random`` state, the metrics so far, the run config and the rows
 of ``metrics.json``. A run with ``resume-from`` set is the interrupted run
 continued, or a finished one extended to a larger ``num-server-rounds``:
@@ -28,9 +28,9 @@ from fedx.data import dataset_info
 from fedx.models import build_model
 from fedx.ops import Model, find_problem
 from fedx.registry import component_label
-from fedx.strategies import checkpoint as checkpoints
 from fedx.strategies import to_model
-from fedx.strategies.capabilities import KeepsPersonalizedModels
+from fedx.strategy_core import checkpoint as checkpoints
+from fedx.strategy_core.capabilities import KeepsPersonalizedModels
 
 
 def model_label(cfg: RunConfig) -> str:

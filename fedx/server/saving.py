@@ -12,7 +12,7 @@ from flwr.serverapp.strategy import Result
 
 from fedx.arrays import to_numpy_dict
 from fedx.outputs import MODEL_FILE, RunRecorder
-from fedx.strategies.capabilities import KeepsPersonalizedModels
+from fedx.strategy_core.capabilities import KeepsPersonalizedModels
 
 #: What a run whose strategy keeps one model per client saves instead of one
 #: global model: every client's architecture and state dict, by client id.

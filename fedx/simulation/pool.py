@@ -52,7 +52,14 @@ from flwr.common import log
 
 from fedx.flower.clientapp_actor import LoadClientAppError
 from fedx.simulation.actor import start_actor
-from fedx.simulation.ray_cluster import Node, actors_per_node, live_nodes, node_death_time
+from fedx.simulation.ray_cluster import (
+    capacity,
+    live_nodes,
+    node_death_time,
+    nodes_text,
+    resources_text,
+    too_small,
+)
 
 # How often the pool looks at the cluster's nodes (one GCS call).
 WATCH_INTERVAL = 1.0
@@ -123,9 +130,9 @@ class ActorPool:
         self._waiting = 0  # messages waiting for an actor
         self._nodes = live_nodes()
         self._labels = {node_id: node.label for node_id, node in self._nodes.items()}
-        self.capacity = self._capacity(self._nodes)
+        self.capacity = capacity(self._nodes, self.client_resources)
         if self.capacity == 0:
-            raise RuntimeError(self._too_small(self._nodes))
+            raise RuntimeError(too_small(self._nodes, self.client_resources))
         self.messages_per_node: Counter[str] = Counter()
         self.peak_running = 0
         # Actors to announce once they run: (what happened, the actors, since when).
@@ -148,8 +155,8 @@ class ActorPool:
             INFO,
             "fedx Ray backend: starting %d ClientApp actors (%s each) on %s",
             self.capacity,
-            self._resources_text(),
-            self._nodes_text(self._nodes),
+            resources_text(self.client_resources),
+            nodes_text(self._nodes, self.client_resources),
         )
         self._watcher = threading.Thread(
             target=self._watch, args=(watch_interval,), name="fedx-ray-pool", daemon=True
@@ -157,31 +164,8 @@ class ActorPool:
         self._watcher.start()
 
     # ------------------------------------------------------------------
-    # Sizes and texts
+    # Sizes
     # ------------------------------------------------------------------
-
-    def _capacity(self, nodes: dict[str, Node]) -> int:
-        return sum(
-            actors_per_node(node.resources, self.client_resources) for node in nodes.values()
-        )
-
-    def _resources_text(self) -> str:
-        return ", ".join(f"{key}={value:g}" for key, value in self.client_resources.items())
-
-    def _nodes_text(self, nodes: dict[str, Node]) -> str:
-        parts = [
-            f"{node.address} ({node.resources.get('CPU', 0):g} CPU, {node.resources.get('GPU', 0):g} GPU: "
-            f"room for {actors_per_node(node.resources, self.client_resources)})"
-            for node in sorted(nodes.values(), key=lambda n: n.address)
-        ]
-        return f"{len(nodes)} Ray node{'s' if len(nodes) != 1 else ''}: " + ", ".join(parts)
-
-    def _too_small(self, nodes: dict[str, Node]) -> str:
-        return (
-            f"no Ray node can host a ClientApp with {self._resources_text()}: the cluster has "
-            f"{self._nodes_text(nodes)}. Ask for less (--federation-config "
-            f"'client-resources-num-cpus=... client-resources-num-gpus=...') or add nodes that have it"
-        )
 
     @property
     def size(self) -> int:
@@ -287,7 +271,7 @@ class ActorPool:
                 deadline = time.monotonic() + NO_ACTOR_TIMEOUT
             elif time.monotonic() > deadline:
                 raise RuntimeError(
-                    f"no ClientApp actor for {NO_ACTOR_TIMEOUT:g}s: {self._too_small(self._nodes)}"
+                    f"no ClientApp actor for {NO_ACTOR_TIMEOUT:g}s: {too_small(self._nodes, self.client_resources)}"
                 )
             self._cond.wait(timeout=1.0)
 
@@ -406,7 +390,7 @@ class ActorPool:
                 actor.lost = True
                 self._remove(actor)
                 self._gone.append((actor, now))
-            self.capacity = self._capacity(nodes)
+            self.capacity = capacity(nodes, self.client_resources)
             missing = self.capacity - self._unloadable - len(self._actors)
             before = len(self._starting)
             self._start_actors(max(missing, 0))
@@ -458,7 +442,7 @@ class ActorPool:
                 else "",
             )
         if self.capacity == 0 and lost_nodes:
-            log(ERROR, "fedx Ray backend: %s", self._too_small(nodes))
+            log(ERROR, "fedx Ray backend: %s", too_small(nodes, self.client_resources))
         if slow:
             self._last_start = now
             log(
@@ -467,8 +451,8 @@ class ActorPool:
                 "machine starts them slowly; if it lasts, other jobs hold the resources (`ray status`)",
                 _count(waiting, "ClientApp actor") + (" has" if waiting == 1 else " have"),
                 SLOW_START,
-                self._resources_text(),
-                self._nodes_text(nodes),
+                resources_text(self.client_resources),
+                nodes_text(nodes, self.client_resources),
             )
 
     def _remove(self, actor: PoolActor) -> None:

@@ -138,3 +138,32 @@ def live_nodes() -> dict[str, Node]:
         for info in ray.nodes()
         if info.get("Alive")
     }
+
+
+def capacity(nodes: dict[str, Node], client_resources: dict[str, float]) -> int:
+    """How many ClientApp actors of ``client_resources`` the ``nodes`` have room for."""
+    return sum(actors_per_node(node.resources, client_resources) for node in nodes.values())
+
+
+def resources_text(client_resources: dict[str, float]) -> str:
+    """``num_cpus=1, num_gpus=0.5``: one ClientApp's resources, for log lines and errors."""
+    return ", ".join(f"{key}={value:g}" for key, value in client_resources.items())
+
+
+def nodes_text(nodes: dict[str, Node], client_resources: dict[str, float]) -> str:
+    """The nodes, their resources and their room for ClientApp actors, in one line."""
+    parts = [
+        f"{node.address} ({node.resources.get('CPU', 0):g} CPU, {node.resources.get('GPU', 0):g} GPU: "
+        f"room for {actors_per_node(node.resources, client_resources)})"
+        for node in sorted(nodes.values(), key=lambda n: n.address)
+    ]
+    return f"{len(nodes)} Ray node{'s' if len(nodes) != 1 else ''}: " + ", ".join(parts)
+
+
+def too_small(nodes: dict[str, Node], client_resources: dict[str, float]) -> str:
+    """The error of a cluster none of whose nodes can host one ClientApp actor."""
+    return (
+        f"no Ray node can host a ClientApp with {resources_text(client_resources)}: the cluster has "
+        f"{nodes_text(nodes, client_resources)}. Ask for less (--federation-config "
+        f"'client-resources-num-cpus=... client-resources-num-gpus=...') or add nodes that have it"
+    )

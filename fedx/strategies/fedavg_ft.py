@@ -17,7 +17,7 @@ from fedx.checks import Integer, check
 from fedx.method import Method
 from fedx.ops import Model, average
 from fedx.protocol.personalized import FINETUNE_EPOCHS
-from fedx.strategies.base import (
+from fedx.strategy_core.base import (
     FedxStrategy,
     MetricsAggregation,
     RoundInFlight,
@@ -25,8 +25,8 @@ from fedx.strategies.base import (
     to_arrayrecord,
     to_model,
 )
-from fedx.strategies.keys import FINETUNE_EPOCHS_KEY
-from fedx.strategies.personalized import ClientEvaluation, PerClientEvaluation
+from fedx.strategy_core.keys import FINETUNE_EPOCHS_KEY
+from fedx.strategy_core.personalized import ClientEvaluation, PerClientEvaluation
 
 
 class FedAvgFT(PerClientEvaluation, FedxStrategy[tuple[RoundInFlight[None], Model]], FedAvg):
@@ -46,7 +46,7 @@ class FedAvgFT(PerClientEvaluation, FedxStrategy[tuple[RoundInFlight[None], Mode
     strategy keeps every client's result (:attr:`evaluations`) and reports
     the mean and standard deviation over clients, as personalized methods do.
 
-    Its arguments are :class:`~fedx.strategies.personalized.PerClientEvaluation`'s
+    Its arguments are :class:`~fedx.strategy_core.personalized.PerClientEvaluation`'s
     (``finetune_epochs``: 0 tests the global model itself on every client's
     test split, FedAvg without fine-tuning), :class:`~fedx.strategies.FedxStrategy`'s
     and Flower's ``FedAvg``'s, as those classes document them.

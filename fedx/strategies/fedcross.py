@@ -7,10 +7,10 @@ Cross-Aggregation", ICDE 2024.
 from fedx.checks import Integer, Number, OneOf, check
 from fedx.method import Key, Method
 from fedx.ops import SELECTIONS, SIMILARITY_MEASURES, Model, average, cross_aggregate
-from fedx.strategies.base import MetricsAggregation
-from fedx.strategies.keys import NUM_MODELS_KEY, POOL_MEAN_KEY
-from fedx.strategies.multi_model import MultiModelStrategy, PoolRound
-from fedx.strategies.secure import SecureRecombination
+from fedx.strategy_core.base import MetricsAggregation
+from fedx.strategy_core.keys import NUM_MODELS_KEY, POOL_MEAN_KEY
+from fedx.strategy_core.multi_model import MultiModelStrategy, PoolRound
+from fedx.strategy_core.secure import SecureRecombination
 
 #: A model's own weight in a fusion, [0.5, 1).
 ALPHA = Number(0.5, 1.0, high_open=True)

@@ -2,8 +2,8 @@
 
 from fedx.method import Method
 from fedx.ops import Model, recombine
-from fedx.strategies.keys import NUM_MODELS_KEY, POOL_MEAN_KEY
-from fedx.strategies.multi_model import MultiModelStrategy, PoolRound
+from fedx.strategy_core.keys import NUM_MODELS_KEY, POOL_MEAN_KEY
+from fedx.strategy_core.multi_model import MultiModelStrategy, PoolRound
 
 
 class FedIndep(MultiModelStrategy):

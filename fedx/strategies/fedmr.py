@@ -7,11 +7,11 @@ Model Recombination", KDD 2024 (arXiv:2305.10730).
 from fedx.checks import FRACTION, Flag, Integer, OneOf, Rule, check, renamed
 from fedx.method import Key, Method, Variant
 from fedx.ops import GROUPINGS, Model, recombine
-from fedx.strategies.base import MetricsAggregation
-from fedx.strategies.keys import NUM_MODELS_KEY, POOL_MEAN_KEY
-from fedx.strategies.multi_model import MultiModelStrategy, PoolRound
-from fedx.strategies.secure import KEYS as SECURE_KEYS
-from fedx.strategies.secure import SecureRecombination
+from fedx.strategy_core.base import MetricsAggregation
+from fedx.strategy_core.keys import NUM_MODELS_KEY, POOL_MEAN_KEY
+from fedx.strategy_core.multi_model import MultiModelStrategy, PoolRound
+from fedx.strategy_core.secure import KEYS as SECURE_KEYS
+from fedx.strategy_core.secure import SecureRecombination
 
 
 class FedMR(MultiModelStrategy):
@@ -51,7 +51,7 @@ class FedMR(MultiModelStrategy):
         it (:mod:`fedx.secure.client`). The server-side recombination still
         follows. Each exchange waits at most the ``timeout`` given to
         :meth:`start`. (Any pool strategy can take a
-        :class:`~fedx.strategies.secure.SecureRecombination` as ``secure``.)
+        :class:`~fedx.strategy_core.secure.SecureRecombination` as ``secure``.)
     secure_repeats : int (default: 3)
         r_s, repetitions of the exchange per round (at least 1).
     secure_min_layers : int (default: 2)
@@ -66,10 +66,8 @@ class FedMR(MultiModelStrategy):
 
     Examples
     --------
-    Two-stage FedMR as the paper runs it on ResNet-20: 10% of the clients
-    per round, FedAvg for the first 100 rounds, then recombination. In a
-    ServerApp's ``main`` it starts as Flower's ``FedAvg`` does,
-    ``strategy.start(grid=grid, initial_arrays=arrays, num_rounds=500)``:
+    Two-stage FedMR as the paper runs it on ResNet-20 (10% of the clients per
+    round, FedAvg for 100 rounds); it starts as Flower's ``FedAvg`` does:
 
     >>> from fedx.strategies import FedMR
     >>> strategy = FedMR(first_stage_rounds=100, fraction_train=0.1, seed=0)

@@ -9,10 +9,10 @@ from typing import Any
 from fedx.checks import NON_NEGATIVE, UNIT_INTERVAL, Integer, check
 from fedx.method import Key, Method
 from fedx.ops import Model, dynamic_beta, mutate
-from fedx.strategies.base import MetricsAggregation
-from fedx.strategies.keys import NUM_MODELS_KEY, POOL_MEAN_KEY
-from fedx.strategies.multi_model import MultiModelStrategy, PoolRound
-from fedx.strategies.secure import SecureRecombination
+from fedx.strategy_core.base import MetricsAggregation
+from fedx.strategy_core.keys import NUM_MODELS_KEY, POOL_MEAN_KEY
+from fedx.strategy_core.multi_model import MultiModelStrategy, PoolRound
+from fedx.strategy_core.secure import SecureRecombination
 
 
 class FedMut(MultiModelStrategy):

@@ -102,7 +102,7 @@ def test_fedmr_over_tls_with_authentication_on_warm_executors_writes_metrics(sec
     assert (checkpoint["round"], checkpoint["strategy"]) == (2, "FedMR")
     assert (directory / checkpoint["arrays-file"]).stat().st_size > 10_000
     assert "3 nodes get 3 different pool models (K=3)" in output
-    # Every model crossed packed, one array per model (fedx.strategies.packing).
+    # Every model crossed packed, one array per model (fedx.strategy_core.packing).
     assert "3 nodes connected (3 identified, 3 read packed models)" in output
     assert re.search(r"models went packed in [1-9]\d* messages, standard in 0\b", output)
     # Every ClientApp was forked from its SuperNode's warm interpreter.

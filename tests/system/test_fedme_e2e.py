@@ -42,7 +42,7 @@ def test_fedme_clients_adopt_other_architectures_and_report_personalized_accurac
     rounds = metrics_rows(directory)
     assert sorted(rounds) == [1, 2, 3]
     assert undocumented_fields(metrics) == []  # docs/outputs.md lists what FedMe writes
-    # Both models of every training message went packed (fedx.strategies.packing).
+    # Both models of every training message went packed (fedx.strategy_core.packing).
     assert "4 nodes connected (4 identified, 4 read packed models)" in output
     assert re.search(r"models went packed in [1-9]\d* messages, standard in 0\b", output)
 

@@ -20,8 +20,8 @@ from flwr.simulation import run_simulation
 
 from fedx.arrays import is_packed
 from fedx.strategies import FedCross, FedMR, FedMut, to_model
-from fedx.strategies.client_identity import query_client_ids
-from fedx.strategies.packing import PackingGrid
+from fedx.strategy_core.client_identity import query_client_ids
+from fedx.strategy_core.packing import PackingGrid
 
 pytestmark = pytest.mark.cost(1)
 

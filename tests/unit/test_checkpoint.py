@@ -18,7 +18,7 @@ from fedx.strategies import (
     to_arrayrecord,
     to_model,
 )
-from fedx.strategies import checkpoint as checkpoints
+from fedx.strategy_core import checkpoint as checkpoints
 from tests.support.standin_grid import NODE_IDS, CrashingGrid
 
 pytestmark = pytest.mark.usefixtures("server_task_identity")

@@ -5,7 +5,7 @@ import logging
 import pytest
 from flwr.app import Error, Message, MetricRecord, RecordDict
 
-from fedx.strategies.client_identity import ClientOrderedGrid, query_client_ids
+from fedx.strategy_core.client_identity import ClientOrderedGrid, query_client_ids
 from tests.support.standin_grid import StandInGrid
 
 pytestmark = pytest.mark.usefixtures("server_task_identity")

@@ -10,7 +10,7 @@ from sklearn.model_selection import train_test_split
 
 from fedx.data import load_split, load_test_share, partition_indices
 from fedx.data.cache import CACHE_ENV, cache_dir, cached_indices, code_identity
-from fedx.data.datasets import _digits, _digits_splits
+from fedx.data.digits import digits_splits, read_digits
 
 
 @pytest.fixture
@@ -144,14 +144,14 @@ def test_errors_are_not_cached(cache) -> None:
 def test_digits_are_read_as_scikit_learn_loads_them(cache) -> None:
     bunch = load_digits()
     for _ in range(2):  # parsed into the empty cache, then read from it
-        _digits.cache_clear()
-        pixels, target = _digits()
+        read_digits.cache_clear()
+        pixels, target = read_digits()
         np.testing.assert_array_equal(pixels, bunch.data)
         np.testing.assert_array_equal(target, bunch.target)
         assert (pixels.dtype, target.dtype) == (bunch.data.dtype, bunch.target.dtype)
         assert pixels.flags.writeable and target.flags.writeable
     assert len(entries(cache / "digits")) == 1
-    _digits.cache_clear()
+    read_digits.cache_clear()
 
 
 @pytest.mark.parametrize(("seed", "fraction"), [(0, 0.2), (5, 0.35)])
@@ -163,7 +163,7 @@ def test_the_digits_split_is_scikit_learns(cache, seed, fraction) -> None:
         images, bunch.target, test_size=fraction, random_state=seed, stratify=bunch.target
     )
     for _ in range(2):  # computed into the empty cache, then read from it
-        _digits_splits.cache_clear()
+        digits_splits.cache_clear()
         train = load_split("digits", "train", seed=seed, test_fraction=fraction)
         test = load_split("digits", "test", seed=seed, test_fraction=fraction)
         np.testing.assert_array_equal(train.data.numpy(), train_images)

@@ -8,7 +8,7 @@ import pytest
 from flwr.app import Message, MetricRecord, RecordDict
 
 from fedx.strategies import FedCross, FedMR, FedMut
-from fedx.strategies.multi_model import to_arrayrecord, to_model
+from fedx.strategy_core.multi_model import to_arrayrecord, to_model
 from tests.support.helpers import make_model
 from tests.support.standin_grid import NODE_IDS, StandInGrid, trained_reply, without_query_handler
 

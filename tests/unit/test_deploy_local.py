@@ -12,12 +12,12 @@ import psutil
 import pytest
 
 from fedx.deploy import cores
-from fedx.deploy.local import (  # pylint: disable=protected-access
-    FederationSpec,
+from fedx.deploy.processes import (  # pylint: disable=protected-access
     _alive,
     _descendants,
     stop_processes,
 )
+from fedx.deploy.spec import FederationSpec
 from tests.support.deployment import deploy_up_faked
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")

@@ -24,7 +24,7 @@ from torch import nn
 
 from fedx.ops import cosine_similarity_matrix
 from fedx.strategies import FedCross, to_model
-from fedx.strategies.multi_model import PoolRound
+from fedx.strategy_core.multi_model import PoolRound
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

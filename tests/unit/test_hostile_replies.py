@@ -1,6 +1,6 @@
 """Hostile replies: checked against the model they answer before anything of them is built.
 
-A strategy reads a training reply with :func:`fedx.strategies.base.read_model`
+A strategy reads a training reply with :func:`fedx.strategy_core.base.read_model`
 against the model it sent. A reply whose header (packed) or records
 (standard) say other arrays than that model's is refused before the server
 parses a header longer than a valid one or builds any array: what it costs
@@ -20,7 +20,7 @@ from flwr.app import Array, ArrayRecord
 
 import fedx.arrays
 from fedx.arrays import PACKED_NAME, PACKED_STYPE, pack, to_numpy_dict, unpack
-from fedx.strategies.base import read_model
+from fedx.strategy_core.base import read_model
 
 _rng = np.random.default_rng(0)
 #: The model sent: a small CNN's state dict, 140 KB (a reply's cost is its arrays' bytes).

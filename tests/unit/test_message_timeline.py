@@ -14,9 +14,9 @@ from fedx_bench import message_timeline as timeline
 def test_the_tracer_writes_one_line_per_call_of_its_targets_and_nothing_without_a_file(tmp_path):
     trace = tmp_path / "trace.txt"
     program = (
-        "from fedx.deploy import superexec\n"
-        "superexec._fresh_start(None, 1)\n"
-        "superexec._fresh_start(None, 1)\n"
+        "from fedx.deploy import warm_task\n"
+        "warm_task._fresh_start(None, 1)\n"
+        "warm_task._fresh_start(None, 1)\n"
     )
     environment = environment_with_path(timeline.TRACER)
     subprocess.run([sys.executable, "-c", program], env=environment, check=True, timeout=120)

@@ -35,8 +35,7 @@ ALLOWED = {
     # Flower's idle poll (3 s) and fedx's poll interval (0.1 s).
     ("fedx/deploy/supernode.py", "an idle node costs the SuperLink one pull per 3 s"),
     # Flower's SuperExec poll (up to 1 s once idle).
-    ("fedx/deploy/local.py", "(a SuperExec's up to Flower's 1 s), so that an idle"),
-    ("fedx/deploy/local.py", "# its task polls: up to Flower's 1 s once idle"),
+    ("fedx/deploy/spec.py", "# its task polls: up to Flower's 1 s once idle"),
     ("fedx/flower/message_feeder.py", "0.1 s: at 100 nodes and 100 messages"),
     ("fedx/flower/supernode_waits.py", "every node is idle, so every exchange started up to 3 s"),
     ("fedx/flower/supernode_waits.py", "fast setup (3 SuperNodes, 0.1 s)"),

@@ -1,7 +1,7 @@
 """fedx's packed model form: exact round trips, malformed models dropped, agreement per node.
 
 The form is :mod:`fedx.arrays`; the ClientApp's side
-:mod:`fedx.client.packing`, the server's :mod:`fedx.strategies.packing`.
+:mod:`fedx.client.packing`, the server's :mod:`fedx.strategy_core.packing`.
 Messages here cross Flower's object transport as the SuperLink and the
 SuperNodes move them (deflated into objects, inflated from them), so what
 the form does not survive there it does not survive here either.
@@ -46,9 +46,9 @@ from fedx.arrays import (
 )
 from fedx.client.packing import packed_models
 from fedx.strategies import FedMe, FedMR, to_arrayrecord, to_model
-from fedx.strategies.capabilities import reads_packed_models
-from fedx.strategies.client_identity import query_client_ids
-from fedx.strategies.packing import PackingGrid
+from fedx.strategy_core.capabilities import reads_packed_models
+from fedx.strategy_core.client_identity import query_client_ids
+from fedx.strategy_core.packing import PackingGrid
 from tests.support.helpers import make_model
 from tests.support.standin_grid import NODE_IDS, StandInGrid, trained_reply
 
@@ -593,7 +593,7 @@ def test_the_superlinks_word_that_a_node_is_lost_turns_it_to_standard_records():
 
 
 def test_every_reply_of_the_mod_says_it_reads_the_packed_form():
-    from fedx.strategies.client_identity import reads_packed  # pylint: disable=import-outside-toplevel
+    from fedx.strategy_core.client_identity import reads_packed  # pylint: disable=import-outside-toplevel
 
     model = {"w": np.arange(3, dtype=np.float32)}
     standard = train_message(RecordDict({"arrays": to_arrayrecord(model)}))

@@ -1,5 +1,7 @@
 """The method registry: where methods come from, what is derived from them, what the app may name."""
 
+import importlib
+import pkgutil
 import re
 import subprocess
 import sys
@@ -38,6 +40,31 @@ def test_fedx_methods_are_declared_in_the_modules_of_their_strategies():
     # A key several methods use is one declaration.
     shared = [k for m in methods for k in m.keys if k.name == "pool-mean"]
     assert len(shared) >= 4 and all(k is shared[0] for k in shared)  # fedx's four pool methods
+
+
+def test_the_methods_folder_holds_methods_only():
+    """A module of fedx.strategies is a method; what the methods share is fedx.strategy_core."""
+    import fedx.strategies  # pylint: disable=import-outside-toplevel
+    import fedx.strategy_core  # pylint: disable=import-outside-toplevel
+
+    def declared(package) -> dict[str, list[Method]]:
+        return {
+            info.name: [
+                value
+                for value in vars(
+                    importlib.import_module(f"{package.__name__}.{info.name}")
+                ).values()
+                if isinstance(value, Method)
+            ]
+            for info in pkgutil.iter_modules(package.__path__)
+        }
+
+    methods = declared(fedx.strategies)
+    assert [name for name, found in methods.items() if not found] == []
+    assert {m.name for found in methods.values() for m in found} == {
+        m.name for m in builtin_methods()
+    }
+    assert {name: found for name, found in declared(fedx.strategy_core).items() if found} == {}
 
 
 def test_two_declarations_of_one_key_are_refused():
@@ -119,8 +146,11 @@ OWN_FILES = {
     "fedcross": {"strategies/fedcross.py"},
     "fedmut": {"strategies/fedmut.py"},
     "fedme": {
-        "strategies/fedme.py",
-        "strategies/fedme_clients.py",
+        "strategies/fedme/__init__.py",
+        "strategies/fedme/strategy.py",
+        "strategies/fedme/clients.py",
+        "strategies/fedme/registration.py",
+        "strategies/fedme/clustering.py",
         "protocol/fedme.py",
         "client/fedme.py",
         "mutual.py",

@@ -108,7 +108,7 @@ def test_a_left_out_node_returns_after_the_cooldown_or_once_the_superlink_droppe
     assert victim not in train_round(strategy, grid, 3, initial)
 
     clock = strategy._unresponsive[victim][1]  # pylint: disable=protected-access
-    monkeypatch.setattr("fedx.strategies.multi_model.time.monotonic", lambda: clock + 31.0)
+    monkeypatch.setattr("fedx.strategy_core.multi_model.time.monotonic", lambda: clock + 31.0)
     assert victim in train_round(strategy, grid, 4, initial)
 
     # Dropped by the SuperLink (heartbeats missed) and back later: used at once.

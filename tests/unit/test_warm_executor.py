@@ -24,12 +24,12 @@ import pytest
 from flwr.supercore.constant import TaskType
 from flwr.supercore.superexec.executor import ExecutionSpec, LaunchResult
 
-from fedx.deploy import superexec
+from fedx.deploy import superexec, warm_executor
 from fedx.deploy.cores import ClientAppCores
 from fedx.deploy.credentials import write_tls_certificates
 from fedx.deploy.local import FederationSpec
-from fedx.deploy.superexec import WarmExecutor
 from fedx.deploy.superexec import _parser as superexec_options
+from fedx.deploy.warm_executor import WarmExecutor
 from tests.support.deployment import deploy_up_faked
 from tests.support.executor_probe import probe
 from tests.support.helpers import REPO, flags, help_flags
@@ -259,7 +259,7 @@ def test_no_more_tasks_run_at_once_than_the_limit_and_all_complete(limited, tmp_
 def test_a_task_queued_past_its_claim_is_dropped_and_the_queue_goes_on(
     tmp_path, monkeypatch, caplog
 ):
-    monkeypatch.setattr(superexec, "CLAIM_LAPSES", 2.0)
+    monkeypatch.setattr(warm_executor, "CLAIM_LAPSES", 2.0)
     warm = probe_executor(ClientAppCores(cores=1, threads=1, max_tasks=1))
     try:
         warm.launch(spec_for(30, "hold", tmp_path / "30.json"))  # runs until killed

@@ -40,7 +40,8 @@ TARGETS = {
         "push_task_output",
     ],
     # SuperExec and the forked task
-    "fedx.deploy.superexec": ["WarmExecutor.launch", "_task_child", "_fresh_start"],
+    "fedx.deploy.warm_executor": ["WarmExecutor.launch"],
+    "fedx.deploy.warm_task": ["_task_child", "_fresh_start"],
     "fedx.flower.clientapp_task": ["install_fab_once"],
     "flwr.supernode.runtime.run_clientapp": [
         "run_clientapp",

@@ -19,7 +19,7 @@ from fedx.checks import UNIT_INTERVAL, check
 from fedx.ops import Model, average
 from fedx.registry import Key, Method
 from fedx.strategies import MultiModelStrategy, PoolRound
-from fedx.strategies.keys import POOL_MEAN_KEY
+from fedx.strategy_core.keys import POOL_MEAN_KEY
 
 
 class FedBlend(MultiModelStrategy):

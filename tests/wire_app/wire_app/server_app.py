@@ -6,7 +6,7 @@ the strategies, ``run_rounds`` with a checkpoint after every round, and
 deployment tests crash it after a round, slow the clients down, or make
 one of them misbehave. With ``wire="packed"`` it asks the nodes, as fedx's
 ServerApp does, which of them read fedx's packed model form, and sends
-them models packed (:mod:`fedx.strategies.packing`).
+them models packed (:mod:`fedx.strategy_core.packing`).
 """
 
 import hashlib
@@ -33,8 +33,8 @@ from fedx.strategies import (
     run_rounds,
     save_checkpoint,
 )
-from fedx.strategies.client_identity import query_client_ids
-from fedx.strategies.packing import PackingGrid
+from fedx.strategy_core.client_identity import query_client_ids
+from fedx.strategy_core.packing import PackingGrid
 from wire_app.client_app import NUM_CLASSES, NUM_FEATURES
 
 STRATEGIES = {"fedmr": FedMR, "fedmut": FedMut, "fedcross": FedCross}

@@ -9,7 +9,7 @@ from a strategy that reads it back:
   reply that passes through it. A node whose latest reply says it reads
   :data:`fedx.arrays.PACKED_VERSION` (fedx's ClientApp, through
   :func:`fedx.client.packing.packed_models`, says so in every reply:
-  :func:`fedx.strategies.client_identity.reads_packed`) is sent every model
+  :func:`fedx.strategy_core.client_identity.reads_packed`) is sent every model
   packed; every other node (anyone else's ClientApp, Flower's quickstarts,
   a node that was never asked or never replied) gets the standard
   ``ArrayRecord`` s the strategy built, as without the wrapper. A reply
@@ -22,13 +22,13 @@ from a strategy that reads it back:
 * Replies pass through unchanged: a node replies packed to what it got
   packed, so the strategy must read both forms. Every fedx strategy does
   (it reads models with :func:`fedx.arrays.to_numpy_dict`, and says so:
-  :func:`~fedx.strategies.capabilities.reads_packed_models`); fedx's
+  :func:`~fedx.strategy_core.capabilities.reads_packed_models`); fedx's
   ServerApp wraps the Grid only for those.
 
 fedx's ServerApp asks every node at the start of a run, and a strategy
 that asks the nodes it meets later (through the same grid) is heard too; a
 user's ServerApp wraps its Grid and asks
-(:func:`~fedx.strategies.client_identity.query_client_ids`) likewise.
+(:func:`~fedx.strategy_core.client_identity.query_client_ids`) likewise.
 """
 
 from collections.abc import Callable, Iterable
@@ -38,7 +38,7 @@ from flwr.app import ArrayRecord, Message
 from flwr.serverapp import Grid
 
 from fedx.arrays import pack_models, packs_models
-from fedx.strategies.client_identity import reads_packed
+from fedx.strategy_core.client_identity import reads_packed
 
 
 class PackingGrid:

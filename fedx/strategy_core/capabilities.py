@@ -46,7 +46,7 @@ def reads_packed_models(strategy: object) -> bool:
 
     A strategy says so with a true ``reads_packed_models`` attribute (every
     fedx strategy does; Flower's own read standard ``ArrayRecord`` s only).
-    Nodes that read the packed form are then sent it (:mod:`fedx.strategies.packing`).
+    Nodes that read the packed form are then sent it (:mod:`fedx.strategy_core.packing`).
     """
     return getattr(strategy, "reads_packed_models", False) is True
 

@@ -14,7 +14,7 @@ the personalized ones). It gives them, once:
 
 What the round loop and the ServerApp ask of a strategy beyond Flower's
 ``Strategy`` is described by the protocols of
-:mod:`fedx.strategies.capabilities`, so Flower's own strategies run through
+:mod:`fedx.strategy_core.capabilities`, so Flower's own strategies run through
 the same code.
 """
 
@@ -33,7 +33,7 @@ from fedx.arrays import to_numpy_dict
 from fedx.checks import NON_NEGATIVE, POSITIVE, check
 from fedx.messaging import wait_for_nodes
 from fedx.ops import Model, find_problem
-from fedx.strategies.rounds import run_rounds
+from fedx.strategy_core.rounds import run_rounds
 
 Target = TypeVar("Target")
 
@@ -312,7 +312,7 @@ class FedxStrategy(Strategy, Generic[Sent]):
     random_streams: ClassVar[tuple[str, ...]] = ()
 
     #: Every model of a reply is read with :func:`to_model` (:func:`read_model`),
-    #: which reads fedx's packed form too (:mod:`fedx.strategies.packing`).
+    #: which reads fedx's packed form too (:mod:`fedx.strategy_core.packing`).
     #: A subclass that reads a reply's arrays another way sets it False.
     reads_packed_models: ClassVar[bool] = True
 
@@ -351,7 +351,7 @@ class FedxStrategy(Strategy, Generic[Sent]):
 
         The random streams' states (``"rng"``) and :meth:`checkpoint_state`,
         as nested dicts and lists of JSON values and numpy arrays (see
-        :mod:`fedx.strategies.checkpoint`). Taken between rounds, it makes a
+        :mod:`fedx.strategy_core.checkpoint`). Taken between rounds, it makes a
         restored strategy continue exactly as the original would have.
         """
         return {**self.checkpoint_state(), "rng": self.random.state()}

@@ -1,7 +1,7 @@
 """FedMe's clients as its server sees them: their state, the messages it sends them, and how it reads their replies.
 
 The keys of the messages are :mod:`fedx.protocol.fedme`'s; the ClientApp's
-side is :mod:`fedx.client.fedme`. The strategy (:mod:`fedx.strategies.fedme`)
+side is :mod:`fedx.client.fedme`. The strategy (:mod:`fedx.strategies.fedme.strategy`)
 decides who gets what; this module says how that travels.
 """
 
@@ -14,7 +14,7 @@ from fedx.ops import Model
 from fedx.protocol import fedme as protocol
 from fedx.protocol.common import CLIENT_ID, CONFIG, METRICS, SERVER_ROUND
 from fedx.protocol.personalized import FINETUNE_EPOCHS
-from fedx.strategies.base import read_model, read_weight, to_arrayrecord
+from fedx.strategy_core.base import read_model, read_weight, to_arrayrecord
 
 
 @dataclass

@@ -5,7 +5,6 @@ Matsuda et al., "FedMe: Federated Learning via Model Exchange", SDM 2022
 """
 
 import time
-import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from logging import INFO, WARNING
@@ -18,42 +17,30 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
 from fedx.checks import FRACTION, ArgumentError, Flag, Integer, Rule, check
-from fedx.messaging import send_and_collect
-from fedx.method import Key, Method, comma_list
 from fedx.ops import Model, assign_exchanges, cluster_count, fedme_aggregate
 from fedx.protocol import fedme as protocol
-from fedx.strategies.base import (
-    FedxStrategy,
-    RoundInFlight,
-)
-from fedx.strategies.client_identity import query_client_ids
-from fedx.strategies.fedme_clients import (
+from fedx.strategies.fedme.clients import (
     ClientState,
     TrainReply,
-    choice_message,
     evaluate_message,
-    parse_choice,
     parse_train_reply,
     train_message,
 )
-from fedx.strategies.keys import FINETUNE_EPOCHS_KEY
-from fedx.strategies.personalized import ClientEvaluation, PerClientEvaluation
+from fedx.strategies.fedme.clustering import (
+    cluster_outputs,
+)
+from fedx.strategies.fedme.registration import (
+    FIXED,
+    ClientRegistration,
+    initial_architecture_form,
+)
+from fedx.strategy_core.base import FedxStrategy, RoundInFlight
+from fedx.strategy_core.personalized import ClientEvaluation, PerClientEvaluation
 
 #: ``predict_fn(architecture, model)``: softmax outputs ``(U, M)`` on the unlabeled set.
 PredictFn = Callable[[str, Model], np.ndarray]
 #: ``initial_model_fn(architecture, client_id)``: a client's first personalized model.
 InitialModelFn = Callable[[str, int], Model]
-
-#: How clients get their first architecture: ``"fixed:<name>"`` besides these.
-INITIAL_ARCHITECTURES = ("local-best", "round-robin")
-FIXED = "fixed:"
-
-
-def _initial_architecture_form(value: Any) -> bool:
-    """``local-best``, ``round-robin`` or ``fixed:<name>`` (the name checked against the list later)."""
-    return value in INITIAL_ARCHITECTURES or (
-        isinstance(value, str) and value.startswith(FIXED) and bool(value[len(FIXED) :].strip())
-    )
 
 
 @dataclass(frozen=True)
@@ -67,141 +54,66 @@ class _ExchangeRound:
 
 
 # pylint: disable=too-many-instance-attributes
-class FedMe(PerClientEvaluation, FedxStrategy[_ExchangeRound]):
+class FedMe(ClientRegistration, PerClientEvaluation, FedxStrategy[_ExchangeRound]):
     """FedMe: every client keeps a personalized model; clients exchange models each round.
 
-    The server keeps one personalized model and its architecture per client
-    (architectures may differ). Each round it computes the personalized
-    models' softmax outputs on a small unlabeled set (``predict_fn``),
-    clusters them with KMeans into ``K_t`` clusters (1 at first, one more at
-    each of ``cluster_rounds``), and sends every sampled client one message
-    holding its personalized model and an exchanged model: a random other
-    member of its cluster, or a random model of another cluster when it is
-    alone (:func:`fedx.ops.assign_exchanges`). The client trains both by deep
-    mutual learning and replies with both trained models and its choice
-    (``chose-exchanged``: the exchanged model had the lower validation loss).
-    The server averages every personalized model with the trained copies of
-    it that were exchanged out (eq. 8, :func:`fedx.ops.fedme_aggregate`), and
-    each client's next personalized model is the aggregated model it chose,
-    with that model's architecture.
-
-    The messages are those of :mod:`fedx.protocol.fedme`. Clients are
-    identified across rounds by an integer id they report when the strategy
-    first sees their node (a ``query`` message answered with a ``client-id``
-    metric; the fedx ClientApp sends its ``partition-id``).
-    A client's first architecture is set when the strategy first sees it
-    (``initial_architecture``): round-robin over ``architectures`` by client
-    id from a seeded offset (so the same seed gives client c the same
-    architecture in every run), one fixed architecture for every client (the
-    paper's Table 5), or, as in the paper's experiments (Sec. 5.1.3), the
-    architecture the client finds best on its own data: it trains every
-    candidate for ``choice_epochs`` epochs on its train split and reports the
-    one with the best validation accuracy (one training message that lists
-    the candidates, :mod:`fedx.protocol.fedme`). A client that does not answer that
-    message, or answers with an error or an invalid choice, is logged and
-    starts with its round-robin architecture. Whatever the architecture, the
-    client's first model is ``initial_model_fn(architecture, client_id)``:
-    the choice sets the architecture, not the weights.
-
-    Replies that are errors, arrive late, lack a record, carry arrays that do
-    not fit the models sent (names, shapes, dtypes, NaN/Inf) or an invalid
-    choice are logged with the node id and dropped. Such a client's
-    personalized model enters eq. 8 untrained (averaged with any trained
-    copies of it that came back) and it keeps its own model; its copy of the
-    other model is left out.
-
-    Evaluation is personalized: every ``evaluate_every`` rounds (and after
-    the last) each client gets its personalized model, fine-tunes it for
-    ``finetune_epochs`` epochs and tests it on its own test split. There is
-    no global model: ``aggregate_train`` returns no arrays.
-
-    ``finetune_epochs`` and ``evaluate_every`` are
-    :class:`~fedx.strategies.personalized.PerClientEvaluation`'s, ``seed`` and
-    ``node_wait_timeout`` :class:`~fedx.strategies.FedxStrategy`'s.
+    Each round the server clusters the sampled clients' models by their
+    outputs on an unlabeled set (``predict_fn``, KMeans), sends each client
+    its model and a random other member of its cluster, and averages every
+    model with its trained copies (eq. 8); each client keeps whichever it
+    chose. The methods page (docs/methods.md, "FedMe") says how clients join,
+    choose their first architecture, fail and are evaluated; the messages
+    are :mod:`fedx.protocol.fedme`'s. ``finetune_epochs`` and
+    ``evaluate_every`` are :class:`~fedx.strategy_core.personalized.PerClientEvaluation`'s,
+    ``seed`` and ``node_wait_timeout`` :class:`~fedx.strategies.FedxStrategy`'s.
 
     Parameters
     ----------
     architectures : Sequence[str]
         The architectures clients may have (in the fedx app: ``model``
-        names; the VGGs need 32x32 images): assigned round-robin by client
-        id (a name may repeat to give it more clients), or the candidates of
-        the local choice.
+        names), assigned round-robin by client id or the local choice's candidates.
     initial_model_fn : callable
         ``(architecture, client_id) -> Model``: a client's first model.
     predict_fn : callable
         ``(architecture, model) -> np.ndarray``: the model's class
-        probabilities on the server's unlabeled set, shape ``(U, M)``, the
-        same U samples for every model. Called once per sampled client in
-        rounds with more than one cluster.
+        probabilities on the server's unlabeled set, shape ``(U, M)``.
     cluster_rounds : Sequence[int] (default: (10, 15, 18))
         Increasing rounds (>= 2) at which the cluster count, 1 at first,
-        grows by one; empty: one cluster always. The paper grows it from 1
-        to 4 at 50%, 75% and 90% of its rounds in every setting (rounds 250,
-        375 and 450 of CIFAR-10's 500); the default is that schedule for the
-        fedx app's default of 20 rounds. Set it with the number of rounds.
+        grows by one (the paper's schedule for 20 rounds); empty: one cluster.
     model_tuning : bool (default: True)
-        Clients may adopt the exchanged model; False: they always keep their
-        personalized model (ablation).
+        Clients may adopt the exchanged model; False: never (ablation).
     mutual_learning : bool (default: True)
-        KL terms in the clients' losses; False: they train the two models
-        on cross-entropy only (ablation).
+        KL terms in the clients' losses; False: cross-entropy only (ablation).
     clustering : bool (default: True)
-        Cluster by outputs; False: one cluster always, exchanged models are
-        uniformly random other models and no outputs are computed
-        (ablation).
+        Cluster by outputs; False: one cluster, random partners (ablation).
     initial_architecture : str (default: "local-best")
-        How a client new to the strategy gets its first architecture:
-        ``"local-best"``, the paper's experiments (Sec. 5.1.3: each client
-        starts with "the best accurate model on Local Data Only"): the
-        client trains every candidate for ``choice_epochs`` epochs and
-        keeps the best on its validation split (a ClientApp that does not
-        answer that message gets its round-robin architecture, with one log
-        line); ``"round-robin"`` by client id; or ``"fixed:<name>"`` with
-        ``<name>`` one of ``architectures`` (every client starts with it,
-        the paper's Table 5).
+        A new client's first architecture: ``"local-best"`` (the best of the
+        candidates on its own data), ``"round-robin"`` or ``"fixed:<name>"``.
     choice_epochs : int (default: 5)
-        ``"local-best"``: local epochs each candidate architecture is trained
-        before the client compares them (the paper does not say). The
-        choice waits as long as a round.
+        ``"local-best"``: local epochs each candidate trains before the choice.
     fraction_train : float (default: 1.0)
-        Fraction of registered, connected clients trained per round (the
-        paper trains all).
+        Fraction of registered, connected clients trained per round.
     min_train_nodes : int (default: 2)
-        Minimum number of clients per round; at least two (an exchange needs
-        a partner).
+        Minimum number of clients per round; at least two (an exchange needs a partner).
     min_available_nodes : int (default: 2)
         Nodes to wait for (at most ``node_wait_timeout`` seconds) each round.
     weighted_by_key : str (default: "num-examples")
-        The reply's metric that must be positive and weights the aggregated
-        training metrics.
+        The reply's metric that must be positive and weights the training metrics.
 
     Examples
     --------
-    Two architectures of a numpy model; ``initial_model_fn`` builds a
-    client's first model and ``predict_fn`` gives a model's class
-    probabilities on the server's unlabeled set (here 5 samples of 3
-    classes). The cluster count grows from 1 to 4 as in the paper. Start it
-    as Flower's ``FedAvg`` (``strategy.start(grid=grid,
-    initial_arrays=ArrayRecord(), num_rounds=300)``: it keeps a model per
-    client, so it needs no initial arrays):
+    Two architectures of a numpy model, outputs of 5 samples of 3 classes:
 
     >>> import numpy as np
     >>> from fedx.strategies import FedMe
-    >>> widths = {"small": 4, "large": 16}
     >>> def initial_model(architecture, client_id):
-    ...     rng = np.random.default_rng(client_id)
-    ...     return {"weight": rng.normal(size=(3, widths[architecture])).astype(np.float32)}
-    >>> def predict(architecture, model):
-    ...     return np.full((5, 3), 1 / 3)
+    ...     return {"weight": np.zeros((3, {"small": 4, "large": 16}[architecture]), np.float32)}
     >>> strategy = FedMe(
-    ...     architectures=["small", "large"],
-    ...     initial_model_fn=initial_model,
-    ...     predict_fn=predict,
-    ...     cluster_rounds=[150, 225, 275],
-    ...     seed=0,
+    ...     architectures=["small", "large"], initial_model_fn=initial_model,
+    ...     predict_fn=lambda architecture, model: np.full((5, 3), 1 / 3), seed=0,
     ... )
     >>> strategy.architectures, strategy.cluster_rounds
-    (('small', 'large'), (150, 225, 275))
+    (('small', 'large'), (10, 15, 18))
     """
 
     # "offset" draws the architecture assignment's offset, once.
@@ -249,7 +161,7 @@ class FedMe(PerClientEvaluation, FedxStrategy[_ExchangeRound]):
             Rule(
                 str,
                 lambda v: (
-                    _initial_architecture_form(v)
+                    initial_architecture_form(v)
                     and (not v.startswith(FIXED) or v[len(FIXED) :].strip() in self.architectures)
                 ),
                 f"local-best, round-robin or fixed:<name> with <name> one of {self.architectures}",
@@ -272,21 +184,6 @@ class FedMe(PerClientEvaluation, FedxStrategy[_ExchangeRound]):
     # ------------------------------------------------------------------
     # Public helpers
     # ------------------------------------------------------------------
-
-    def architecture_for(self, client_id: int) -> str:
-        """The architecture a client starts with unless it chooses one.
-
-        The fixed architecture, else round-robin from the seeded offset (also
-        the fallback of a client that does not answer the local choice).
-        """
-        if self.initial_architecture.startswith(FIXED):
-            return self.initial_architecture[len(FIXED) :].strip()
-        return self.architectures[(client_id + self.architecture_offset) % len(self.architectures)]
-
-    @property
-    def candidate_architectures(self) -> tuple[str, ...]:
-        """The architectures a client tries in the local choice: each name once, in order."""
-        return tuple(dict.fromkeys(self.architectures))
 
     def personalized_models(self) -> dict[int, tuple[str, Model]]:
         """Every registered client's architecture and personalized model, by client id."""
@@ -475,94 +372,6 @@ class FedMe(PerClientEvaluation, FedxStrategy[_ExchangeRound]):
     # Helpers
     # ------------------------------------------------------------------
 
-    def _register(
-        self, grid: Grid, node_ids: list[int], server_round: int, config: ConfigRecord
-    ) -> dict[str, float]:
-        """Ask nodes seen for the first time which client they are; set up new clients.
-
-        Returns the round's metrics of the clients that joined: how many
-        start with each architecture (``initial-<name>``) and, with the local
-        choice, the seconds it took.
-        """
-        unknown = [n for n in node_ids if n not in self._node_clients]
-        if not unknown:
-            return {}
-        identified = query_client_ids(grid, unknown, self.round_timeout, server_round)
-        new = {node: cid for node, cid in identified.items() if cid not in self.clients}
-        choices: dict[int, str] = {}
-        metrics: dict[str, float] = {}
-        if new and self.initial_architecture == "local-best":
-            start = time.perf_counter()
-            choices = self._choose_architectures(grid, new, server_round, config)
-            metrics["architecture-choice-seconds"] = time.perf_counter() - start
-        for node_id, client_id in identified.items():
-            self._attach(node_id, client_id, choices)
-        for client_id in set(new.values()):
-            key = f"initial-{self.clients[client_id].architecture}"
-            metrics[key] = metrics.get(key, 0) + 1
-        return metrics
-
-    def _choose_architectures(
-        self, grid: Grid, new: dict[int, int], server_round: int, config: ConfigRecord
-    ) -> dict[int, str]:
-        """Ask new clients (node id -> client id) to choose their architecture.
-
-        Returns the valid choices by client id; the other clients are logged
-        (they start with their round-robin architecture).
-        """
-        candidates = list(self.candidate_architectures)
-        messages = [
-            choice_message(server_round, config, node_id, client_id, candidates, self.choice_epochs)
-            for node_id, client_id in new.items()
-        ]
-        in_flight = RoundInFlight(
-            server_round,
-            dict(new),
-            messages,
-            describe=lambda cid: f"client {cid}, architecture choice",
-            consequence="it starts with its round-robin architecture",
-        )
-        choices: dict[int, str] = {}
-        for answer in in_flight.match(send_and_collect(grid, messages, self.round_timeout)):
-            choice = parse_choice(answer.message, candidates)
-            if isinstance(choice, str):
-                in_flight.dropped(answer, choice)
-                continue
-            choices[answer.target] = choice.architecture
-            log(
-                INFO,
-                "Client %s chose architecture %s (validation accuracy %s)",
-                answer.target,
-                choice.architecture,
-                ", ".join(f"{name} {acc:.3f}" for name, acc in choice.accuracies.items()),
-            )
-        return choices
-
-    def _attach(self, node_id: int, client_id: int, choices: dict[int, str] | None = None) -> None:
-        known = self.clients.get(client_id)
-        if known is None:
-            chosen = (choices or {}).get(client_id)
-            architecture = chosen or self.architecture_for(client_id)
-            model = self.initial_model_fn(architecture, client_id)
-            self.clients[client_id] = ClientState(node_id, architecture, model)
-            how = self.initial_architecture
-            if how == "local-best" and chosen is None:
-                how = "round-robin: no valid architecture choice"
-            log(
-                INFO,
-                "Client %s (node %s) joined with architecture %s (%s)",
-                client_id,
-                node_id,
-                architecture,
-                how,
-            )
-        elif known.node_id != node_id:
-            # A SuperNode restarted under a new node id: same client, same model.
-            log(INFO, "Client %s moved from node %s to node %s", client_id, known.node_id, node_id)
-            self._node_clients.pop(known.node_id, None)
-            known.node_id = node_id
-        self._node_clients[node_id] = client_id
-
     def _sample_clients(self, node_ids: list[int]) -> list[int]:
         """Sample registered, connected clients; ids in ascending order (not node order)."""
         connected = set(node_ids)
@@ -583,11 +392,6 @@ class FedMe(PerClientEvaluation, FedxStrategy[_ExchangeRound]):
         num_clusters = min(wanted, len(clients))
         if num_clusters == 1:
             return np.zeros(len(clients), dtype=np.int64), 1, 0.0
-        # scikit-learn is imported here, not with the module: `fedx.strategies`
-        # must import with numpy and Flower alone for the other strategies.
-        from sklearn.cluster import KMeans  # pylint: disable=import-outside-toplevel
-        from sklearn.exceptions import ConvergenceWarning  # pylint: disable=import-outside-toplevel
-
         start = time.perf_counter()
         outputs = np.stack(
             [
@@ -598,16 +402,7 @@ class FedMe(PerClientEvaluation, FedxStrategy[_ExchangeRound]):
                 for c in clients
             ]
         )
-        kmeans = KMeans(
-            n_clusters=num_clusters,
-            n_init=10,
-            random_state=int(self.random["kmeans"].integers(2**31 - 1)),
-        )
-        with warnings.catch_warnings():
-            # Clients that adopted the same model have identical outputs; fewer
-            # distinct points than clusters is expected then, not an error.
-            warnings.simplefilter("ignore", ConvergenceWarning)
-            labels = kmeans.fit_predict(outputs)
+        labels = cluster_outputs(outputs, num_clusters, self.random["kmeans"])
         return labels, num_clusters, time.perf_counter() - start
 
     def _collect_train_replies(
@@ -658,76 +453,3 @@ class FedMe(PerClientEvaluation, FedxStrategy[_ExchangeRound]):
             self.clients[cid].model = aggregated[source]
             self.clients[cid].architecture = old_architectures[source]
         return adopted, other_architecture
-
-
-def _cluster_rounds(value: str) -> tuple[int, ...]:
-    return tuple(int(item) for item in comma_list(value))
-
-
-def _increasing_rounds(value: str) -> bool:
-    try:
-        rounds = _cluster_rounds(value)
-    except ValueError:
-        return False
-    return all(r >= 2 for r in rounds) and list(rounds) == sorted(set(rounds))
-
-
-METHOD = Method(
-    name="fedme",
-    strategy=FedMe,
-    description="FedMe (Matsuda et al., SDM'22): personalized models of several architectures, "
-    "exchanged within clusters",
-    keys=(
-        FINETUNE_EPOCHS_KEY,
-        # What each key does is its argument's description in FedMe's docstring.
-        Key(
-            "fedme-architectures",
-            "cnn-1,cnn-2,cnn-3,cnn-4",
-            Rule(str, lambda v: bool(comma_list(v)), "comma-separated `model` names"),
-            argument="architectures",
-            parse=comma_list,
-        ),
-        Key(
-            "fedme-initial-architecture",
-            "local-best",
-            Rule(
-                str,
-                _initial_architecture_form,
-                "local-best, round-robin or fixed:<name> (<name> one of `fedme-architectures`)",
-            ),
-            argument="initial_architecture",
-        ),
-        Key("fedme-choice-epochs", 5, Integer(1), argument="choice_epochs"),
-        Key(
-            "fedme-cluster-rounds",
-            "10,15,18",
-            Rule(
-                str,
-                _increasing_rounds,
-                "comma-separated increasing rounds >= 2 (empty: always one cluster)",
-            ),
-            argument="cluster_rounds",
-            parse=_cluster_rounds,
-        ),
-        Key("fedme-model-tuning", True, Flag(), argument="model_tuning"),
-        Key("fedme-mutual-learning", True, Flag(), argument="mutual_learning"),
-        Key("fedme-clustering", True, Flag(), argument="clustering"),
-    ),
-    takes=(
-        "fraction-train",
-        "min-train-nodes",
-        "min-available-nodes",
-        "eval-every",
-        "seed",
-        "node-wait-timeout",
-    ),
-    personalized=True,
-    model_key="fedme-architectures",
-    # The torch side, which the app imports: clients' first models and models'
-    # outputs on the server's unlabeled set, loaded before round 1 so that
-    # missing data stops the run at its start.
-    components="fedx.server_models:server_model_functions",
-    prepare="fedx.server_models:load_run_unlabeled",
-    client_train="fedx.client.fedme:train",
-    style={"color": "#E69F00", "linestyle": "-"},
-)

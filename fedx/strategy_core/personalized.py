@@ -15,7 +15,7 @@ import numpy as np
 from flwr.app import Message, MetricRecord
 
 from fedx.protocol.personalized import CLIENT_ID, EVAL_ACCURACY, EVAL_LOSS, NUM_EXAMPLES
-from fedx.strategies.base import RoundInFlight, Target
+from fedx.strategy_core.base import RoundInFlight, Target
 
 
 @dataclass(frozen=True)

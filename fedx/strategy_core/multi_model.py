@@ -16,7 +16,7 @@ from flwr.serverapp.strategy import FedAvg
 from fedx.checks import FRACTION, NON_NEGATIVE, ArgumentError, Integer, OneOf, check
 from fedx.ops import Model, average
 from fedx.secure.relay import RelayStats
-from fedx.strategies.base import (
+from fedx.strategy_core.base import (
     FedxStrategy,
     MetricsAggregation,
     RoundInFlight,
@@ -24,8 +24,8 @@ from fedx.strategies.base import (
     to_arrayrecord,
     to_model,
 )
-from fedx.strategies.keys import POOL_MEANS
-from fedx.strategies.secure import SecureRecombination
+from fedx.strategy_core.keys import POOL_MEANS
+from fedx.strategy_core.secure import SecureRecombination
 
 
 @dataclass(frozen=True)
@@ -62,20 +62,13 @@ class PoolRound:
 class MultiModelStrategy(FedxStrategy[RoundInFlight[int]], FedAvg):
     """A strategy that sends a different model to every sampled node.
 
-    The server keeps a pool of K models. Each round it samples up to K nodes
-    (seeded), pairs every sampled node with a pool slot (:meth:`assign_slots`),
-    sends each node its slot's model in its own message, and maps the replies
-    back to the slots. A slot whose node failed, timed out or replied with
-    arrays that do not fit the model it was sent (other names, shapes or
-    dtypes, NaN or Inf, no usable weight) keeps its dispatched model; such
-    replies are logged with the node id and never aggregated. A subclass then
-    computes the next pool from the round's models (:meth:`update_pool`, given
-    a :class:`PoolRound`), and the strategy reports a global model
-    (:meth:`global_model`, by default the mean of the round's models, see
-    ``pool_mean``) to Flower. The global model is what centralized
-    and federated evaluation see; the pool is what training uses.
-
-    Federated evaluation works as in FedAvg, on the global model.
+    The server keeps a pool of K models (docs/methods.md, "The multi-model
+    round"). Each round it samples up to K nodes, pairs each with a pool slot
+    (:meth:`assign_slots`) and sends it that slot's model; a slot whose node
+    failed or sent an invalid reply (logged, never aggregated) keeps the
+    model it was sent. A subclass computes the next pool (:meth:`update_pool`,
+    given a :class:`PoolRound`); the global model (:meth:`global_model`) is
+    what Flower's centralized and federated evaluation see, as in FedAvg.
 
     Its arguments are Flower's FedAvg's (sampling, record keys, metric
     aggregation), :class:`~fedx.strategies.FedxStrategy`'s (``seed``,
@@ -122,7 +115,7 @@ class MultiModelStrategy(FedxStrategy[RoundInFlight[int]], FedAvg):
         nodes are connected.
     secure : SecureRecombination, optional
         Let the clients exchange layers among themselves before they upload
-        (:mod:`fedx.strategies.secure`); the ClientApp must support it.
+        (:mod:`fedx.strategy_core.secure`); the ClientApp must support it.
         Needs ``pool_mean="uniform"``: an uploaded model then mixes several
         clients' layers, so no reply's weight belongs to it.
     """
@@ -425,7 +418,7 @@ class MultiModelStrategy(FedxStrategy[RoundInFlight[int]], FedAvg):
         The generator draws positions in the grid's node list, so the same
         seed samples the same nodes whenever the grid lists them in the same
         order (fedx's ServerApp lists them by client id: see
-        :class:`~fedx.strategies.client_identity.ClientOrderedGrid`). Nodes
+        :class:`~fedx.strategy_core.client_identity.ClientOrderedGrid`). Nodes
         that recently missed a reply are left out while enough others are
         connected (see ``unresponsive_cooldown``). Node ids are unsigned 64-bit
         integers and never pass through a numpy array.

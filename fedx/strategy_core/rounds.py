@@ -6,7 +6,7 @@ training, then federated evaluation, then the ``evaluate_fn``) for any
 message-API strategy, Flower's own included, with two additions that resuming
 needs: ``start_round`` continues the numbering of an interrupted run, and
 ``on_round_end`` is called after every round, which is where a ServerApp
-writes its checkpoint. A :class:`~fedx.strategies.divergence.DivergenceGuard`
+writes its checkpoint. A :class:`~fedx.strategy_core.divergence.DivergenceGuard`
 stops a run that diverged.
 """
 
@@ -22,8 +22,8 @@ from flwr.serverapp.strategy import Result, Strategy
 from flwr.serverapp.strategy.strategy_utils import log_strategy_start_info
 
 from fedx.messaging import send_and_collect
-from fedx.strategies.capabilities import RunAware
-from fedx.strategies.divergence import DivergenceGuard
+from fedx.strategy_core.capabilities import RunAware
+from fedx.strategy_core.divergence import DivergenceGuard
 
 EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 RoundEndFn = Callable[[int, ArrayRecord, Result], None]

@@ -39,8 +39,8 @@ from flwr.app import MetricRecord
 from flwr.serverapp.strategy import Result, Strategy
 
 from fedx.files import write_atomically
-from fedx.strategies.base import to_arrayrecord, to_model
-from fedx.strategies.capabilities import Stateful
+from fedx.strategy_core.base import to_arrayrecord, to_model
+from fedx.strategy_core.capabilities import Stateful
 
 CHECKPOINT_FILE = "checkpoint.json"
 FORMAT_VERSION = 1
