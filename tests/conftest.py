@@ -17,28 +17,39 @@ from tests.helpers import DEFAULTS, PLAIN_FEDMR, make_model
 # A test that starts a system without the `system` mark errors (tests/system_mark.py).
 from tests.system_mark import pytest_runtest_setup, pytest_runtest_teardown  # noqa: F401
 
-# The modules that take longest (each a minute or more of process start-ups
-# and federated runs), longest first. xdist hands out modules in collection
-# order (`--no-loadscope-reorder` in pyproject.toml): these start first, and
-# the many short modules fill in the other workers, so they end together.
+# The modules that take longest (each a minute or more of process start-ups,
+# installs and federated runs), longest first, by their time in a whole run
+# (--durations). xdist hands out modules in collection order
+# (`--no-loadscope-reorder` in pyproject.toml): these start first, and the many
+# short modules fill in the other workers, so they end together. A slow module
+# missing here starts last and runs on alone at the end.
 SLOW_MODULES = (
     "test_containers.py",
-    "test_compare.py",
     "test_benchmarks.py",
-    "test_container_checks.py",
-    "test_deployment.py",
+    "test_deploy_signals.py",
+    "test_example_data_model.py",
     "test_ray_cluster.py",
-    "test_compat_flwr136.py",
-    "test_deployment_faults.py",
-    "test_stopped_runs.py",
+    "test_deployment.py",
+    "test_compare.py",
     "test_link_faults.py",
-    "test_warm_executor.py",
-    "test_app_e2e.py",
-    "test_fedme_e2e.py",
-    "test_secure_e2e.py",
+    "test_flower_mismatch.py",
+    "test_packaging.py",
     "test_example_method.py",
-    "test_plugin_app.py",
+    "test_compat_flwr136.py",
+    "test_container_checks.py",
+    "test_packed_restart.py",
+    "test_install.py",
+    "test_secure_e2e.py",
+    "test_deployment_faults.py",
+    "test_fedme_e2e.py",
+    "test_app_e2e.py",
+    "test_idle_polls.py",
+    "test_stopped_runs.py",
+    "test_group_training.py",
+    "test_doc_commands.py",
     "test_docs.py",
+    "test_plugin_app.py",
+    "test_warm_executor.py",
 )
 
 
