@@ -80,6 +80,51 @@ def skip_unless_package_index(package: str = "flwr") -> None:
         skip_unless_ci(f"no package index reachable (pip index versions {package} failed)")
 
 
+def _pip_index_options() -> list[str]:
+    """pip's configured package sources as uv options: the same indexes, links and constraints.
+
+    uv does not read pip's configuration files or ``PIP_*`` variables;
+    ``pip config list`` shows both (``:env:`` keys for the variables, which win in pip).
+    """
+    listed = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "list"],
+        capture_output=True, text=True, timeout=120, check=False,
+    ).stdout  # fmt: skip
+    settings: dict[str, str] = {}
+    for line in sorted(listed.splitlines(), key=lambda line: line.startswith(":env:")):
+        key, _, value = line.partition("=")
+        settings[key.rsplit(".", 1)[-1]] = value.strip().strip("'\"")
+    options = []
+    for key, flag in (
+        ("index-url", "--default-index"),
+        ("extra-index-url", "--extra-index-url"),
+        ("find-links", "--find-links"),
+        ("constraint", "--constraints"),
+    ):
+        for value in settings.get(key, "").split():
+            options += [flag, value]
+    # pip takes the best version from all its sources; uv's default stops at the first index.
+    return [*options, "--index-strategy", "unsafe-best-match"]
+
+
+def uv_pip_install(python: Path, *requirements: str, timeout: float, env: dict[str, str]) -> None:
+    """``uv pip install`` of ``requirements`` into the environment of ``python``, from pip's sources.
+
+    For an environment a test prepares, not the install it checks: uv
+    unpacks each wheel once into its cache and hardlinks it from there, where
+    pip unzips torch's and CUDA's gigabytes into every fresh environment. It
+    byte-compiles, as pip does (on all cores): without that, a Ray node
+    started in the environment compiles its modules in every process at once
+    and can time out starting on a busy machine.
+    """
+    done = subprocess.run(
+        [sys.executable, "-m", "uv", "pip", "install", "--quiet", "--compile-bytecode",
+         "--python", str(python), *_pip_index_options(), *requirements],
+        capture_output=True, text=True, timeout=timeout, check=False, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, f"uv pip install {requirements}: {done.stderr[-3000:]}"
+
+
 def environment_with_path(*folders: Path) -> dict[str, str]:
     """This process's environment with ``folders`` first on ``PYTHONPATH``, the rest kept.
 

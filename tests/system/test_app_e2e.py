@@ -12,7 +12,7 @@ import pytest
 from fedx.registry import builtin_methods
 from tests.support.simulation import run_app
 
-pytestmark = pytest.mark.cost(2)
+pytestmark = pytest.mark.cost(1)
 
 
 def test_fedmr_on_digits_writes_metrics_curve_and_model(plain_fedmr_run):

@@ -21,7 +21,7 @@ from fedx_bench import (
     simulation_overhead,
 )
 
-pytestmark = pytest.mark.cost(4)
+pytestmark = pytest.mark.cost(5)
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 

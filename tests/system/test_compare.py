@@ -18,7 +18,7 @@ import pytest
 from fedx.compare.runner import write_run_config
 from tests.support.helpers import BIN
 
-pytestmark = pytest.mark.cost(4)
+pytestmark = pytest.mark.cost(3)
 
 
 def processes_mentioning(text: str) -> list[int]:

@@ -30,7 +30,7 @@ from fedx.strategies import OLDEST_FLWR
 from tests.support.deployment import REPO, WIRE_APP, run_app
 from tests.support.helpers import skip_unless_package_index
 
-pytestmark = pytest.mark.cost(3)
+pytestmark = pytest.mark.cost(2)
 
 PIN = "flwr==" + ".".join(OLDEST_FLWR.split(".")[:2]) + ".*"
 VENV = (

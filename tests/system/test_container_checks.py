@@ -27,7 +27,7 @@ from tests.support.deployment import wait_for
 
 skip_module_without_containers()
 
-pytestmark = pytest.mark.cost(4)
+pytestmark = pytest.mark.cost(2)
 
 EX_CONFIG = 78
 

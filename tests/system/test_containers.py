@@ -47,7 +47,7 @@ from tests.support.deployment import wait_for
 
 skip_module_without_containers()
 
-pytestmark = pytest.mark.cost(6)
+pytestmark = pytest.mark.cost(11)
 
 SERVICES = [
     "superlink",

@@ -34,6 +34,8 @@ from fedx.deploy.local import FederationSpec, LocalFederation, free_port
 from tests.support.deployment import WIRE_APP, wait_for
 from tests.support.helpers import BIN
 
+pytestmark = pytest.mark.cost(5)
+
 #: The test app's run: long enough to be mid-run when the signal comes.
 LONG_RUN = 'strategies="fedmr" num-server-rounds=200 min-nodes=2 train-delay=0.3 round-timeout=60.0'
 #: A stop is done well within this (two teardown phases of 15 s each at the very worst).

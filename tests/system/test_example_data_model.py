@@ -18,6 +18,8 @@ from tests.support.doc_commands import page_commands
 from tests.support.helpers import BIN, REPO, copy_app, environment_with_path, install_example
 from tests.support.simulation import FEDERATION
 
+pytestmark = pytest.mark.cost(4)
+
 EXAMPLE = REPO / "examples" / "tabular"
 PAGE = REPO / "docs" / "own-data.md"
 

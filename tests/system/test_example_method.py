@@ -11,7 +11,7 @@ import pytest
 from tests.support.helpers import REPO, install_example, metrics_rows
 from tests.support.simulation import run_app, simulation_superlink
 
-pytestmark = pytest.mark.cost(1)
+pytestmark = pytest.mark.cost(2)
 
 EXAMPLE = REPO / "examples" / "fedblend"
 

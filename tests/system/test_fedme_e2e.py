@@ -19,7 +19,7 @@ from fedx.strategies.fedme import FedMe
 from tests.support.helpers import metrics_rows, undocumented_fields
 from tests.support.simulation import run_app
 
-pytestmark = pytest.mark.cost(1)
+pytestmark = pytest.mark.cost(2)
 
 ARCHITECTURES = ("cnn-1", "cnn-2", "cnn-3", "cnn-4")
 

@@ -13,9 +13,13 @@ run on fedx's parts.
 
 import os
 
+import pytest
+
 from tests.support.changed_flower import changed_flower
 from tests.support.helpers import PLAIN_FEDMR, metrics_rows
 from tests.support.simulation import run_app, simulation_superlink
+
+pytestmark = pytest.mark.cost(3)
 
 FEEDER = "flwr.server.superlink.fleet.vce.vce_api:add_messages_to_queue"
 SAID = "A changed Flower's feeder hands out the messages"

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.cost(1)]
 
 #: Round 1, where every client starts from the same model: how far a loss of the run with groups
 #: may lie from the run without (relative). Measured on the plain FedMR run: 5.1e-4 for round 1's

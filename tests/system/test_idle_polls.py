@@ -15,7 +15,11 @@ import re
 import statistics
 import time
 
+import pytest
+
 from tests.support.deployment import WIRE_APP, run_app, running, spec_on_free_ports
+
+pytestmark = pytest.mark.cost(1)
 
 INTERVAL, IDLE_AFTER, CEILING = 0.1, 3.0, 2.0
 #: A line of Flower's debug log: its time (then a colour code, a colon), then the message.

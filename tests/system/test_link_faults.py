@@ -37,7 +37,7 @@ from tests.support.helpers import skip_unless_ci
 
 from fedx_bench import slow_links as links
 
-pytestmark = pytest.mark.cost(2)
+pytestmark = pytest.mark.cost(3)
 
 RATE_MBIT, DELAY = 20.0, 0.01
 VICTIM = 2

@@ -18,6 +18,8 @@ import json
 import os
 import signal
 
+import pytest
+
 from fedx.deploy.credentials import write_supernode_keys, write_tls_certificates
 from tests.support.deployment import (
     WIRE_APP,
@@ -27,6 +29,8 @@ from tests.support.deployment import (
     start_flwr_run,
     wait_for,
 )
+
+pytestmark = pytest.mark.cost(2)
 
 ROUNDS = 8
 SENT = "Sent successfully"

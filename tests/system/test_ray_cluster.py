@@ -31,7 +31,7 @@ from tests.support.ray_cluster import (
     start_local_superlink,
 )
 
-pytestmark = pytest.mark.cost(3)
+pytestmark = pytest.mark.cost(4)
 
 FEDERATION = "num-supernodes=4 client-resources-num-cpus=1"
 # Long enough for the killed worker node to start again and train (a minute on a busy machine).

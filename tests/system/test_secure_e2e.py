@@ -13,7 +13,7 @@ import pytest
 from tests.support.helpers import PLAIN_FEDMR, metrics_rows
 from tests.support.simulation import run_app
 
-pytestmark = pytest.mark.cost(1)
+pytestmark = pytest.mark.cost(2)
 
 ROUNDS = PLAIN_FEDMR["rounds"]  # compared with the shared plain FedMR run
 

@@ -39,7 +39,7 @@ from tests.support.deployment import (
     wait_for,
 )
 
-pytestmark = pytest.mark.cost(2)
+pytestmark = pytest.mark.cost(1)
 
 NODES = 2
 #: How soon a task of a stopped run must end.

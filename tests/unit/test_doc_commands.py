@@ -22,6 +22,8 @@ from tests.support.doc_commands import (
 )
 from tests.support.helpers import REPO
 
+pytestmark = pytest.mark.cost(1)
+
 PAGES = doc_pages()
 
 
