@@ -72,6 +72,7 @@ def _method_rank(method: str) -> tuple[int, str]:
 GRID = HERE / "digits"  # every method, every setting, seeds 0-2, 40 rounds
 LONG = HERE / "digits-dir0.1-150-rounds"  # Dirichlet 0.1 over 150 rounds
 FEDCROSS_LAYER_PAIRS = HERE / "fedcross-layer-pairs"  # FedCross with the authors' similarity
+FEDME = HERE / "digits-fedme"  # FedMe, every setting, seeds 0-2, 40 rounds, personalized
 AUTHORS = HERE / "authors.csv"
 #: The authors' table's row of FedCross run with the authors' similarity.
 LAYER_PAIRS_ROW = "fedcross, layer pairs"
@@ -177,6 +178,26 @@ def accuracy_table(grid: Runs) -> str:
         f"seeds {', '.join(map(str, seeds))}, and in brackets the mean number of rounds to "
         f'reach 95% of the best method\'s mean in the setting ({targets}; "–": not reached). '
         f"fedx at commit `{grid.short_commit()}`, {len(grid.results)} runs.",
+    ]
+    return "\n".join(lines)
+
+
+def fedme_table(fedme: Runs) -> str:
+    """FedMe per setting: its personalized accuracy, mean ± std and each seed's."""
+    settings = [s for s in SETTINGS if any(r.setting == s for r in fedme.results)]
+    lines = ["| setting | personalized accuracy | seeds |", "|---|---|---|"]
+    for setting in settings:
+        finals = [r.final_accuracy for r in fedme.results if r.setting == setting]
+        each = ", ".join(f"{value:.3f}" for value in finals)
+        lines.append(f"| {SETTINGS[setting]} | {_cell(statistics.mean(finals), _std(finals))} | {each} |")
+    (metric,) = {r.metric for r in fedme.results}
+    seeds = sorted({r.seed for r in fedme.results})
+    rounds = sorted({r.curve[-1][0] for r in fedme.results})
+    lines += [
+        "",
+        f"`{metric}` after {'/'.join(map(str, rounds))} rounds, mean ± std over seeds "
+        f"{', '.join(map(str, seeds))}, then each seed's. fedx at commit "
+        f"`{fedme.short_commit()}`, {len(fedme.results)} runs.",
     ]
     return "\n".join(lines)
 
@@ -358,6 +379,7 @@ def tables() -> dict[str, str]:
     return {
         "accuracy": accuracy_table(grid),
         "long": long_table(Runs.load(LONG)),
+        "fedme": fedme_table(Runs.load(FEDME)),
         "authors": authors_table(pairs),
         "authors-finals": authors_finals_table(pairs),
         "fedcross-similarity": options_table(
