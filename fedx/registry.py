@@ -42,6 +42,7 @@ import importlib
 import os
 import pkgutil
 import sys
+from collections.abc import Callable, Collection
 from importlib.metadata import EntryPoint, entry_points
 from logging import WARNING, getLogger
 from typing import Any
@@ -282,6 +283,39 @@ def find_component(group: str, name: str) -> Any:
         raise LookupError(
             f"entry point {point.value} cannot be loaded: {type(err).__name__}: {err}"
         ) from err
+
+
+def find_plugin(
+    kind: str,
+    group: str,
+    name: str,
+    *,
+    own: Collection[str],
+    fits: Callable[[Any], bool],
+    expected: str,
+) -> Any:
+    """:func:`find_component` for a loader of fedx's: what another package gives as ``name``.
+
+    The data sets and the models share one contract (each raises the same
+    three errors, worded alike), so it is kept here once. ``kind`` starts
+    every message (``"dataset"``, ``"model"``); ``expected`` says what
+    ``fits`` accepts (``"a function"``).
+
+    Raises
+    ------
+    ValueError
+        When ``name`` is one of ``own``, names nothing, cannot be loaded or
+        does not fit; the message says which.
+    """
+    if name in own:
+        raise ValueError(f"{kind} {name!r} is one of fedx's own")
+    try:
+        found = find_component(group, name)
+    except LookupError as err:
+        raise ValueError(f"{kind} {name!r}: {err}") from None
+    if not fits(found):
+        raise ValueError(f"{kind} {name!r} is a {type(found).__name__}, not {expected}")
+    return found
 
 
 def component_label(name: str) -> str:

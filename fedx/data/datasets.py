@@ -32,7 +32,7 @@ from fedx.data.leaf import (
     SHAKESPEARE_SEQUENCE_LENGTH,
     load_leaf,
 )
-from fedx.registry import DATASET_GROUP, component_names, find_component
+from fedx.registry import DATASET_GROUP, component_names, find_plugin
 
 #: fedx's own data sets (others come from packages of their own: :func:`dataset_names`).
 DATASET_NAMES: tuple[str, ...] = ("digits", "cifar10", "cifar100", *LEAF_DATASETS)
@@ -137,16 +137,14 @@ def find_dataset(name: str) -> DatasetSpec:
         When ``name`` is one of fedx's own, names nothing, cannot be loaded,
         or is not a :class:`DatasetSpec`; the message says which.
     """
-    if name in DATASET_NAMES:
-        raise ValueError(f"dataset {name!r} is one of fedx's own")
-    try:
-        spec = find_component(DATASET_GROUP, name)
-    except LookupError as err:
-        raise ValueError(f"dataset {name!r}: {err}") from None
-    if not isinstance(spec, DatasetSpec):
-        raise ValueError(
-            f"dataset {name!r} is a {type(spec).__name__}, not a fedx.data.DatasetSpec"
-        )
+    spec: DatasetSpec = find_plugin(
+        "dataset",
+        DATASET_GROUP,
+        name,
+        own=DATASET_NAMES,
+        fits=lambda found: isinstance(found, DatasetSpec),
+        expected="a fedx.data.DatasetSpec",
+    )
     return spec
 
 

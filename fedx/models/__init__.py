@@ -27,7 +27,7 @@ from torch import nn
 
 from fedx.models.cnn import CNN
 from fedx.models.lstm import CharLSTM
-from fedx.registry import MODEL_GROUP, component_names, find_component
+from fedx.registry import MODEL_GROUP, component_names, find_plugin
 
 # Output channels of the conv blocks of cnn-<d>: the first d of these. The
 # first two are the FedAvg CNN's; deeper blocks double the width.
@@ -96,14 +96,9 @@ def find_model(name: str) -> Callable[[tuple[int, ...], int], nn.Module]:
         When ``name`` is one of fedx's own, names nothing, cannot be loaded
         or is not callable; the message says which.
     """
-    if name in _BUILDERS:
-        raise ValueError(f"model {name!r} is one of fedx's own")
-    try:
-        builder = find_component(MODEL_GROUP, name)
-    except LookupError as err:
-        raise ValueError(f"model {name!r}: {err}") from None
-    if not callable(builder):
-        raise ValueError(f"model {name!r} is a {type(builder).__name__}, not a function")
+    builder: Callable[[tuple[int, ...], int], nn.Module] = find_plugin(
+        "model", MODEL_GROUP, name, own=_BUILDERS, fits=callable, expected="a function"
+    )
     return builder
 
 

@@ -135,6 +135,26 @@ def environment_with_path(*folders: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([*map(str, folders), *kept])}
 
 
+def run_python(code: str, *folders: Path) -> str:
+    """What ``code`` prints in a fresh interpreter with ``folders`` first on its import path.
+
+    A fresh interpreter, because what these checks are about (entry points
+    read once per process, the modules an import loads) this one has already
+    settled. The test fails with the end of the child's stderr when it exits
+    non-zero.
+    """
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env=environment_with_path(*folders),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
 def copy_app(folder: Path) -> Path:
     """The fedx app, as `flwr run` needs it (pyproject.toml and the fedx package), in ``folder``.
 

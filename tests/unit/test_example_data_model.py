@@ -7,7 +7,6 @@ example's MLP. The commands of docs/own-data.md, run as the page types
 them: tests/system/test_example_data_model.py.
 """
 
-import subprocess
 import sys
 
 import numpy as np
@@ -19,7 +18,7 @@ from fedx.config import ConfigError, RunConfig
 from fedx.data import DatasetSpec, SplitSource, load_local_splits, load_partition, load_split
 from fedx.models import build_model
 from fedx.server.building import build_strategy, check_data_and_model, prepare_data
-from tests.support.helpers import REPO, environment_with_path
+from tests.support.helpers import REPO, run_python
 
 EXAMPLE = REPO / "examples" / "tabular"
 PAGE = REPO / "docs" / "own-data.md"
@@ -239,15 +238,7 @@ def test_the_clientapp_imports_a_data_set_of_ones_own_only_for_a_run_that_names_
         "assert 'fedx_tabular.data' in sys.modules and 'fedx_tabular.prepare' not in sys.modules\n"
         "assert 'sklearn' not in sys.modules, 'the loader imports only what it reads with'\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        env=environment_with_path(EXAMPLE),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_python(code, EXAMPLE)
 
 
 def test_split_source_is_what_a_loader_gets(files, example_on_path):

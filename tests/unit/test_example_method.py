@@ -6,7 +6,6 @@ for every process that has the folder on its path: this one's subprocesses,
 and a simulation SuperLink started with it.
 """
 
-import subprocess
 import sys
 import tomllib
 
@@ -18,7 +17,7 @@ from fedx.config import ConfigError, RunConfig
 from fedx.registry import Method, register
 from fedx.server.building import build_strategy
 from fedx.strategies import to_model
-from tests.support.helpers import REPO, environment_with_path, install_example
+from tests.support.helpers import REPO, install_example, run_python
 from tests.support.standin_grid import NODE_IDS, StandInGrid, run_round
 
 EXAMPLE = REPO / "examples" / "fedblend"
@@ -64,16 +63,7 @@ def test_its_entry_point_registers_it_by_name(installed):
         "method = get_method('fedblend'); strategy = method.strategy(own_weight=0.25); "
         "print(type(strategy).__name__, strategy.own_weight, [m.name for m in all_methods()][-1])"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        env=environment_with_path(installed),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["FedBlend", "0.25", "fedblend"]
+    assert run_python(code, installed).split() == ["FedBlend", "0.25", "fedblend"]
     # Without the installed package, fedx does not know the name.
     with pytest.raises(
         ConfigError, match=r"invalid run config strategy='fedblend': must be one of"
