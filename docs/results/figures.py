@@ -189,7 +189,9 @@ def fedme_table(fedme: Runs) -> str:
     for setting in settings:
         finals = [r.final_accuracy for r in fedme.results if r.setting == setting]
         each = ", ".join(f"{value:.3f}" for value in finals)
-        lines.append(f"| {SETTINGS[setting]} | {_cell(statistics.mean(finals), _std(finals))} | {each} |")
+        lines.append(
+            f"| {SETTINGS[setting]} | {_cell(statistics.mean(finals), _std(finals))} | {each} |"
+        )
     (metric,) = {r.metric for r in fedme.results}
     seeds = sorted({r.seed for r in fedme.results})
     rounds = sorted({r.curve[-1][0] for r in fedme.results})
