@@ -4,7 +4,7 @@ Flower 1.41 processes on 127.0.0.1 with TLS and SuperNode authentication: a
 registered SuperNode keeps its node id when it restarts. The numpy test app
 (tests/wire_app) runs FedMR with models packed for the nodes that read them
 (all three, at first). SuperNode 2 replies to round 1 at once, the others
-10 s later; meanwhile SuperNode 2 is stopped and started again with the same
+30 s later; meanwhile SuperNode 2 is stopped and started again with the same
 key, its ClientApps now without the mod (``WIRE_APP_WITHOUT_PACKED_MOD``).
 Its latest reply was packed, so the next model it is sent is packed; that
 fails (Flower's ``Array.numpy()`` refuses the packed form, and the node
